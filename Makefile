@@ -1,0 +1,37 @@
+# txoutbox: the two commands a newcomer needs are `make run` and `make test`.
+GO      ?= go
+# Nested modules, each with its own go.mod so that their heavy dependencies
+# (httpexpect, GORM, ent, Watermill) never reach users of the library.
+MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod))
+
+.PHONY: test lint vet bench run fmt
+
+## test: vet and race-test every module against the real databases.
+test: vet
+	$(GO) test -race -count=1 -timeout 15m ./...
+	@echo "== conformance suite without -race (full load on SQLite)"
+	$(GO) test -count=1 -run TestConformance ./outbox/sqlstore/
+	@for m in $(MODULES); do \
+		echo "== $$m"; \
+		(cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; \
+	done
+
+## run: start the demo orders service (embedded SQLite in ./data; see demo/restapi/README.md).
+run:
+	$(GO) run ./demo/restapi
+
+vet:
+	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt: these files need formatting (run make fmt):"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+
+## lint: gofmt, go vet (staticcheck if installed).
+lint: vet
+	@if command -v staticcheck >/dev/null; then staticcheck ./...; else echo "staticcheck not installed; skipped"; fi
+
+fmt:
+	gofmt -w .
+
+## bench: compare txoutbox with the raw database limit and Watermill on the local MariaDB (~25 min); writes BENCHMARKS.md. BENCHFLAGS passes flags (e.g. -dsn, -duration; see `go run ./cmd/outboxbench -h` in bench/).
+bench:
+	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)

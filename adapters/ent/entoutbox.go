@@ -1,0 +1,233 @@
+package entoutbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/txoutbox/txoutbox/adapters/internal/txhooks"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// ExecQueryTx is what entoutbox needs of a transaction: the *ent.Tx that
+// ent generates for your schema, built with the sql/execquery feature.
+// Type inference fills in all of its type parameters from the *ent.Tx;
+// you never write them.
+//
+// If the compiler reports that your *ent.Tx "does not satisfy
+// ExecQueryTx (missing method ExecContext)", the ent code was generated
+// without the sql/execquery feature. Regenerate it with the feature on:
+//
+//	go run -mod=mod entgo.io/ent/cmd/ent generate --feature sql/execquery ./ent/schema
+//
+// or, with entc, gen.FeatureExecQuery in gen.Config.Features.
+type ExecQueryTx[T any, CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]] interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	OnCommit(CH)
+	OnRollback(RH)
+	Commit() error
+	Rollback() error
+}
+
+// Committer is the shape of ent's generated Committer (ent.Committer)
+// for the transaction type T.
+type Committer[T any] interface {
+	Commit(context.Context, T) error
+}
+
+// Rollbacker is the shape of ent's generated Rollbacker (ent.Rollbacker)
+// for the transaction type T.
+type Rollbacker[T any] interface {
+	Rollback(context.Context, T) error
+}
+
+// binding is an ent transaction as the outbox sees it.
+type binding[T any] struct {
+	tx       T
+	exec     func(ctx context.Context, query string, args ...any) (sql.Result, error)
+	commit   func() error
+	rollback func() error
+	hooks    txhooks.Hooks
+	seq      atomic.Int64 // savepoint names
+}
+
+var _ outbox.TxContext = (*binding[*struct{}])(nil)
+
+// ExecContext runs the statement through the ent transaction and follows
+// the savepoints it sets, rolls back to and releases.
+func (b *binding[T]) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := b.exec(ctx, query, args...)
+	if err == nil {
+		txhooks.Observe(&b.hooks, query)
+	}
+	return res, err
+}
+
+func (b *binding[T]) AfterCommit(fn func())   { b.hooks.AfterCommit(fn) }
+func (b *binding[T]) AfterRollback(fn func()) { b.hooks.AfterRollback(fn) }
+
+// Commit, Rollback, Committed and RolledBack make a binding the
+// middleware's Tx. Commit and Rollback leave the hooks to the middleware.
+func (b *binding[T]) Commit() error     { return b.commit() }
+func (b *binding[T]) Rollback() error   { return b.rollback() }
+func (b *binding[T]) Committed() error  { return b.hooks.Committed() }
+func (b *binding[T]) RolledBack() error { return b.hooks.RolledBack() }
+
+func (b *binding[T]) nextSavepoint() string {
+	return fmt.Sprintf("entoutbox_sp%d", b.seq.Add(1))
+}
+
+func (b *binding[T]) same(tx any) bool { return any(b.tx) == tx }
+
+type bound interface {
+	outbox.TxContext
+	nextSavepoint() string
+	same(tx any) bool
+}
+
+func newBinding[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
+	return &binding[T]{tx: tx, exec: tx.ExecContext, commit: tx.Commit, rollback: tx.Rollback}
+}
+
+// Wrap returns tx as an outbox.TxContext, for ob.PublishTx(ctx, txc, env):
+// the event row is written with tx.ExecContext, and the after-commit
+// hooks run through tx.OnCommit once tx.Commit succeeds (after-rollback
+// hooks through tx.OnRollback, or after a failed commit). Each call
+// registers one pair of ent hooks; call it once per transaction, or use
+// Bind.
+//
+// It panics if T's commit or rollback hook types are not ent's generated
+// ones.
+func Wrap[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) outbox.TxContext {
+	return wrap(tx)
+}
+
+func wrap[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
+	b := newBinding(tx)
+	if _, ok := any(committer[T]{}).(C); !ok {
+		panic(fmt.Sprintf("entoutbox: the commit hook type of %T is not ent's generated one", tx))
+	}
+	if _, ok := any(rollbacker[T]{}).(R); !ok {
+		panic(fmt.Sprintf("entoutbox: the rollback hook type of %T is not ent's generated one", tx))
+	}
+	tx.OnCommit(func(next C) C { return any(committer[T]{next: next, hooks: &b.hooks}).(C) })
+	tx.OnRollback(func(next R) R { return any(rollbacker[T]{next: next, hooks: &b.hooks}).(R) })
+	return b
+}
+
+type committer[T any] struct {
+	next  Committer[T]
+	hooks *txhooks.Hooks
+}
+
+func (c committer[T]) Commit(ctx context.Context, tx T) error {
+	err := c.next.Commit(ctx, tx)
+	if err != nil {
+		logHooks(ctx, c.hooks.RolledBack(), "after-rollback")
+	} else {
+		logHooks(ctx, c.hooks.Committed(), "after-commit")
+	}
+	return err
+}
+
+type rollbacker[T any] struct {
+	next  Rollbacker[T]
+	hooks *txhooks.Hooks
+}
+
+func (r rollbacker[T]) Rollback(ctx context.Context, tx T) error {
+	err := r.next.Rollback(ctx, tx)
+	logHooks(ctx, r.hooks.RolledBack(), "after-rollback")
+	return err
+}
+
+func logHooks(ctx context.Context, err error, kind string) {
+	if err != nil {
+		slog.Default().LogAttrs(ctx, slog.LevelError, "entoutbox: "+kind+" hook panicked", slog.Any("error", err))
+	}
+}
+
+// Bind returns a copy of ctx that carries tx, so that outbox.Publish(ctx,
+// env) writes through tx and delivers after tx.Commit succeeds, and so
+// that Tx, AfterCommit and Savepoint work with ctx:
+//
+//	tx, err := client.Tx(ctx)
+//	...
+//	ctx = entoutbox.Bind(ctx, tx)
+//	tx.Order.Create().SetCustomer("ada").SaveX(ctx)
+//	outbox.Publish(ctx, outbox.Envelope{Type: "order.placed", JSON: body})
+//	err = tx.Commit() // on success, the event goes to the dispatcher
+//
+// If ctx already carries tx, Bind returns ctx unchanged. It panics like
+// Wrap.
+func Bind[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
+	if t, ok := outbox.TxFromContext(ctx); ok {
+		if b, ok := t.(bound); ok && b.same(tx) {
+			return ctx
+		}
+	}
+	return outbox.ContextWithTx(ctx, wrap(tx))
+}
+
+// TxFrom returns the ent transaction that ctx carries (from Bind or
+// Transactional) and reports whether there is one. T is your generated
+// transaction type:
+//
+//	tx, ok := entoutbox.TxFrom[*ent.Tx](ctx)
+func TxFrom[T any](ctx context.Context) (T, bool) {
+	var zero T
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return zero, false
+	}
+	b, ok := t.(*binding[T])
+	if !ok {
+		return zero, false
+	}
+	return b.tx, true
+}
+
+// Tx returns the ent transaction of the request (or of Bind) that ctx
+// belongs to; use tx.Client() for a client bound to it. It panics if
+// there is none: the handler is mounted outside Transactional (or its
+// method is not one of WithMethods), which no request can repair. Use
+// TxFrom to test.
+func Tx[T any](ctx context.Context) T {
+	if tx, ok := TxFrom[T](ctx); ok {
+		return tx
+	}
+	if t, ok := outbox.TxFromContext(ctx); ok {
+		var want T
+		panic(fmt.Sprintf("entoutbox: Tx: the context carries a %T, not an ent transaction of type %T; use the accessor of the middleware that began it", t, want))
+	}
+	panic("entoutbox: Tx: no transaction in context; wrap the route with entoutbox.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or call entoutbox.Bind")
+}
+
+// AfterCommit registers fn to run once the transaction that ctx carries
+// has committed, after the hooks registered before it; inside a Savepoint
+// that rolls back, fn is dropped. It returns outbox.ErrNoTx if ctx
+// carries no transaction. fn runs under its own recover and should be
+// quick.
+func AfterCommit(ctx context.Context, fn func()) error {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return outbox.ErrNoTx
+	}
+	t.AfterCommit(fn)
+	return nil
+}
+
+// AfterRollback registers fn to run once the transaction that ctx carries
+// has rolled back (or failed to commit), or once it ends if the Savepoint
+// fn was registered in rolls back. It returns outbox.ErrNoTx if ctx
+// carries no transaction.
+func AfterRollback(ctx context.Context, fn func()) error {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return outbox.ErrNoTx
+	}
+	t.AfterRollback(fn)
+	return nil
+}

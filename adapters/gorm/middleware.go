@@ -1,0 +1,157 @@
+package gormoutbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/txoutbox/txoutbox/middleware"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Option configures Transactional. It is middleware.Option, so the options
+// of package middleware work here too.
+type Option = middleware.Option
+
+// Transactional returns a middleware that runs each POST, PUT, PATCH and
+// DELETE request in one GORM transaction on db, buffers the response,
+// commits on a 2xx before the response goes out, and then runs the
+// after-commit hooks (see package middleware for the whole contract).
+// Handlers get the transaction with DB(r.Context()) and publish with
+// outbox.Publish(r.Context(), env).
+//
+// It panics if db is nil, is itself a transaction, or does not have the
+// plugin installed, or if an option is invalid.
+func Transactional(db *gorm.DB, opts ...Option) func(http.Handler) http.Handler {
+	if db == nil {
+		panic("gormoutbox: Transactional: db is nil")
+	}
+	return middleware.New(Begin(db), opts...).Handler
+}
+
+// Begin returns the middleware.BeginFunc that Transactional uses, for
+// building a *middleware.Middleware directly. It panics like
+// Transactional.
+func Begin(db *gorm.DB) middleware.BeginFunc {
+	if db == nil || db.Statement == nil {
+		panic("gormoutbox: Begin: db is nil")
+	}
+	if _, err := conn(db); err == nil || err == ErrNotInstalled {
+		panic("gormoutbox: Begin: db is a transaction; pass the *gorm.DB that gorm.Open returned")
+	}
+	if !installed(db) {
+		panic("gormoutbox: the plugin is not installed on db; call db.Use(&gormoutbox.Plugin{}) right after gorm.Open")
+	}
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+		tx := db.WithContext(ctx).Begin(opts)
+		if tx.Error != nil {
+			return nil, tx.Error
+		}
+		c, err := conn(tx)
+		if err != nil {
+			tx.Rollback()
+			return nil, err
+		}
+		c.manual = true
+		return &boundTx{conn: c, db: tx}, nil
+	}
+}
+
+// boundTx is a plugin transaction with its *gorm.DB, as the middleware
+// and Context put it into a context.
+type boundTx struct {
+	conn *connTx
+	db   *gorm.DB
+}
+
+var _ middleware.Tx = (*boundTx)(nil)
+
+func (t *boundTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return t.conn.ExecContext(ctx, query, args...)
+}
+func (t *boundTx) AfterCommit(fn func())   { t.conn.AfterCommit(fn) }
+func (t *boundTx) AfterRollback(fn func()) { t.conn.AfterRollback(fn) }
+func (t *boundTx) Commit() error           { return t.conn.Commit() }
+func (t *boundTx) Rollback() error         { return t.conn.Rollback() }
+func (t *boundTx) Committed() error        { return t.conn.hooks.Committed() }
+func (t *boundTx) RolledBack() error       { return t.conn.hooks.RolledBack() }
+
+// DBFrom returns the *gorm.DB of the transaction that ctx carries (from
+// Transactional or Context), bound to ctx, and reports whether there is
+// one.
+func DBFrom(ctx context.Context) (*gorm.DB, bool) {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	b, ok := t.(*boundTx)
+	if !ok {
+		return nil, false
+	}
+	return b.db.WithContext(ctx), true
+}
+
+// DB returns the request's transaction as a *gorm.DB bound to ctx:
+//
+//	gormoutbox.DB(r.Context()).Create(&order)
+//
+// Nested db.Transaction calls on it use savepoints. Do not Commit or
+// Rollback it: the middleware decides by the response status. DB panics
+// if ctx carries no GORM transaction: the handler is mounted outside
+// Transactional (or its method is not one of WithMethods), which no
+// request can repair. Use DBFrom to test.
+func DB(ctx context.Context) *gorm.DB {
+	if db, ok := DBFrom(ctx); ok {
+		return db
+	}
+	if t, ok := outbox.TxFromContext(ctx); ok {
+		panic(fmt.Sprintf("gormoutbox: DB: the context carries a %T, not a GORM transaction; use the accessor of the middleware that began it", t))
+	}
+	panic("gormoutbox: DB: no transaction in context; wrap the route with gormoutbox.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise)")
+}
+
+// The options of package middleware, under this package's name.
+
+// WithOutbox puts ob into every request's context, so that
+// outbox.Publish(r.Context(), env) and Publish(tx, env) use it; without
+// it, they use the outbox set with outbox.SetDefault. See
+// middleware.WithOutbox.
+func WithOutbox(ob *outbox.Outbox) Option { return middleware.WithOutbox(ob) }
+
+// WithIsolation sets the isolation level. See middleware.WithIsolation.
+func WithIsolation(level sql.IsolationLevel) Option { return middleware.WithIsolation(level) }
+
+// WithReadOnly makes the transactions read-only. See middleware.WithReadOnly.
+func WithReadOnly(readOnly bool) Option { return middleware.WithReadOnly(readOnly) }
+
+// WithMethods sets the methods that get a transaction; defaults to POST,
+// PUT, PATCH and DELETE. See middleware.WithMethods.
+func WithMethods(methods ...string) Option { return middleware.WithMethods(methods...) }
+
+// WithTimeout bounds each transaction. See middleware.WithTimeout.
+func WithTimeout(d time.Duration) Option { return middleware.WithTimeout(d) }
+
+// WithBeginTimeout bounds the wait for a connection; past it the request
+// gets a 503. See middleware.WithBeginTimeout.
+func WithBeginTimeout(d time.Duration) Option { return middleware.WithBeginTimeout(d) }
+
+// WithCommitPolicy sets which statuses commit. See middleware.WithCommitPolicy.
+func WithCommitPolicy(p middleware.CommitPolicy) Option { return middleware.WithCommitPolicy(p) }
+
+// WithStreaming makes matching requests stream instead of buffering. See
+// middleware.WithStreaming.
+func WithStreaming(match func(r *http.Request) bool) Option {
+	return middleware.WithStreaming(match)
+}
+
+// WithErrorHandler sets what answers a failed begin or commit. See
+// middleware.WithErrorHandler.
+func WithErrorHandler(h middleware.ErrorHandler) Option { return middleware.WithErrorHandler(h) }
+
+// WithLogger sets the logger. See middleware.WithLogger.
+func WithLogger(l *slog.Logger) Option { return middleware.WithLogger(l) }

@@ -1,0 +1,97 @@
+package harness
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+)
+
+// TestSmoke runs every system for about a second at concurrency 1, so CI
+// proves the benchmark still builds and measures; the numbers themselves
+// belong to `make bench`.
+func TestSmoke(t *testing.T) {
+	db := testdb.MySQL(t)
+	ctx := context.Background()
+	for _, sys := range Systems() {
+		t.Run(sys.Name(), func(t *testing.T) {
+			res, err := RunCell(ctx, db, sys, CellOptions{
+				Concurrency: 1, Duration: time.Second,
+				DrainTimeout: 30 * time.Second, Stall: 10 * time.Second,
+				Prefix: UniquePrefix("smoke"),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%+v", res)
+			if res.Committed == 0 || res.Errors > 0 {
+				t.Fatalf("committed %d, errors %d (%s)", res.Committed, res.Errors, res.Note)
+			}
+			if res.Orders != res.Committed {
+				t.Errorf("orders table holds %d rows; producers committed %d", res.Orders, res.Committed)
+			}
+			if !sys.Delivers() {
+				return
+			}
+			// One producer commits in id order, so even an id cursor
+			// delivers everything.
+			if res.Lost != 0 || res.Phantoms != 0 {
+				t.Errorf("lost %d, phantoms %d", res.Lost, res.Phantoms)
+			}
+			// txoutbox takes the commit time in the first after-commit
+			// hook, before the event can reach a worker.
+			if _, ok := sys.(*Txoutbox); ok && res.Early != 0 {
+				t.Errorf("%d deliveries recorded before their commit", res.Early)
+			}
+			if res.Delivered != res.Committed {
+				t.Errorf("delivered %d of %d", res.Delivered, res.Committed)
+			}
+		})
+	}
+}
+
+// TestDrainAndReport drains a small backlog through txoutbox and
+// Watermill and renders a report from the results.
+func TestDrainAndReport(t *testing.T) {
+	db := testdb.MySQL(t)
+	ctx := context.Background()
+	const n = 2000
+	ours, err := DrainTxoutbox(ctx, db, DrainOptions{N: n, Timeout: time.Minute, SampleMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours.Delivered != n || ours.DoneRows != n {
+		t.Errorf("txoutbox: delivered %d, DONE rows %d; want %d", ours.Delivered, ours.DoneRows, n)
+	}
+	split, err := DrainTxoutbox(ctx, db, DrainOptions{N: n, Timeout: time.Minute, SplitClaim: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if split.Delivered != n || split.DoneRows != n {
+		t.Errorf("split claim: delivered %d, DONE rows %d; want %d", split.Delivered, split.DoneRows, n)
+	}
+	theirs, err := DrainWatermill(ctx, db, true, DrainOptions{N: n, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if theirs.Delivered != n {
+		t.Errorf("Watermill: delivered %d; want %d", theirs.Delivered, n)
+	}
+	rep := &Report{Started: time.Now(), Finished: time.Now(), Repeats: 1, Concurrency: []int{1},
+		Drains: []DrainResult{ours, theirs}, Memory: &ours,
+		Cells: []CellResult{{System: RawLimitName, Concurrency: 1, CommitTPS: 100}, {System: "txoutbox", Concurrency: 1, CommitTPS: 95, Delivers: true, DeliveredPS: 95}}}
+	if s := ConfigSummary(db, false); !strings.Contains(s, "DisableHotPath true") {
+		t.Errorf("ConfigSummary(poller only) = %q; want DisableHotPath true in it", s)
+	} else {
+		t.Log(s)
+	}
+	var buf strings.Builder
+	rep.Write(&buf, "txoutbox", "txoutbox")
+	for _, want := range []string{"## Targets vs measured", "## Backlog drain", "## Memory while draining"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}

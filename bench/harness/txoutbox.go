@@ -1,0 +1,280 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+// OrderPlaced is the event type every txoutbox run publishes.
+const OrderPlaced outbox.EventType = "OrderPlaced"
+
+// Txoutbox runs the business transaction through txoutbox.
+type Txoutbox struct {
+	// HotPath delivers after commit; off, the poller alone delivers.
+	HotPath bool
+	// Via is how the transaction is opened: ViaTxmw (the request
+	// middleware, the handler called in-process) or ViaBeginTx.
+	Via Via
+	// Experiments on the completion writes, for profiling only (the
+	// report's systems leave them zero): DoneDelay holds every MarkDone
+	// call that long first, emulating a completer that lingers to fill
+	// its batches; SkipDone does not mark events DONE at all.
+	DoneDelay time.Duration
+	SkipDone  bool
+	// DeleteDone deletes delivered rows instead of marking them DONE.
+	DeleteDone bool
+
+	env   *Env
+	store *sqlstore.Store
+	ob    *outbox.Outbox
+	tx    txRunner
+	M     Counters
+}
+
+// Via is how a txoutbox transaction is opened.
+type Via string
+
+const (
+	ViaTxmw    Via = "txmw"
+	ViaBeginTx Via = "outbox.BeginTx"
+)
+
+// txRunner runs one business transaction for a txoutbox system.
+type txRunner func(ctx context.Context, seq int64, payload []byte) error
+
+func (s *Txoutbox) Name() string {
+	name := "txoutbox, hot path"
+	if !s.HotPath {
+		name = "txoutbox, poller only"
+	}
+	switch {
+	case s.DeleteDone:
+		name += ", MarkDone as DELETE (experiment)"
+	case s.SkipDone:
+		name += ", no MarkDone (experiment)"
+	case s.DoneDelay > 0:
+		name += fmt.Sprintf(", MarkDone delayed %v (experiment)", s.DoneDelay)
+	}
+	return name + " (" + string(s.via()) + ")"
+}
+
+func (s *Txoutbox) via() Via {
+	if s.Via == "" {
+		return DefaultVia
+	}
+	return s.Via
+}
+
+func (s *Txoutbox) Delivers() bool { return true }
+
+// Config returns the outbox configuration of the system.
+func (s *Txoutbox) Config() outbox.Config {
+	return txoutboxConfig(s.HotPath, &s.M)
+}
+
+func txoutboxConfig(hot bool, m *Counters) outbox.Config {
+	cfg := outbox.Config{Logger: quietLogger(), Metrics: m}
+	if !hot {
+		cfg.DisableHotPath = true
+		cfg.PollInterval = 10 * time.Millisecond
+		cfg.PollMaxInterval = 100 * time.Millisecond
+		// SkipRecent spares claims of rows a hot path is about to deliver;
+		// with the hot path off it is pure delay.
+		cfg.SkipRecent = -1
+	}
+	return cfg
+}
+
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+func newStore(ctx context.Context, db *sqlx.DB, table string) (*sqlstore.Store, error) {
+	st, err := sqlstore.New(db, sqlstore.Options{Table: table})
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (s *Txoutbox) Setup(ctx context.Context, env *Env) error {
+	s.env = env
+	st, err := newStore(ctx, env.DB, env.Prefix+"_ob")
+	if err != nil {
+		return err
+	}
+	s.store = st
+	store := &countingStore{Store: st, db: env.DB, delay: s.DoneDelay, skip: s.SkipDone, del: s.DeleteDone, m: &s.M}
+	ob, err := outbox.New(store, s.Config())
+	if err != nil {
+		return err
+	}
+	ob.On(OrderPlaced, func(_ context.Context, ev outbox.Event) error {
+		env.Rec.Delivered(seqOf(ev.AggregateID))
+		return nil
+	})
+	s.ob = ob
+	if s.tx, err = newTxRunner(s.via(), env, ob); err != nil {
+		return err
+	}
+	return ob.Start(context.WithoutCancel(ctx))
+}
+
+// quietPeriod is the longest the poller can sleep between two polls, plus
+// SkipRecent and a margin: an event not delivered after that much silence
+// is lost.
+func (s *Txoutbox) quietPeriod() time.Duration {
+	c := s.ob.Config()
+	return c.PollMaxInterval + c.PollInterval + max(0, c.SkipRecent) + 2*time.Second
+}
+
+func (s *Txoutbox) Tx(ctx context.Context, seq int64, payload []byte) error {
+	return s.tx(ctx, seq, payload)
+}
+
+func envelope(seq int64, payload []byte) outbox.Envelope {
+	return outbox.Envelope{Type: OrderPlaced, AggregateType: "order", AggregateID: strconv.FormatInt(seq, 10), JSON: payload}
+}
+
+// beginTxRunner opens the transaction with outbox.BeginTx and publishes
+// with PublishTx.
+func beginTxRunner(env *Env, ob *outbox.Outbox) txRunner {
+	q := fmt.Sprintf(insertOrder, env.Orders)
+	return func(ctx context.Context, seq int64, payload []byte) error {
+		tx, err := outbox.BeginTx(ctx, env.DB.DB, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, q, orderArgs(seq)...); err != nil {
+			return err
+		}
+		// Registered first, so it runs first after COMMIT: the commit time
+		// is taken before the event can reach the dispatcher.
+		tx.AfterCommit(func() { env.Rec.Committed(seq) })
+		if _, err := ob.PublishTx(ctx, tx, envelope(seq, payload)); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+}
+
+func (s *Txoutbox) Teardown(ctx context.Context) error {
+	var err error
+	if s.ob != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err = s.ob.Close(cctx)
+		cancel()
+	}
+	if s.store != nil {
+		if derr := dropTables(ctx, s.env.DB, s.store.Table(), s.store.SchemaTable()); err == nil {
+			err = derr
+		}
+	}
+	return err
+}
+
+// Counters is an outbox.Metrics that counts how events travelled.
+type Counters struct {
+	outbox.NopMetrics
+	hot, dropped, cold atomic.Int64
+	doneCalls, doneIDs atomic.Int64
+	claims             atomic.Int64
+}
+
+// Statements returns how many MarkDone statements marked how many events,
+// and how many claims ran.
+func (c *Counters) Statements() (doneCalls, doneIDs, claims int64) {
+	return c.doneCalls.Load(), c.doneIDs.Load(), c.claims.Load()
+}
+
+var _ outbox.Metrics = (*Counters)(nil)
+
+func (c *Counters) HotEnqueued()       { c.hot.Add(1) }
+func (c *Counters) HotDropped()        { c.dropped.Add(1) }
+func (c *Counters) ColdEnqueued(n int) { c.cold.Add(int64(n)) }
+
+// Paths returns how many events went through the hot queue, were dropped
+// from a full hot queue, and were queued by the poller.
+func (c *Counters) Paths() (hot, dropped, cold int64) {
+	return c.hot.Load(), c.dropped.Load(), c.cold.Load()
+}
+
+// countingStore counts the engine's completion and claim statements, and
+// changes MarkDone for the completion experiments.
+type countingStore struct {
+	*sqlstore.Store
+	db    *sqlx.DB
+	delay time.Duration
+	skip  bool
+	del   bool
+	m     *Counters
+}
+
+func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+	e.m.doneCalls.Add(1)
+	e.m.doneIDs.Add(int64(len(ids)))
+	if e.skip {
+		return len(ids), nil
+	}
+	time.Sleep(e.delay)
+	if e.del {
+		args := []any{owner}
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		res, err := e.db.ExecContext(ctx, `DELETE FROM `+e.Table()+` WHERE locked_by = ? AND status IN (0, 2) AND id IN (`+
+			strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")+`)`, args...)
+		if err != nil {
+			return 0, err
+		}
+		n, err := res.RowsAffected()
+		return int(n), err
+	}
+	return e.Store.MarkDone(ctx, owner, ids)
+}
+
+func (e *countingStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	e.m.claims.Add(1)
+	return e.Store.Claim(ctx, req)
+}
+
+// ConfigSummary describes the configuration in force (defaults filled in)
+// of the hot-path or poller-only system, for the report.
+func ConfigSummary(db *sqlx.DB, hot bool) string {
+	st, err := sqlstore.New(db, sqlstore.Options{})
+	if err != nil {
+		return err.Error()
+	}
+	ob, err := outbox.New(st, txoutboxConfig(hot, &Counters{}))
+	if err != nil {
+		return err.Error()
+	}
+	c := reflect.ValueOf(ob.Config())
+	var parts []string
+	for i := range c.NumField() {
+		f, v := c.Type().Field(i), c.Field(i)
+		switch {
+		case f.Type == reflect.TypeFor[time.Duration]():
+			parts = append(parts, fmt.Sprintf("%s %v", f.Name, time.Duration(v.Int())))
+		case v.Kind() == reflect.Int || v.Kind() == reflect.Bool:
+			parts = append(parts, fmt.Sprintf("%s %v", f.Name, v.Interface()))
+		}
+	}
+	return strings.Join(parts, ", ")
+}

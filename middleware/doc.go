@@ -1,0 +1,142 @@
+// Package middleware runs each HTTP request as one unit of work: it begins
+// a transaction before the handler, buffers the handler's response, commits
+// when the status says so, and only then runs the after-commit hooks (which
+// hand published events to the outbox dispatcher) and sends the response.
+//
+// It knows nothing of SQL libraries or routers. Package txmw binds it to
+// database/sql and sqlx; the GORM and ent adapters bind it to theirs. Each
+// binding supplies only a [BeginFunc]; everything about HTTP lives here.
+//
+// # Using it from a binding
+//
+// A binding's transaction implements [Tx]: the [outbox.TxContext] that
+// outbox.Publish writes through, plus Commit and Rollback. Embedding
+// [outbox.Hooks] provides the hook methods:
+//
+//	type gormTx struct {
+//		db *gorm.DB
+//		outbox.Hooks // AfterCommit, AfterRollback, Committed, RolledBack
+//	}
+//
+//	func (t *gormTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+//		return t.db.Statement.ConnPool.ExecContext(ctx, q, args...)
+//	}
+//	func (t *gormTx) Commit() error   { return t.db.Commit().Error }
+//	func (t *gormTx) Rollback() error { return t.db.Rollback().Error }
+//
+//	func Transactional(db *gorm.DB, opts ...middleware.Option) func(http.Handler) http.Handler {
+//		begin := func(ctx context.Context, o *sql.TxOptions) (middleware.Tx, error) {
+//			tx := db.WithContext(ctx).Begin(o)
+//			if tx.Error != nil {
+//				return nil, tx.Error
+//			}
+//			return &gormTx{db: tx}, nil
+//		}
+//		return middleware.New(begin, opts...).Handler
+//	}
+//
+// The middleware puts the Tx into the request context with
+// [outbox.ContextWithTx]; the binding's accessor finds it again with
+// [outbox.TxFromContext] and a type assertion to its own type. Commit and
+// Rollback must not run the hooks: the middleware calls Committed or
+// RolledBack itself so that it can log hooks that panic. (If they do run
+// them, nothing breaks: hooks fire once.)
+//
+// # What a client can rely on
+//
+// A 2xx that the client sees means the data is committed. The status,
+// headers and body the handler writes are buffered; after the handler
+// returns, the middleware commits if the [CommitPolicy] accepts the status
+// (by default [Commit2xx]) and rolls back otherwise. On a successful commit
+// the after-commit hooks run, in registration order, each under its own
+// recover, and then the buffered response goes out. If COMMIT fails, the
+// after-rollback hooks run, none of the handler's response is sent, and the
+// [ErrorHandler] answers instead (by default 500). A rolled-back request's
+// buffered response goes out unchanged after the after-rollback hooks.
+//
+// A body written without WriteHeader is an implicit 200, as in net/http; so
+// is a handler that writes nothing. Informational (1xx) statuses are
+// dropped while buffering.
+//
+// A panic in the handler rolls back, runs the after-rollback hooks, sends
+// nothing of the buffered response, and re-panics with the same value, so
+// that a recoverer further out (chi's middleware.Recoverer) still sees it.
+//
+// # Which requests get a transaction
+//
+// By default POST, PUT, PATCH and DELETE. GET, HEAD, OPTIONS and TRACE are
+// safe methods (RFC 9110): they must not change state, so a transaction
+// would take a pooled connection and a BEGIN/COMMIT round trip for nothing,
+// and buffering would break downloads and server-sent events. Their
+// requests pass through untouched, and outbox.Publish in them fails fast
+// with outbox.ErrNoTx. [WithMethods] changes the set, for instance to give
+// a GET a consistent snapshot across several queries.
+//
+// # Client disconnects and deadlines
+//
+// The transaction is not tied to the client's connection. A client that
+// goes away mid-request does not cancel the unit of work: the handler runs
+// to completion and the outcome is decided by its status as usual, so the
+// data is either all committed or all rolled back, never half. The
+// request's context seen by the handler (and by Begin) keeps the request's
+// values but is cancelled only by the transaction's own deadline
+// ([WithTimeout], default [DefaultTimeout]). A handler that wants to give
+// up early on a disconnect can watch [ClientContext].
+//
+// database/sql rolls a transaction back on its own when the context it was
+// begun with ends. If the deadline passes before COMMIT, the middleware
+// reports [ErrTxTimeout] (wrapping context.DeadlineExceeded) to the
+// ErrorHandler and the log, not a bare sql.ErrTxDone.
+//
+// # Pool exhaustion
+//
+// Begin waits at most [WithBeginTimeout] (default [DefaultBeginTimeout])
+// for a connection. Past that, the ErrorHandler gets an error matching
+// [ErrBeginTimeout] and answers 503 with Retry-After by default; the
+// handler does not run, so nothing is written or published.
+//
+// # Nesting
+//
+// A request whose context already carries a transaction (an outer
+// Transactional, an adapter's middleware, outbox.ContextWithTx) joins it:
+// the inner middleware begins nothing, buffers nothing and leaves commit to
+// the outer one. One request therefore holds at most one connection, and
+// with SetMaxOpenConns(1) nothing deadlocks. txmw.Transact follows the same
+// rule.
+//
+// # Flush, Hijack and streaming
+//
+// While buffering, Flush (and http.ResponseController's FlushError) does
+// nothing, so no byte leaves before the commit; Hijack returns
+// [ErrHijack] in every transactional request, because the outcome of a
+// hijacked connection cannot be decided from a status. Routes that must
+// stream (server-sent events, large exports) opt out of buffering with
+// [WithStreaming]: their responses go out as written, Flush works, and the
+// transaction is still committed or rolled back by status when the handler
+// returns. A streamed 2xx is sent before the commit, so if COMMIT then
+// fails the middleware logs it and aborts the connection with
+// http.ErrAbortHandler, so that a client reading a chunked body sees a
+// truncated response rather than a clean one. Put websocket routes outside
+// the middleware or outside its methods.
+//
+// # Options
+//
+// [WithOutbox] puts an *outbox.Outbox into each request's context (with
+// outbox.NewContext) so that outbox.Publish(r.Context(), env) finds it
+// without outbox.SetDefault. The others: [WithIsolation], [WithReadOnly],
+// [WithMethods], [WithTimeout], [WithBeginTimeout], [WithCommitPolicy],
+// [WithStreaming], [WithErrorHandler], [WithLogger]. Invalid options panic
+// in [New], never per request.
+//
+// # Example
+//
+//	mw := middleware.New(begin, middleware.WithOutbox(ob), middleware.WithTimeout(10*time.Second))
+//	r := chi.NewRouter()
+//	r.Use(chimw.Recoverer, mw.Handler)
+//	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
+//		tx, _ := outbox.TxFromContext(r.Context())
+//		tx.ExecContext(r.Context(), "INSERT INTO orders ...")
+//		outbox.Publish(r.Context(), outbox.Envelope{Type: "order.placed", JSON: body})
+//		w.WriteHeader(http.StatusCreated) // commit, hooks, then the 201 goes out
+//	})
+package middleware

@@ -1,0 +1,83 @@
+// Package outbox is the core of txoutbox: a transactional outbox that
+// writes events in the caller's database transaction and, once that
+// transaction commits, delivers them to listeners at least once.
+//
+// It depends on the standard library and github.com/oklog/ulid/v2 only.
+// Storage is behind the Store interface (outbox/sqlstore implements it for
+// MySQL/MariaDB, PostgreSQL and SQLite); HTTP request transactions come
+// from txmw (database/sql, sqlx) or the GORM and ent adapters.
+//
+// # Publishing
+//
+// Business code publishes inside a transaction. The transaction is an
+// outbox.TxContext: something to execute the insert through, plus hooks
+// that run after commit or after rollback. Middleware puts it in the
+// request's context, so handlers write
+//
+//	outbox.Publish(r.Context(), outbox.Envelope{Type: OrderPlaced, JSON: body})
+//
+// and code that holds the transaction itself calls ob.PublishTx(ctx, tx,
+// env). Publish validates the envelope (a type, exactly one payload of at
+// most 1 MiB, valid JSON if JSON, token header keys, no CR/LF/NUL in header
+// values), gives it a ULID that grows monotonically within the process,
+// copies the payload once and inserts the row (status NEW) through the
+// transaction. Without a transaction it fails with ErrNoTx and writes
+// nothing. A rolled-back transaction leaves no row and runs no listener.
+//
+// # Delivery
+//
+// After a successful commit the event goes to a bounded in-memory hot
+// queue; a pool of workers runs the listeners of its type in registration
+// order, then those registered with OnAll. When all succeed the event is
+// marked DONE (in batched UPDATEs); when one fails the event is retried
+// with exponential back-off and jitter, and goes DEAD after MaxAttempts or
+// at once for errors wrapped with Permanent. Panics are recovered and count
+// as failures; each listener call is bounded by ListenerTimeout.
+//
+// If the hot queue is full, Publish still succeeds: the event stays in the
+// table and the poller delivers it. The poller also picks up retries and
+// the events of instances that died. It polls every PollInterval, backs off
+// while idle, polls again at once while it finds full batches, and never
+// uses an id cursor: ids are not in commit order, so a late commit is
+// still found.
+//
+// # Many instances
+//
+// Several processes may share one table. Each claims events with a lease
+// (owner and expiry, on the database's clock; FOR UPDATE SKIP LOCKED where
+// the database has it). The publishing instance holds the lease from the
+// insert, and renews the leases of everything it has queued or running
+// every Lease/3, so no other instance takes an event it is delivering,
+// however slow the listener. Every DONE, RETRY or DEAD write succeeds only
+// while the writer still owns the row: a worker whose lease expired and was
+// taken over changes nothing. The events of a dead instance are taken over
+// when its leases run out (Config.Lease, 30 s by default).
+//
+// Delivery is at least once: a listener can see an event again (after a
+// crash between the listener and the DONE write, or after a lease expired)
+// and must de-duplicate on Event.ID.
+//
+// # Lifecycle
+//
+// New builds an Outbox; Start launches its goroutines; Close(ctx) stops the
+// poller, lets the workers deliver what is queued until ctx ends, then
+// cancels running listeners, hands the rest back to the database, writes
+// the last completions and waits for every goroutine. Both are safe to
+// call twice; Close works without Start.
+//
+// # Observability
+//
+// Logs go to Config.Logger (log/slog) and never contain payloads or header
+// values. Measurements go to Config.Metrics; the package
+// github.com/txoutbox/txoutbox/prom exports them to Prometheus. Stores may
+// implement StatsReader (backlog), DeadLetterStore (list, replay),
+// Cleaner (delete delivered rows) and Inspector (look one event up).
+//
+// # Defaults
+//
+// 4 workers, hot and cold queues of 1000, poll every 5 s (backing off to
+// 15 s), batches of 200, skip rows younger than 1 s, lease 30 s, listener
+// timeout 10 s, retry 200 ms doubling to 60 s with jitter ×0.5–1.5, 10
+// attempts, payloads up to 1 MiB, last_error up to 4000 characters. Status
+// codes: 0 NEW, 1 DONE, 2 RETRY, 3 DEAD.
+package outbox

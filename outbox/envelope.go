@@ -1,0 +1,319 @@
+package outbox
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// EventType names a kind of event, such as "OrderPlaced". Declare the types
+// of a service as constants; any non-empty string is allowed, so dynamic
+// types work too:
+//
+//	const OrderPlaced outbox.EventType = "OrderPlaced"
+type EventType string
+
+// String returns the type's name.
+func (t EventType) String() string { return string(t) }
+
+// AggregateType names the kind of entity an event is about, such as "order".
+type AggregateType string
+
+// String returns the aggregate type's name.
+func (t AggregateType) String() string { return string(t) }
+
+// Limits enforced when an event is published.
+const (
+	// MaxPayloadBytes is the largest payload accepted: exactly 1 MiB is
+	// allowed, one byte more is rejected.
+	MaxPayloadBytes = 1 << 20
+	// MaxErrorChars is the most characters of a listener's error kept in
+	// the row's last_error column.
+	MaxErrorChars = 4000
+	// MaxIDLen is the longest event id accepted.
+	MaxIDLen = 64
+	// MaxTypeLen is the longest event type accepted.
+	MaxTypeLen = 128
+	// MaxAggregateTypeLen is the longest aggregate type accepted.
+	MaxAggregateTypeLen = 64
+	// MaxAggregateIDLen is the longest aggregate id accepted.
+	MaxAggregateIDLen = 128
+	// MaxTenantIDLen is the longest tenant id accepted.
+	MaxTenantIDLen = 64
+)
+
+// Envelope is one event as published by business code and as received by
+// listeners. Exactly one of JSON and Bytes carries the payload.
+//
+// Publish copies the payload and the headers, so the caller may reuse them
+// afterwards; listeners receive their own copy and must not assume anything
+// about sharing.
+type Envelope struct {
+	// ID identifies the event; consumers de-duplicate on it. Defaults to a
+	// new ULID, monotonic within the process.
+	ID string
+	// Type is the event's type. Required.
+	Type EventType
+	// OccurredAt is when the event happened. Defaults to the time of Publish.
+	OccurredAt time.Time
+	// AggregateType and AggregateID name the entity the event is about.
+	AggregateType AggregateType
+	AggregateID   string
+	// TenantID is carried through untouched for multi-tenant services.
+	TenantID string
+	// Headers are string metadata (trace ids, content types). Keys must be
+	// HTTP-style tokens; values must not contain CR, LF or NUL.
+	Headers map[string]string
+	// JSON is the payload as a JSON document. It must be valid JSON.
+	JSON json.RawMessage
+	// Bytes is the payload as opaque bytes, for events that are not JSON.
+	Bytes []byte
+}
+
+// Payload returns the payload, whichever of JSON and Bytes carries it.
+func (e *Envelope) Payload() []byte {
+	if e.JSON != nil {
+		return e.JSON
+	}
+	return e.Bytes
+}
+
+// IsJSON reports whether the payload is a JSON document.
+func (e *Envelope) IsJSON() bool { return e.JSON != nil }
+
+// ValidationError reports an envelope that Publish refused. It names the
+// field and the rule, never the payload or a header value.
+type ValidationError struct {
+	Field  string // the Envelope field at fault, e.g. "JSON" or "Headers"
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	return "outbox: invalid envelope: " + e.Field + ": " + e.Reason
+}
+
+func invalid(field, format string, args ...any) error {
+	return &ValidationError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks e without changing it.
+func (e *Envelope) validate() error {
+	if e.Type == "" {
+		return invalid("Type", "required")
+	}
+	if err := checkText("Type", string(e.Type), MaxTypeLen); err != nil {
+		return err
+	}
+	if e.ID != "" {
+		if err := checkText("ID", e.ID, MaxIDLen); err != nil {
+			return err
+		}
+	}
+	if err := checkText("AggregateType", string(e.AggregateType), MaxAggregateTypeLen); err != nil {
+		return err
+	}
+	if err := checkText("AggregateID", e.AggregateID, MaxAggregateIDLen); err != nil {
+		return err
+	}
+	if err := checkText("TenantID", e.TenantID, MaxTenantIDLen); err != nil {
+		return err
+	}
+	switch {
+	case e.JSON != nil && e.Bytes != nil:
+		return invalid("JSON", "set exactly one of JSON and Bytes, not both")
+	case e.JSON == nil && e.Bytes == nil:
+		return invalid("JSON", "a payload is required: set JSON or Bytes")
+	}
+	if n := len(e.Payload()); n > MaxPayloadBytes {
+		field := "Bytes"
+		if e.JSON != nil {
+			field = "JSON"
+		}
+		return invalid(field, "payload is %d bytes, over the limit of %d bytes (1 MiB)", n, MaxPayloadBytes)
+	}
+	if e.JSON != nil && !json.Valid(e.JSON) {
+		return invalid("JSON", "payload is not valid JSON (%d bytes)", len(e.JSON))
+	}
+	for k, v := range e.Headers {
+		if !isToken(k) {
+			return invalid("Headers", "key %q is not a token (letters, digits and !#$%%&'*+-.^_`|~ only)", truncateKey(k))
+		}
+		if bytes.ContainsAny([]byte(v), "\r\n\x00") {
+			return invalid("Headers", "value of key %q contains CR, LF or NUL", k)
+		}
+		if !utf8.ValidString(v) {
+			return invalid("Headers", "value of key %q is not valid UTF-8", k)
+		}
+	}
+	return nil
+}
+
+// checkText validates a short identifier-like field.
+func checkText(field, s string, max int) error {
+	if len(s) > max {
+		return invalid(field, "%d bytes, over the limit of %d", len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return invalid(field, "not valid UTF-8")
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return invalid(field, "contains a control character")
+		}
+	}
+	return nil
+}
+
+func truncateKey(k string) string {
+	if len(k) > 64 {
+		return k[:64] + "…"
+	}
+	return k
+}
+
+// isToken reports whether s is an RFC 9110 token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// clone returns a deep copy of e, so that neither the caller nor a listener
+// can change what the other sees.
+func (e Envelope) clone() Envelope {
+	if e.JSON != nil {
+		e.JSON = bytes.Clone(e.JSON)
+	}
+	if e.Bytes != nil {
+		e.Bytes = bytes.Clone(e.Bytes)
+	}
+	if e.Headers != nil {
+		e.Headers = maps.Clone(e.Headers)
+	}
+	return e
+}
+
+// ids makes ULIDs that are strictly increasing across all goroutines of the
+// process, even within one millisecond: ulid.Make is only monotonic per
+// goroutine-free call sequence, so a locked generator is used instead.
+var ids = struct {
+	sync.Mutex
+	entropy *ulid.MonotonicEntropy
+}{entropy: ulid.Monotonic(rand.Reader, 0)}
+
+// NewID returns a new ULID string, greater than every one returned before it
+// in this process.
+func NewID() string {
+	ids.Lock()
+	defer ids.Unlock()
+	id, err := ulid.New(ulid.Now(), ids.entropy)
+	if err != nil {
+		// The monotonic entropy overflows only after 2^80 ids in one
+		// millisecond; wait for the next millisecond.
+		for err != nil {
+			time.Sleep(time.Millisecond)
+			id, err = ulid.New(ulid.Now(), ids.entropy)
+		}
+	}
+	return id.String()
+}
+
+// encode validates env, fills its defaults and returns the row to insert.
+// The payload is copied once; the returned Envelope shares it with the row.
+func encode(env Envelope, now time.Time) (Row, Envelope, error) {
+	if err := env.validate(); err != nil {
+		return Row{}, Envelope{}, err
+	}
+	env = env.clone()
+	if env.ID == "" {
+		env.ID = NewID()
+	}
+	if env.OccurredAt.IsZero() {
+		env.OccurredAt = now
+	}
+	env.OccurredAt = env.OccurredAt.UTC().Truncate(time.Microsecond)
+	row := Row{
+		ID:            env.ID,
+		Type:          string(env.Type),
+		AggregateType: string(env.AggregateType),
+		AggregateID:   env.AggregateID,
+		TenantID:      env.TenantID,
+		Payload:       env.Payload(),
+		PayloadJSON:   env.IsJSON(),
+		OccurredAt:    env.OccurredAt,
+	}
+	if len(env.Headers) > 0 {
+		h, err := json.Marshal(env.Headers)
+		if err != nil {
+			return Row{}, Envelope{}, invalid("Headers", "cannot be encoded")
+		}
+		row.Headers = h
+	}
+	return row, env, nil
+}
+
+// DecodeError reports a stored row that cannot be turned back into an
+// Envelope. It never contains the payload or header values.
+type DecodeError struct {
+	ID     string
+	Reason string
+}
+
+func (e *DecodeError) Error() string {
+	return "outbox: cannot decode event " + e.ID + ": " + e.Reason
+}
+
+// decode turns a stored row back into an Envelope.
+func decode(r *Row) (Envelope, error) {
+	if r.Type == "" {
+		return Envelope{}, &DecodeError{ID: r.ID, Reason: "event type is empty"}
+	}
+	env := Envelope{
+		ID:            r.ID,
+		Type:          EventType(r.Type),
+		OccurredAt:    r.OccurredAt,
+		AggregateType: AggregateType(r.AggregateType),
+		AggregateID:   r.AggregateID,
+		TenantID:      r.TenantID,
+	}
+	if len(r.Headers) > 0 {
+		var h map[string]string
+		// The json error text is not kept: it may quote the header values.
+		if json.Unmarshal(r.Headers, &h) != nil {
+			return Envelope{}, &DecodeError{ID: r.ID, Reason: "headers are not a JSON object of strings"}
+		}
+		if len(h) > 0 {
+			env.Headers = h
+		}
+	}
+	payload := r.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	if r.PayloadJSON {
+		if !json.Valid(payload) {
+			return Envelope{}, &DecodeError{ID: r.ID, Reason: "payload is marked JSON but is not valid JSON"}
+		}
+		env.JSON = payload
+	} else {
+		env.Bytes = payload
+	}
+	return env, nil
+}

@@ -1,0 +1,70 @@
+package outbox
+
+import "time"
+
+// Path says how an event reached the dispatcher.
+type Path string
+
+const (
+	// PathHot is the after-commit hand-over from the publishing process.
+	PathHot Path = "hot"
+	// PathCold is the poller.
+	PathCold Path = "cold"
+)
+
+// Outcome is the result of one delivery attempt.
+type Outcome string
+
+const (
+	OutcomeDone  Outcome = "done"  // every listener succeeded
+	OutcomeRetry Outcome = "retry" // a listener failed; another attempt is scheduled
+	OutcomeDead  Outcome = "dead"  // a listener failed for the last time
+)
+
+// Metrics receives the engine's measurements. Implementations must be safe
+// for concurrent use and fast: they are called on the hot path. Embed
+// NopMetrics to implement only some methods and stay compatible when new
+// ones are added. The package github.com/txoutbox/txoutbox/prom exports them to
+// Prometheus.
+type Metrics interface {
+	// Published counts an event written by Publish (not yet committed).
+	Published(t EventType)
+	// HotEnqueued counts an event handed to the dispatcher after commit.
+	HotEnqueued()
+	// HotDropped counts an event that did not fit the hot queue; the
+	// poller delivers it later.
+	HotDropped()
+	// ColdEnqueued counts events the poller queued.
+	ColdEnqueued(n int)
+	// Dispatched reports one delivery attempt: its path, outcome, and the
+	// time its listeners took.
+	Dispatched(p Path, o Outcome, took time.Duration)
+	// Latency reports the time from commit (hot path) or insert (cold
+	// path, on the database's clock) to the first listener call of an
+	// event's first attempt; retries, which wait on purpose, are not
+	// reported.
+	Latency(p Path, d time.Duration)
+	// QueueDepths reports the lengths of the hot and cold queues.
+	QueueDepths(hot, cold int)
+	// Backlog reports a sample of the table: rows by status (undelivered,
+	// dead letters) and the age of the oldest undelivered event.
+	Backlog(s Stats)
+	// LeasesReclaimed counts events taken over from an instance whose lease
+	// had expired.
+	LeasesReclaimed(n int)
+}
+
+// NopMetrics discards every measurement.
+type NopMetrics struct{}
+
+func (NopMetrics) Published(EventType)                     {}
+func (NopMetrics) HotEnqueued()                            {}
+func (NopMetrics) HotDropped()                             {}
+func (NopMetrics) ColdEnqueued(int)                        {}
+func (NopMetrics) Dispatched(Path, Outcome, time.Duration) {}
+func (NopMetrics) Latency(Path, time.Duration)             {}
+func (NopMetrics) QueueDepths(int, int)                    {}
+func (NopMetrics) Backlog(Stats)                           {}
+func (NopMetrics) LeasesReclaimed(int)                     {}
+
+var _ Metrics = NopMetrics{}

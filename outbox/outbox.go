@@ -1,0 +1,321 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors returned by Publish and the lifecycle methods.
+var (
+	// ErrNoTx is returned by Publish when ctx carries no transaction.
+	ErrNoTx = errors.New("outbox: no transaction in context; wrap the handler with txmw.Transactional (or an adapter's middleware), or use PublishTx")
+	// ErrNoOutbox is returned by the package-level Publish when neither ctx
+	// nor the package default carries an *Outbox.
+	ErrNoOutbox = errors.New("outbox: no outbox in context and no default; call outbox.SetDefault(ob), or use ob.Publish")
+	// ErrClosed is returned by Start after Close.
+	ErrClosed = errors.New("outbox: closed")
+)
+
+// Event is what a listener receives: the published envelope plus delivery
+// facts.
+type Event struct {
+	Envelope
+	// Attempt is 1 on the first delivery and grows with each retry.
+	Attempt int
+	// Path says whether the event came on the hot path or from the poller.
+	Path Path
+}
+
+// Listener reacts to events: it sends them to a broker, updates a cache,
+// calls a service. It must honour ctx, which is cancelled after
+// Config.ListenerTimeout. An error makes the attempt fail (see Permanent);
+// a panic is recovered and counts as an error.
+//
+// Delivery is at least once: a listener may see an event again, with the
+// same ID, and must be idempotent. Listeners must not modify the payload or
+// headers, which other listeners of the same event share.
+type Listener func(ctx context.Context, ev Event) error
+
+// Outbox is the engine: it writes events through the caller's transaction
+// and, after commit, delivers them to listeners, with a poller that catches
+// whatever the fast path missed. All methods are safe for concurrent use.
+type Outbox struct {
+	store Store
+	cfg   Config
+	log   *slog.Logger
+	m     Metrics
+
+	regMu     sync.Mutex
+	listeners atomic.Pointer[registry]
+
+	hot, cold chan *item
+	inflight  inflightSet
+	doneCh    chan *item
+	dropped   chan string   // ids dropped from a full hot queue, for the poller to release
+	nudge     chan struct{} // wakes the poller; capacity 1
+	coldSpace chan struct{} // a worker took a cold item; capacity 1
+
+	mu        sync.RWMutex // guards the state below; RLock on the hot path
+	started   bool
+	closed    bool
+	closeDone chan struct{}
+	cancelRun context.CancelFunc
+	stopPoll  context.CancelFunc
+	draining  chan struct{}
+
+	workers    sync.WaitGroup
+	poller     sync.WaitGroup
+	completer  sync.WaitGroup
+	background sync.WaitGroup // lease renewer, sampler
+	stragglers sync.WaitGroup // listener calls, including those abandoned after their timeout
+	running    atomic.Int64   // listener calls not yet returned
+}
+
+type item struct {
+	env      Envelope
+	path     Path
+	attempts int       // failed attempts before this one
+	since    time.Time // commit (hot) or insert (cold) time
+}
+
+// New returns an Outbox over store. It does not start delivering until
+// Start; Publish works at once.
+func New(store Store, cfg Config) (*Outbox, error) {
+	if store == nil {
+		return nil, errors.New("outbox: New: store is nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	o := &Outbox{
+		store:     store,
+		cfg:       cfg,
+		log:       cfg.Logger.With(slog.String("component", "outbox"), slog.String("instance", cfg.InstanceID)),
+		m:         cfg.Metrics,
+		hot:       make(chan *item, cfg.HotQueueSize),
+		cold:      make(chan *item, cfg.ColdQueueSize),
+		inflight:  inflightSet{m: make(map[string]struct{})},
+		doneCh:    make(chan *item, 4*cfg.CompletionBatchSize),
+		dropped:   make(chan string, max(10*cfg.HotQueueSize, 10000)),
+		nudge:     make(chan struct{}, 1),
+		coldSpace: make(chan struct{}, 1),
+		closeDone: make(chan struct{}),
+		draining:  make(chan struct{}),
+	}
+	o.listeners.Store(&registry{byType: map[EventType][]Listener{}})
+	return o, nil
+}
+
+// InstanceID returns the id this instance claims events under.
+func (o *Outbox) InstanceID() string { return o.cfg.InstanceID }
+
+// Config returns the configuration in force, defaults filled in.
+func (o *Outbox) Config() Config { return o.cfg }
+
+// --- listeners ---
+
+type registry struct {
+	byType map[EventType][]Listener
+	all    []Listener
+}
+
+// On registers l for events of type t. Listeners of a type run in
+// registration order, before the listeners registered with OnAll. It may be
+// called at any time, also after Start.
+func (o *Outbox) On(t EventType, l Listener) {
+	if t == "" || l == nil {
+		panic("outbox: On needs an event type and a non-nil listener")
+	}
+	o.regMu.Lock()
+	defer o.regMu.Unlock()
+	old := o.listeners.Load()
+	next := &registry{byType: make(map[EventType][]Listener, len(old.byType)+1), all: old.all}
+	for k, v := range old.byType {
+		next.byType[k] = v
+	}
+	next.byType[t] = append(append([]Listener(nil), old.byType[t]...), l)
+	o.listeners.Store(next)
+}
+
+// OnAll registers l for events of every type (auditing, logging, a broker
+// that routes by type). It runs after the listeners of the event's type.
+func (o *Outbox) OnAll(l Listener) {
+	if l == nil {
+		panic("outbox: OnAll needs a non-nil listener")
+	}
+	o.regMu.Lock()
+	defer o.regMu.Unlock()
+	old := o.listeners.Load()
+	o.listeners.Store(&registry{byType: old.byType, all: append(append([]Listener(nil), old.all...), l)})
+}
+
+func (r *registry) listenersFor(t EventType) []Listener {
+	typed := r.byType[t]
+	if len(r.all) == 0 {
+		return typed
+	}
+	if len(typed) == 0 {
+		return r.all
+	}
+	return append(append(make([]Listener, 0, len(typed)+len(r.all)), typed...), r.all...)
+}
+
+// --- publishing ---
+
+// Publish writes env through the transaction carried by ctx and, once that
+// transaction commits, hands it to the dispatcher. It returns the event's
+// id. Without a transaction in ctx it fails with ErrNoTx and writes
+// nothing; an invalid envelope fails with a *ValidationError.
+func (o *Outbox) Publish(ctx context.Context, env Envelope) (string, error) {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		return "", ErrNoTx
+	}
+	return o.PublishTx(ctx, tx, env)
+}
+
+// PublishTx is Publish with the transaction given explicitly.
+func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (string, error) {
+	if tx == nil {
+		return "", ErrNoTx
+	}
+	row, env, err := encode(env, time.Now())
+	if err != nil {
+		return "", err
+	}
+	owner, lease := o.cfg.InstanceID, o.cfg.Lease
+	if o.cfg.DisableHotPath {
+		owner, lease = "", 0 // nothing here will deliver it: leave it free
+	}
+	if err := o.store.Insert(ctx, tx, &row, owner, lease); err != nil {
+		return "", fmt.Errorf("outbox: insert event %s: %w", row.ID, err)
+	}
+	o.m.Published(env.Type)
+	if !o.cfg.DisableHotPath {
+		tx.AfterCommit(func() { o.enqueueHot(env) })
+	}
+	return env.ID, nil
+}
+
+// enqueueHot hands a committed event to the dispatcher. It never blocks: a
+// full queue leaves the event to the poller.
+func (o *Outbox) enqueueHot(env Envelope) {
+	it := &item{env: env, path: PathHot, since: time.Now()}
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if o.closed {
+		o.log.Debug("outbox closed; event left to the poller", slog.String("event_id", env.ID))
+		return
+	}
+	if !o.inflight.acquire(env.ID) {
+		return
+	}
+	select {
+	case o.hot <- it:
+		o.m.HotEnqueued()
+	default:
+		o.inflight.release(env.ID)
+		// The row is leased to this instance from its insert; ask the
+		// poller to release it so that it is due at once. If even that
+		// list is full, the lease runs out by itself.
+		select {
+		case o.dropped <- env.ID:
+		default:
+			o.log.Warn("overflow list full too: event waits for its lease to expire",
+				slog.String("event_id", env.ID), slog.Duration("lease", o.cfg.Lease))
+		}
+		o.m.HotDropped()
+		o.log.Warn("hot queue full; event left to the poller",
+			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(o.hot)))
+		o.wakePoller()
+	}
+}
+
+func (o *Outbox) wakePoller() {
+	select {
+	case o.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// --- default outbox ---
+
+var defaultOutbox atomic.Pointer[Outbox]
+
+// SetDefault makes o the outbox used by the package-level Publish when ctx
+// carries none. Passing nil clears it.
+func SetDefault(o *Outbox) { defaultOutbox.Store(o) }
+
+// Default returns the outbox set with SetDefault, or nil.
+func Default() *Outbox { return defaultOutbox.Load() }
+
+type outboxKey struct{}
+
+// NewContext returns a copy of ctx that carries o for the package-level
+// Publish; it takes precedence over the default.
+func NewContext(ctx context.Context, o *Outbox) context.Context {
+	return context.WithValue(ctx, outboxKey{}, o)
+}
+
+// FromContext returns the outbox for ctx: the one NewContext put there, or
+// else the default. It returns nil if there is neither.
+func FromContext(ctx context.Context) *Outbox {
+	if o, ok := ctx.Value(outboxKey{}).(*Outbox); ok && o != nil {
+		return o
+	}
+	return Default()
+}
+
+// Publish writes env through the transaction carried by ctx, with the
+// outbox FromContext finds. It is the call HTTP handlers make:
+//
+//	outbox.Publish(r.Context(), outbox.Envelope{Type: OrderPlaced, JSON: body})
+func Publish(ctx context.Context, env Envelope) (string, error) {
+	o := FromContext(ctx)
+	if o == nil {
+		return "", ErrNoOutbox
+	}
+	return o.Publish(ctx, env)
+}
+
+// --- in-flight set ---
+
+// inflightSet holds the ids this instance has queued or is delivering, so
+// that the hot path and the poller never run one event twice at once, and
+// so that the lease renewer knows what to renew.
+type inflightSet struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+func (s *inflightSet) acquire(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[id]; ok {
+		return false
+	}
+	s.m[id] = struct{}{}
+	return true
+}
+
+func (s *inflightSet) release(id string) {
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
+}
+
+func (s *inflightSet) snapshot() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, 0, len(s.m))
+	for id := range s.m {
+		ids = append(ids, id)
+	}
+	return ids
+}

@@ -1,0 +1,163 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// pollLoop runs the poller until ctx is done: once at start (to pick up
+// what a previous run left), then every PollInterval, doubling the wait up
+// to PollMaxInterval while it finds nothing. A full batch is followed by
+// another poll as soon as the cold queue has room; a hot-queue overflow
+// wakes it early.
+func (o *Outbox) pollLoop(ctx context.Context) {
+	wait := time.Duration(0)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-o.nudge:
+			wait = 0
+		}
+		// While the cold queue is (nearly) full, skip cycles: wait for a
+		// worker to make room, checking again every PollInterval.
+		for cap(o.cold)-len(o.cold) < min(o.cfg.PollBatchSize, cap(o.cold))/2+1 {
+			roomy := time.NewTimer(o.cfg.PollInterval)
+			select {
+			case <-ctx.Done():
+				roomy.Stop()
+				return
+			case <-o.coldSpace:
+			case <-roomy.C:
+			}
+			roomy.Stop()
+		}
+		released := o.releaseDropped(ctx)
+		n, limit, err := o.poll(ctx)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			o.log.Error("poll for due events", slog.Any("error", err))
+			wait = max(o.cfg.PollInterval, min(2*wait, o.cfg.PollMaxInterval))
+		case n > 0 && n == limit:
+			wait = 0 // more is probably due
+		case n > 0:
+			wait = o.cfg.PollInterval
+		case released > 0:
+			// Overflowed events were just released but are younger than
+			// SkipRecent: come back for them as soon as they are due.
+			wait = min(max(o.cfg.SkipRecent, time.Millisecond), o.cfg.PollInterval)
+		default:
+			wait = min(max(o.cfg.PollInterval, 2*wait), o.cfg.PollMaxInterval)
+		}
+		timer.Reset(wait)
+	}
+}
+
+// Poll runs one poll cycle now: it claims due events, as many as fit the
+// cold queue and the batch size, and queues them for the workers. It
+// returns how many it queued. It is for tests and tools; the engine polls
+// by itself after Start.
+func (o *Outbox) Poll(ctx context.Context) (int, error) {
+	o.releaseDropped(ctx)
+	n, _, err := o.poll(ctx)
+	return n, err
+}
+
+func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
+	o.mu.RLock()
+	closed := o.closed
+	o.mu.RUnlock()
+	if closed {
+		return 0, 0, ErrClosed
+	}
+	limit = min(o.cfg.PollBatchSize, cap(o.cold)-len(o.cold))
+	if limit <= 0 {
+		return 0, 0, nil
+	}
+	rows, err := o.store.Claim(ctx, ClaimRequest{
+		Owner:      o.cfg.InstanceID,
+		Limit:      limit,
+		Lease:      o.cfg.Lease,
+		SkipRecent: o.cfg.SkipRecent,
+	})
+	if err != nil {
+		return 0, limit, err
+	}
+	now := time.Now()
+	reclaimed := 0
+	var unqueued []string
+	for i := range rows {
+		r := &rows[i]
+		if r.PrevOwner != "" && r.PrevOwner != o.cfg.InstanceID {
+			reclaimed++
+		}
+		env, err := decode(r)
+		if err != nil {
+			o.bury(ctx, r, err)
+			continue
+		}
+		if !o.inflight.acquire(r.ID) {
+			continue // already queued or running here
+		}
+		since := now
+		if !r.CreatedAt.IsZero() {
+			since = r.CreatedAt
+		}
+		select {
+		case o.cold <- &item{env: env, path: PathCold, attempts: r.Attempts, since: since}:
+			queued++
+		default:
+			o.inflight.release(r.ID)
+			unqueued = append(unqueued, r.ID)
+		}
+	}
+	o.releaseLeases(ctx, unqueued, "release unqueued events")
+	if queued > 0 {
+		o.m.ColdEnqueued(queued)
+	}
+	if reclaimed > 0 {
+		o.m.LeasesReclaimed(reclaimed)
+		o.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
+	}
+	return queued, limit, nil
+}
+
+// releaseDropped releases the leases of events dropped from the full hot
+// queue, so that the claim that follows (here or on another instance) can
+// take them.
+func (o *Outbox) releaseDropped(ctx context.Context) int {
+	var ids []string
+	for len(ids) < 1000 {
+		select {
+		case id := <-o.dropped:
+			ids = append(ids, id)
+			continue
+		default:
+		}
+		break
+	}
+	o.releaseLeases(ctx, ids, "release events dropped from the hot queue")
+	return len(ids)
+}
+
+// bury marks an undecodable row DEAD: no attempt can ever succeed.
+func (o *Outbox) bury(ctx context.Context, r *Row, cause error) {
+	var de *DecodeError
+	reason := "undecodable row"
+	if errors.As(cause, &de) {
+		reason = de.Error()
+	}
+	o.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
+	o.m.Dispatched(PathCold, OutcomeDead, 0)
+	if _, err := o.store.MarkDead(ctx, o.cfg.InstanceID, r.ID, reason); err != nil {
+		o.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
+	}
+}

@@ -1,0 +1,138 @@
+package outbox
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestMain(m *testing.M) { leakMain(m) }
+
+// clockStore is a Store that records when Claim is called and hands out
+// rows from a fixed supply. It exists to test the poller's timing; the
+// real stores are tested by outbox/storetest.
+type clockStore struct {
+	mu     sync.Mutex
+	claims []time.Duration
+	start  time.Time
+	supply int
+}
+
+func (s *clockStore) Insert(context.Context, Execer, *Row, string, time.Duration) error { return nil }
+func (s *clockStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claims = append(s.claims, time.Since(s.start))
+	n := min(req.Limit, s.supply)
+	s.supply -= n
+	rows := make([]Row, n)
+	for i := range rows {
+		rows[i] = Row{ID: NewID(), Type: "T", Payload: []byte("x")}
+	}
+	return rows, nil
+}
+func (s *clockStore) MarkDone(_ context.Context, _ string, ids []string) (int, error) {
+	return len(ids), nil
+}
+func (s *clockStore) MarkRetry(context.Context, string, string, time.Duration, string) (bool, error) {
+	return true, nil
+}
+func (s *clockStore) MarkDead(context.Context, string, string, string) (bool, error) {
+	return true, nil
+}
+func (s *clockStore) ExtendLeases(_ context.Context, _ string, ids []string, _ time.Duration) (int, error) {
+	return len(ids), nil
+}
+func (s *clockStore) Release(context.Context, string, []string) error { return nil }
+
+func (s *clockStore) times() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.claims)
+}
+
+// An idle poller doubles its wait up to PollMaxInterval; a hot-queue
+// overflow wakes it at once and resets the back-off.
+func TestPollerIdleBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &clockStore{start: time.Now()}
+		ob, err := New(st, Config{PollInterval: time.Second, PollMaxInterval: 8 * time.Second, HotQueueSize: 1, Workers: 1, StatsInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ob.Close(context.Background()) })
+		release := make(chan struct{})
+		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
+		ob.Start(context.Background())
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		want := []time.Duration{0, 1, 3, 7, 15, 23}
+		for i := range want {
+			want[i] *= time.Second
+		}
+		if got := st.times(); !slices.Equal(got, want) {
+			t.Fatalf("claims at %v, want %v", got, want)
+		}
+		// Overflow the hot queue (one worker busy, one event queued, one
+		// dropped): the poller wakes at once.
+		for i := range 3 {
+			ob.enqueueHot(Envelope{ID: NewID(), Type: "T", JSON: []byte{'1' + byte(i)}})
+			synctest.Wait()
+		}
+		if got := st.times(); len(got) != 7 || got[6] != 30*time.Second {
+			t.Fatalf("claims at %v, want one at 30s right after the overflow", got)
+		}
+		// The released event is younger than SkipRecent (1s): the poller
+		// comes back for it then, not after its idle back-off.
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := st.times(); len(got) != 8 || got[7] != 31*time.Second {
+			t.Fatalf("claims at %v, want one at 31s, once the overflowed event is due", got)
+		}
+		close(release)
+		if err := ob.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A full batch is followed by another poll at once; the cycle is skipped
+// while the cold queue has no room.
+func TestPollerDrainsBacklogAndSkipsWhenColdQueueFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &clockStore{start: time.Now(), supply: 10}
+		ob, err := New(st, Config{PollInterval: time.Second, PollBatchSize: 4, ColdQueueSize: 8, StatsInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ob.Close(context.Background()) })
+		// Not started: nothing drains the cold queue.
+		ctx := context.Background()
+		for _, want := range []int{4, 4, 0} {
+			n, err := ob.Poll(ctx)
+			if err != nil || n != want {
+				t.Fatalf("Poll = %d, %v; want %d", n, err, want)
+			}
+		}
+		if got := len(st.times()); got != 2 {
+			t.Fatalf("%d claims; the third poll should have skipped the database", got)
+		}
+		release := make(chan struct{})
+		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
+		ob.Start(ctx)
+		// The loop polls at once, finds 2 left (less than a batch), then
+		// backs off.
+		time.Sleep(500 * time.Millisecond)
+		close(release)
+		synctest.Wait()
+		if got := st.times(); len(got) < 3 || got[2] != 0 {
+			t.Fatalf("claims at %v; want a claim right at start", got)
+		}
+		if err := ob.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -1,0 +1,125 @@
+package sqlstore_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// BenchmarkPublishCommit measures business transactions that publish one
+// event each (an order-sized JSON payload) and commit, with delivery on the
+// hot path; one op is one transaction, and the timer covers delivering
+// every event. `make bench` runs the full comparison (bench/).
+func BenchmarkPublishCommit(b *testing.B) {
+	for _, name := range []string{"sqlite", "mysql"} {
+		b.Run(name, func(b *testing.B) {
+			db := testdb.Open(b, name)
+			st := testdb.Store(b, db)
+			ob, err := outbox.New(st, outbox.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var delivered atomic.Int64
+			all := make(chan struct{})
+			target := int64(b.N)
+			ob.OnAll(func(context.Context, outbox.Event) error {
+				if delivered.Add(1) == target {
+					close(all)
+				}
+				return nil
+			})
+			ctx := context.Background()
+			ob.Start(ctx)
+			payload := []byte(`{"order_id":"01HZX","customer":"ada","items":[{"sku":"book","qty":2,"price_cents":1250}],"total_cents":2500,"currency":"EUR"}`)
+			b.SetParallelism(4)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					publishOne(b, ctx, db, ob, payload)
+				}
+			})
+			select {
+			case <-all:
+			case <-time.After(time.Minute):
+				b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			ob.Close(ctx)
+		})
+	}
+}
+
+func publishOne(b *testing.B, ctx context.Context, db *sqlx.DB, ob *outbox.Outbox, payload []byte) {
+	tx, err := outbox.BeginTx(ctx, db.DB, nil)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "OrderPlaced", JSON: payload}); err != nil {
+		tx.Rollback()
+		b.Error(err)
+		return
+	}
+	if err := tx.Commit(); err != nil {
+		b.Error(err)
+	}
+}
+
+// BenchmarkDrain measures the poller alone draining a backlog of b.N
+// committed events (hot path off, as after a crash or an outage).
+func BenchmarkDrain(b *testing.B) {
+	for _, name := range []string{"sqlite", "mysql"} {
+		b.Run(name, func(b *testing.B) {
+			db := testdb.Open(b, name)
+			st := testdb.Store(b, db)
+			ctx := context.Background()
+			producer, _ := outbox.New(st, outbox.Config{DisableHotPath: true})
+			for left := b.N; left > 0; {
+				tx, err := outbox.BeginTx(ctx, db.DB, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for k := min(left, 1000); k > 0; k-- {
+					if _, err := producer.PublishTx(ctx, tx, outbox.Envelope{Type: "E", JSON: []byte(`{"n":1}`)}); err != nil {
+						b.Fatal(err)
+					}
+					left--
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ob, err := outbox.New(st, outbox.Config{SkipRecent: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var delivered atomic.Int64
+			all := make(chan struct{})
+			target := int64(b.N)
+			ob.OnAll(func(context.Context, outbox.Event) error {
+				if delivered.Add(1) == target {
+					close(all)
+				}
+				return nil
+			})
+			b.ResetTimer()
+			ob.Start(ctx)
+			select {
+			case <-all:
+			case <-time.After(5 * time.Minute):
+				b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			ob.Close(ctx)
+			producer.Close(ctx)
+		})
+	}
+}

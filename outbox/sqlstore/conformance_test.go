@@ -1,0 +1,30 @@
+package sqlstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/txoutbox/txoutbox/internal/leakcheck"
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/storetest"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+// TestConformance runs the store conformance suite on every database.
+func TestConformance(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			testdb.Open(t, name) // skip (or fail in CI) early if the server is missing
+			storetest.Run(t, storetest.Harness{
+				NewStore: func(t *testing.T) (outbox.Store, storetest.Beginner) {
+					db := testdb.Open(t, name)
+					st := testdb.Store(t, db)
+					return st, func(ctx context.Context) (storetest.Tx, error) { return outbox.BeginTx(ctx, db.DB, nil) }
+				},
+				ConcurrentWriters: name != "sqlite",
+			})
+		})
+	}
+}

@@ -1,0 +1,102 @@
+package sqlstore
+
+import (
+	"fmt"
+	"time"
+)
+
+// Dialect is what differs between databases: the SQL for "now", for time
+// arithmetic and for row locking, and how times are stored. It is a value,
+// not a branch scattered through the code; the three dialects below are
+// the ones supported.
+type Dialect struct {
+	name string
+	// now is the database's current time as a column value.
+	now string
+	// nowPlus returns the SQL for now plus a bound number of microseconds.
+	nowPlus string
+	// nowMinus returns the SQL for now minus a bound number of microseconds.
+	nowMinus string
+	// lock is appended to the claim's SELECT.
+	lock string
+	// quote quotes an identifier.
+	quote func(string) string
+	// timeArg converts a time to a bound value for a time column.
+	timeArg func(time.Time) any
+	// isolation is set on the claim's transaction.
+	readCommitted bool
+	// migrationLock and migrationUnlock serialise Migrate across processes.
+	migrationLock, migrationUnlock string
+}
+
+// Name returns the dialect's name: "mysql", "postgres" or "sqlite".
+func (d *Dialect) Name() string { return d.name }
+
+func (d *Dialect) String() string { return d.name }
+
+var (
+	// MySQL is MySQL 8.0+ and MariaDB 10.6+: claims use FOR UPDATE SKIP
+	// LOCKED in short READ COMMITTED transactions, times are UTC
+	// DATETIME(6) from the server's clock. Use the go-sql-driver/mysql
+	// DSN option interpolateParams=true for throughput.
+	MySQL = &Dialect{
+		name:            "mysql",
+		now:             "UTC_TIMESTAMP(6)",
+		nowPlus:         "(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
+		nowMinus:        "(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
+		lock:            " FOR UPDATE SKIP LOCKED",
+		quote:           func(s string) string { return "`" + s + "`" },
+		timeArg:         func(t time.Time) any { return t.UTC() },
+		readCommitted:   true,
+		migrationLock:   "SELECT GET_LOCK(?, 60)",
+		migrationUnlock: "SELECT RELEASE_LOCK(?)",
+	}
+	// Postgres is PostgreSQL 12+: claims use FOR UPDATE SKIP LOCKED, times
+	// are TIMESTAMPTZ from the server's clock.
+	Postgres = &Dialect{
+		name:            "postgres",
+		now:             "clock_timestamp()",
+		nowPlus:         "(clock_timestamp() + ? * INTERVAL '1 microsecond')",
+		nowMinus:        "(clock_timestamp() - ? * INTERVAL '1 microsecond')",
+		lock:            " FOR UPDATE SKIP LOCKED",
+		quote:           func(s string) string { return `"` + s + `"` },
+		timeArg:         func(t time.Time) any { return t.UTC() },
+		readCommitted:   true,
+		migrationLock:   "SELECT pg_advisory_lock(hashtext(?))",
+		migrationUnlock: "SELECT pg_advisory_unlock(hashtext(?))",
+	}
+	// SQLite is SQLite 3.42+ through modernc.org/sqlite, for one process:
+	// open it with the DSN from SQLiteDSN (immediate transactions, WAL, a
+	// busy timeout). Times are integer microseconds since the epoch.
+	SQLite = &Dialect{
+		name:     "sqlite",
+		now:      sqliteNow,
+		nowPlus:  "(" + sqliteNow + " + ?)",
+		nowMinus: "(" + sqliteNow + " - ?)",
+		quote:    func(s string) string { return `"` + s + `"` },
+		timeArg:  func(t time.Time) any { return t.UnixMicro() },
+	}
+)
+
+const sqliteNow = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+
+// dialectFor infers the dialect from a database/sql driver name.
+func dialectFor(driver string) (*Dialect, error) {
+	switch driver {
+	case "mysql":
+		return MySQL, nil
+	case "postgres", "pgx", "pgx/v5", "pgx/v4":
+		return Postgres, nil
+	case "sqlite", "sqlite3":
+		return SQLite, nil
+	}
+	return nil, fmt.Errorf("sqlstore: cannot tell the dialect of driver %q; set Options.Dialect", driver)
+}
+
+// SQLiteDSN returns the recommended modernc.org/sqlite DSN for the file at
+// path: immediate transactions (so concurrent writers queue instead of
+// failing with "database is locked"), WAL journal, a 5 s busy timeout and
+// foreign keys on. Import modernc.org/sqlite for the "sqlite" driver.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_txlock=immediate&_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+}

@@ -1,0 +1,139 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/txoutbox/txoutbox/migrations"
+)
+
+// Migration is one schema step of a dialect.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string // with {{table}} and {{name}} substituted
+}
+
+// Migrations returns the store's schema steps in order, with the table
+// name filled in: what Migrate applies, for tools that want to show or
+// apply the SQL themselves.
+func (s *Store) Migrations() ([]Migration, error) {
+	files, err := fs.Glob(migrations.FS, s.d.name+"/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	out := make([]Migration, 0, len(files))
+	for _, f := range files {
+		base := path.Base(f)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("sqlstore: migration %s: name must start with a number and an underscore", f)
+		}
+		b, err := migrations.FS.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		sqlText := strings.NewReplacer("{{table}}", s.table, "{{name}}", s.name).Replace(string(b))
+		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(base, ".sql"), SQL: sqlText})
+	}
+	return out, nil
+}
+
+// SchemaTable returns the quoted name of the table that records applied
+// migrations: the outbox table's name with "_schema" appended.
+func (s *Store) SchemaTable() string {
+	return s.table[:len(s.table)-1] + "_schema" + s.table[len(s.table)-1:]
+}
+
+// Migrate creates or upgrades the outbox table. It runs on its own
+// connection, never inside a request's transaction, takes a database lock
+// (MySQL GET_LOCK, PostgreSQL advisory lock) so that instances starting
+// together apply each step once, and records the applied versions in
+// <table>_schema. It is safe to call at every start.
+func (s *Store) Migrate(ctx context.Context) (err error) {
+	steps, err := s.Migrations()
+	if err != nil {
+		return err
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("sqlstore: migrate: %w", err)
+	}
+	defer conn.Close()
+	lockName := "txoutbox_migrate_" + s.name
+	if s.d.migrationLock != "" {
+		if _, err := conn.ExecContext(ctx, s.rebind(s.d.migrationLock), lockName); err != nil {
+			return fmt.Errorf("sqlstore: migrate: lock: %w", err)
+		}
+		defer func() {
+			_, uerr := conn.ExecContext(context.WithoutCancel(ctx), s.rebind(s.d.migrationUnlock), lockName)
+			if uerr != nil {
+				err = errors.Join(err, fmt.Errorf("sqlstore: migrate: unlock: %w", uerr))
+			}
+		}()
+	}
+	versions := s.SchemaTable()
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+versions+` (version INTEGER NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL)`); err != nil {
+		return fmt.Errorf("sqlstore: migrate: create %s: %w", versions, err)
+	}
+	applied := map[int]bool{}
+	rs, err := conn.QueryContext(ctx, `SELECT version FROM `+versions)
+	if err != nil {
+		return fmt.Errorf("sqlstore: migrate: read %s: %w", versions, err)
+	}
+	for rs.Next() {
+		var v int
+		if err := rs.Scan(&v); err != nil {
+			rs.Close()
+			return err
+		}
+		applied[v] = true
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return fmt.Errorf("sqlstore: migrate: read %s: %w", versions, err)
+	}
+	for _, m := range steps {
+		if applied[m.Version] {
+			continue
+		}
+		for _, stmt := range splitStatements(m.SQL) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlstore: migrate: %s: %w", m.Name, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, s.rebind(`INSERT INTO `+versions+` (version, name) VALUES (?, ?)`), m.Version, m.Name); err != nil {
+			return fmt.Errorf("sqlstore: migrate: record %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// splitStatements splits a migration file on semicolons that end a line,
+// dropping comment-only lines.
+func splitStatements(src string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.Lines(src) {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}

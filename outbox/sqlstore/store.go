@@ -1,0 +1,489 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// DefaultTable is the table name used when Options.Table is empty.
+const DefaultTable = "outbox_event"
+
+// Options configure a Store.
+type Options struct {
+	// Dialect is the database's SQL dialect. Defaults to the one matching
+	// the driver name of the *sqlx.DB.
+	Dialect *Dialect
+	// Table is the outbox table's name, optionally qualified with a schema
+	// ("app.outbox_event"). Letters, digits and underscores only; it is
+	// quoted, never taken from request data. Defaults to "outbox_event".
+	Table string
+}
+
+// Store is an outbox.Store over a SQL database. It is safe for concurrent
+// use.
+type Store struct {
+	db    *sqlx.DB
+	d     *Dialect
+	table string // quoted
+	name  string // bare, for index and lock names
+	q     queries
+}
+
+var (
+	_ outbox.Store           = (*Store)(nil)
+	_ outbox.StatsReader     = (*Store)(nil)
+	_ outbox.DeadLetterStore = (*Store)(nil)
+	_ outbox.Cleaner         = (*Store)(nil)
+	_ outbox.Inspector       = (*Store)(nil)
+)
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// New returns a Store on db. It fails on an unknown driver or a bad table
+// name; it does not touch the database (see Migrate).
+func New(db *sqlx.DB, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: New: db is nil")
+	}
+	d := opts.Dialect
+	if d == nil {
+		var err error
+		if d, err = dialectFor(db.DriverName()); err != nil {
+			return nil, err
+		}
+	}
+	table := opts.Table
+	if table == "" {
+		table = DefaultTable
+	}
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("sqlstore: Options.Table %q: at most one dot (schema.table)", table)
+	}
+	for _, p := range parts {
+		if !identRE.MatchString(p) {
+			return nil, fmt.Errorf("sqlstore: Options.Table %q: each part must be 1-63 letters, digits or underscores, not starting with a digit", table)
+		}
+	}
+	quoted := make([]string, len(parts))
+	for i, p := range parts {
+		quoted[i] = d.quote(p)
+	}
+	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1]}
+	s.q = s.buildQueries()
+	return s, nil
+}
+
+// Must is New that panics on error, for package-level setup.
+func Must(s *Store, err error) *Store {
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// DB returns the database the store polls.
+func (s *Store) DB() *sqlx.DB { return s.db }
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() *Dialect { return s.d }
+
+// Table returns the quoted table name.
+func (s *Store) Table() string { return s.table }
+
+const rowColumns = "id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by"
+
+type queries struct {
+	inspect, insert, claimNew, claimRetry, markRetry, markDead, stats, listDead, cleanup string
+}
+
+func (s *Store) rebind(q string) string { return s.db.Rebind(q) }
+
+func (s *Store) buildQueries() queries {
+	d, t := s.d, s.table
+	return queries{
+		inspect: s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
+		insert: s.rebind(`INSERT INTO ` + t + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `)`),
+		// One status per SELECT, so that the (status, available_at) index
+		// gives the order and the LIMIT stops the scan: with IN (0, 2) the
+		// database sorts every due row, and a claim costs time in
+		// proportion to the backlog. A NEW row's available_at is its
+		// insert time, so SkipRecent is a bound on the same index.
+		claimNew: s.rebind(`SELECT ` + rowColumns + ` FROM ` + t + `
+WHERE status = 0 AND available_at <= ` + d.nowMinus + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
+ORDER BY available_at LIMIT ?` + d.lock),
+		claimRetry: s.rebind(`SELECT ` + rowColumns + ` FROM ` + t + `
+WHERE status = 2 AND available_at <= ` + d.now + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
+ORDER BY available_at LIMIT ?` + d.lock),
+		markRetry: s.rebind(`UPDATE ` + t + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
+WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
+		markDead: s.rebind(`UPDATE ` + t + ` SET status = 3, attempts = attempts + 1, done_at = ` + d.now + `, last_error = ?, locked_by = NULL, locked_until = NULL
+WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
+		stats:    `SELECT status, COUNT(*) FROM ` + t + ` GROUP BY status`,
+		listDead: s.rebind(`SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, attempts, COALESCE(last_error, ''), created_at FROM ` + t + ` WHERE status = 3 AND id > ? ORDER BY id LIMIT ?`),
+		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ? ORDER BY available_at LIMIT ?`),
+	}
+}
+
+// in returns "(?, ?, …)" with n placeholders.
+func in(n int) string {
+	return "(" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
+}
+
+func stringArgs(ids []string, prefix ...any) []any {
+	args := make([]any, 0, len(prefix)+len(ids))
+	args = append(args, prefix...)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return args
+}
+
+// Insert implements outbox.Store. It writes through exec, the caller's
+// transaction.
+func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *outbox.Row, owner string, lease time.Duration) error {
+	var headers any
+	if r.Headers != nil {
+		headers = string(r.Headers)
+	}
+	payload := r.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var lockedBy, leaseArg any // NULL, NULL: free at once
+	if owner != "" {
+		lockedBy, leaseArg = owner, lease.Microseconds()
+	}
+	_, err := exec.ExecContext(ctx, s.q.insert,
+		r.ID, r.Type, r.AggregateType, r.AggregateID, r.TenantID, headers, payload, r.PayloadJSON,
+		s.d.timeArg(r.OccurredAt), lockedBy, leaseArg)
+	return err
+}
+
+// Claim implements outbox.Store: one short transaction (READ COMMITTED on
+// MySQL and PostgreSQL, so it does not block concurrent inserts) selects
+// due rows with FOR UPDATE SKIP LOCKED and leases them to req.Owner.
+// Deadlocks and lock-wait timeouts are retried.
+func (s *Store) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	if req.Limit <= 0 {
+		return nil, nil
+	}
+	var rows []outbox.Row
+	err := s.retry(ctx, func() error {
+		var err error
+		rows, err = s.claimOnce(ctx, req)
+		return err
+	})
+	return rows, err
+}
+
+func (s *Store) claimOnce(ctx context.Context, req outbox.ClaimRequest) (_ []outbox.Row, err error) {
+	opts := &sql.TxOptions{}
+	if s.d.readCommitted {
+		opts.Isolation = sql.LevelReadCommitted
+	}
+	tx, err := s.db.BeginTxx(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, rollback(tx))
+		}
+	}()
+	// Due retries first, up to a quarter of the batch so that a backlog of
+	// new events cannot starve them, then new events for the rest.
+	out, err := selectRows(ctx, tx, nil, s.q.claimRetry, max(1, req.Limit/4))
+	if err != nil {
+		return nil, err
+	}
+	if out, err = selectRows(ctx, tx, out, s.q.claimNew, max(0, req.SkipRecent.Microseconds()), req.Limit-len(out)); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, tx.Commit()
+	}
+	ids := make([]string, len(out))
+	for i := range out {
+		ids[i] = out[i].ID
+	}
+	q := s.rebind(`UPDATE ` + s.table + ` SET locked_by = ?, locked_until = ` + s.d.nowPlus + ` WHERE id IN ` + in(len(ids)))
+	if _, err := tx.ExecContext(ctx, q, stringArgs(ids, req.Owner, req.Lease.Microseconds())...); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: lease: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: commit: %w", err)
+	}
+	return out, nil
+}
+
+// selectRows appends the rows of a claim SELECT to out.
+func selectRows(ctx context.Context, tx *sqlx.Tx, out []outbox.Row, q string, args ...any) ([]outbox.Row, error) {
+	if limit := args[len(args)-1].(int); limit <= 0 {
+		return out, nil
+	}
+	rs, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: select: %w", err)
+	}
+	for rs.Next() {
+		r, err := scanRow(rs)
+		if err != nil {
+			rs.Close()
+			return nil, fmt.Errorf("sqlstore: claim: scan: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: select: %w", err)
+	}
+	return out, nil
+}
+
+func rollback(tx *sqlx.Tx) error {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("rollback: %w", err)
+	}
+	return nil
+}
+
+func scanRow(rs interface{ Scan(...any) error }, extra ...any) (outbox.Row, error) {
+	var r outbox.Row
+	var occurred, created dbTime
+	var owner sql.NullString
+	var status int
+	dest := append([]any{&r.ID, &r.Type, &r.AggregateType, &r.AggregateID, &r.TenantID, &r.Headers, &r.Payload,
+		&r.PayloadJSON, &occurred, &status, &r.Attempts, &created, &owner}, extra...)
+	if err := rs.Scan(dest...); err != nil {
+		return r, err
+	}
+	r.OccurredAt, r.CreatedAt, r.Status, r.PrevOwner = occurred.Time, created.Time, outbox.Status(status), owner.String
+	return r, nil
+}
+
+// Inspect implements outbox.Inspector.
+func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
+	var rec outbox.Record
+	r, err := scanRow(s.db.QueryRowContext(ctx, s.q.inspect, id), &rec.LastError)
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, outbox.ErrNotFound
+	}
+	if err != nil {
+		return rec, fmt.Errorf("sqlstore: inspect %s: %w", id, err)
+	}
+	rec.Row, rec.Owner = r, r.PrevOwner
+	rec.PrevOwner = ""
+	return rec, nil
+}
+
+// MarkDone implements outbox.Store with one UPDATE per call.
+func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	q := s.rebind(`UPDATE ` + s.table + ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL
+WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
+	return s.execCount(ctx, q, stringArgs(ids, owner)...)
+}
+
+// MarkRetry implements outbox.Store.
+func (s *Store) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
+	n, err := s.execCount(ctx, s.q.markRetry, delay.Microseconds(), errText, id, owner)
+	return n == 1, err
+}
+
+// MarkDead implements outbox.Store.
+func (s *Store) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
+	n, err := s.execCount(ctx, s.q.markDead, errText, id, owner)
+	return n == 1, err
+}
+
+// ExtendLeases implements outbox.Store.
+func (s *Store) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	q := s.rebind(`UPDATE ` + s.table + ` SET locked_until = ` + s.d.nowPlus + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
+	return s.execCount(ctx, q, stringArgs(ids, lease.Microseconds(), owner)...)
+}
+
+// Release implements outbox.Store.
+func (s *Store) Release(ctx context.Context, owner string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	q := s.rebind(`UPDATE ` + s.table + ` SET locked_by = NULL, locked_until = NULL WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
+	_, err := s.execCount(ctx, q, stringArgs(ids, owner)...)
+	return err
+}
+
+func (s *Store) execCount(ctx context.Context, q string, args ...any) (int, error) {
+	var n int64
+	err := s.retry(ctx, func() error {
+		res, err := s.db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
+// retry runs f again after a deadlock, a lock-wait timeout or a busy
+// database, up to three times.
+func (s *Store) retry(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := range 4 {
+		if err = f(); err == nil || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(time.Duration(5<<attempt) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+	return err
+}
+
+func retryable(err error) bool {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == 1213 || me.Number == 1205 // deadlock, lock wait timeout
+	}
+	var pe interface{ SQLState() string }
+	if errors.As(err, &pe) {
+		st := pe.SQLState()
+		return st == "40001" || st == "40P01" || st == "55P03"
+	}
+	var se interface{ Code() int }
+	if errors.As(err, &se) {
+		c := se.Code() & 0xff
+		return c == 5 || c == 6 // SQLITE_BUSY, SQLITE_LOCKED
+	}
+	return false
+}
+
+// Stats implements outbox.StatsReader.
+func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
+	var st outbox.Stats
+	rs, err := s.db.QueryContext(ctx, s.q.stats)
+	if err != nil {
+		return st, fmt.Errorf("sqlstore: stats: %w", err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var status int
+		var n int64
+		if err := rs.Scan(&status, &n); err != nil {
+			return st, fmt.Errorf("sqlstore: stats: %w", err)
+		}
+		switch outbox.Status(status) {
+		case outbox.StatusNew:
+			st.New = n
+		case outbox.StatusDone:
+			st.Done = n
+		case outbox.StatusRetry:
+			st.Retry = n
+		case outbox.StatusDead:
+			st.Dead = n
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return st, fmt.Errorf("sqlstore: stats: %w", err)
+	}
+	if st.Pending() > 0 {
+		var oldest, now dbTime
+		q := `SELECT MIN(created_at), ` + s.d.now + ` FROM ` + s.table + ` WHERE status IN (0, 2)`
+		if err := s.db.QueryRowContext(ctx, q).Scan(&oldest, &now); err != nil {
+			return st, fmt.Errorf("sqlstore: stats: oldest pending: %w", err)
+		}
+		if !oldest.IsZero() {
+			st.OldestPending = max(0, now.Sub(oldest.Time))
+		}
+	}
+	return st, nil
+}
+
+// ListDead implements outbox.DeadLetterStore.
+func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox.DeadLetter, error) {
+	rs, err := s.db.QueryContext(ctx, s.q.listDead, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
+	}
+	defer rs.Close()
+	var out []outbox.DeadLetter
+	for rs.Next() {
+		var dl outbox.DeadLetter
+		var created dbTime
+		if err := rs.Scan(&dl.ID, &dl.Type, &dl.AggregateType, &dl.AggregateID, &dl.TenantID, &dl.Attempts, &dl.LastError, &created); err != nil {
+			return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
+		}
+		dl.CreatedAt = created.Time
+		out = append(out, dl)
+	}
+	return out, rs.Err()
+}
+
+// Replay implements outbox.DeadLetterStore.
+func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	q := s.rebind(`UPDATE ` + s.table + ` SET status = 0, attempts = 0, available_at = ` + s.d.now + `, done_at = NULL, locked_by = NULL, locked_until = NULL
+WHERE status = 3 AND id IN ` + in(len(ids)))
+	return s.execCount(ctx, q, stringArgs(ids)...)
+}
+
+// Cleanup implements outbox.Cleaner. It selects the ids first and deletes
+// them by primary key, so each call locks at most limit rows.
+func (s *Store) Cleanup(ctx context.Context, before time.Time, limit int, includeDead bool) (int64, error) {
+	dead := int(outbox.StatusDone)
+	if includeDead {
+		dead = int(outbox.StatusDead)
+	}
+	rs, err := s.db.QueryContext(ctx, s.q.cleanup, int(outbox.StatusDone), dead, s.d.timeArg(before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sqlstore: cleanup: %w", err)
+	}
+	var ids []string
+	for rs.Next() {
+		var id string
+		if err := rs.Scan(&id); err != nil {
+			rs.Close()
+			return 0, fmt.Errorf("sqlstore: cleanup: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return 0, fmt.Errorf("sqlstore: cleanup: %w", err)
+	}
+	var total int64
+	for len(ids) > 0 {
+		k := min(len(ids), 500)
+		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE status IN (?, ?) AND id IN ` + in(k))
+		n, err := s.execCount(ctx, q, stringArgs(ids[:k], int(outbox.StatusDone), dead)...)
+		total += int64(n)
+		if err != nil {
+			return total, fmt.Errorf("sqlstore: cleanup: %w", err)
+		}
+		ids = ids[k:]
+	}
+	return total, nil
+}

@@ -1,0 +1,181 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+)
+
+// Status is the delivery state of a stored event.
+type Status int8
+
+// The stored status codes. They are part of the table's format and never
+// change.
+const (
+	StatusNew   Status = 0 // written, not yet delivered
+	StatusDone  Status = 1 // every listener succeeded
+	StatusRetry Status = 2 // a listener failed; due again at available_at
+	StatusDead  Status = 3 // given up: max attempts, a permanent error, or undecodable
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusNew:
+		return "new"
+	case StatusDone:
+		return "done"
+	case StatusRetry:
+		return "retry"
+	case StatusDead:
+		return "dead"
+	}
+	return "status(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Row is an event as a Store writes and reads it. The payload and headers
+// are already encoded: stores copy bytes, they never interpret them.
+type Row struct {
+	ID            string
+	Type          string
+	AggregateType string
+	AggregateID   string
+	TenantID      string
+	Headers       []byte // a JSON object of strings, or nil
+	Payload       []byte
+	PayloadJSON   bool
+	OccurredAt    time.Time
+
+	// Set by Claim.
+	Status    Status
+	Attempts  int       // failed deliveries so far
+	CreatedAt time.Time // database time of the insert
+	// PrevOwner is the owner whose lease had expired when Claim took the
+	// row, or "" if the row was free or already this owner's.
+	PrevOwner string
+}
+
+// ClaimRequest says which due rows Claim may take and for how long.
+type ClaimRequest struct {
+	// Owner identifies the claiming instance; it becomes the rows' owner.
+	Owner string
+	// Limit is the most rows to claim.
+	Limit int
+	// Lease is how long the claim holds, counted on the database's clock.
+	Lease time.Duration
+	// SkipRecent keeps Claim off rows written less than this long ago.
+	SkipRecent time.Duration
+}
+
+// Store persists events. The engine calls Insert inside the caller's
+// transaction and everything else on its own short transactions.
+//
+// Every write that follows a claim (MarkDone, MarkRetry, MarkDead,
+// ExtendLeases, Release) must change a row only while owner still holds it,
+// so that an instance whose lease expired cannot overwrite the work of the
+// instance that took the row over. Times (due times, leases) are taken from
+// the database's clock, never from the caller's.
+//
+// The package outbox/sqlstore implements Store for MySQL/MariaDB,
+// PostgreSQL and SQLite; outbox/storetest checks an implementation.
+type Store interface {
+	// Insert writes row with status NEW through exec, the caller's open
+	// transaction, owned by owner with a lease of lease from now; with an
+	// empty owner the row is free for any instance at once.
+	Insert(ctx context.Context, exec Execer, row *Row, owner string, lease time.Duration) error
+
+	// Claim takes up to req.Limit rows that are NEW or RETRY, due, older
+	// than req.SkipRecent and not held by a live lease (not even one of
+	// req.Owner's), and leases them to req.Owner. Two concurrent Claims
+	// never return the same row.
+	Claim(ctx context.Context, req ClaimRequest) ([]Row, error)
+
+	// MarkDone sets the rows owner holds among ids to DONE and returns how
+	// many changed.
+	MarkDone(ctx context.Context, owner string, ids []string) (int, error)
+
+	// MarkRetry counts a failed attempt, stores errText and makes the row
+	// due again after delay, releasing the lease. It reports whether owner
+	// still held the row.
+	MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error)
+
+	// MarkDead counts a failed attempt, stores errText and sets the row to
+	// DEAD. It reports whether owner still held the row.
+	MarkDead(ctx context.Context, owner, id string, errText string) (bool, error)
+
+	// ExtendLeases renews owner's lease on ids to lease from now and returns
+	// how many rows owner still held.
+	ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error)
+
+	// Release gives up owner's lease on ids, leaving them due at once for
+	// any instance.
+	Release(ctx context.Context, owner string, ids []string) error
+}
+
+// ErrNotFound is returned by Inspector.Inspect for an id with no row.
+var ErrNotFound = errors.New("outbox: event not found")
+
+// Record is a stored event with its delivery state.
+type Record struct {
+	Row
+	// Owner is the instance holding the row's lease, or "".
+	Owner string
+	// LastError is the error of the last failed attempt, or "".
+	LastError string
+}
+
+// Inspector is implemented by stores that can look up one event by id, for
+// tools and tests. Inspect returns ErrNotFound for an unknown id.
+type Inspector interface {
+	Inspect(ctx context.Context, id string) (Record, error)
+}
+
+// Stats are the counts of a Store's table by status, and the age of the
+// oldest undelivered event.
+type Stats struct {
+	New, Retry, Done, Dead int64
+	// OldestPending is the age of the oldest NEW or RETRY row on the
+	// database's clock, or 0 if there is none.
+	OldestPending time.Duration
+}
+
+// Pending returns the number of events not yet delivered.
+func (s Stats) Pending() int64 { return s.New + s.Retry }
+
+// StatsReader is implemented by stores that can count their rows. The
+// engine samples it every Config.StatsInterval for Metrics.Backlog.
+type StatsReader interface {
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// DeadLetter is a row in status DEAD, as listed for operators. It has no
+// payload: listings are not the place for personal data.
+type DeadLetter struct {
+	ID            string
+	Type          string
+	AggregateType string
+	AggregateID   string
+	TenantID      string
+	Attempts      int
+	LastError     string
+	CreatedAt     time.Time
+}
+
+// DeadLetterStore is implemented by stores that can list and replay dead
+// letters.
+type DeadLetterStore interface {
+	// ListDead returns up to limit DEAD rows with ids greater than after,
+	// in id order.
+	ListDead(ctx context.Context, after string, limit int) ([]DeadLetter, error)
+	// Replay makes the given DEAD rows NEW again with zero attempts, due
+	// at once, and returns how many it changed.
+	Replay(ctx context.Context, ids []string) (int, error)
+}
+
+// Cleaner is implemented by stores that can delete delivered rows.
+type Cleaner interface {
+	// Cleanup deletes up to limit DONE rows (and DEAD rows too if
+	// includeDead) created before before, and returns how many it deleted.
+	// It never deletes NEW or RETRY rows.
+	Cleanup(ctx context.Context, before time.Time, limit int, includeDead bool) (int64, error)
+}

@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Execer runs a statement. *sql.DB, *sql.Tx, *sql.Conn, *sqlx.Tx, GORM's
+// ConnPool and an ent transaction built with the sql/execquery feature all
+// satisfy it.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// TxContext is an open transaction as the outbox sees it: something to write
+// the event row through, and a place to register work that must run only
+// after the transaction commits (or only after it rolls back).
+//
+// Implementations must run after-commit hooks only after a successful
+// commit, in registration order, and discard them on rollback; and the
+// reverse for after-rollback hooks. The hooks package-level type Hooks does
+// the bookkeeping for implementers.
+type TxContext interface {
+	Execer
+	AfterCommit(fn func())
+	AfterRollback(fn func())
+}
+
+type txKey struct{}
+
+// ContextWithTx returns a copy of ctx that carries tx, so that Publish(ctx,
+// …) writes through it. Middleware and adapters call it; business code
+// rarely needs to.
+func ContextWithTx(ctx context.Context, tx TxContext) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFromContext returns the transaction carried by ctx, if any.
+func TxFromContext(ctx context.Context) (TxContext, bool) {
+	tx, ok := ctx.Value(txKey{}).(TxContext)
+	return tx, ok && tx != nil
+}
+
+// Hooks keeps the after-commit and after-rollback callbacks of one
+// transaction, following its savepoints. The zero value is ready to use;
+// it is safe for concurrent use. Implementations of TxContext embed it and
+// call Committed or RolledBack once the outcome is known.
+//
+// Savepoints matter because an event published inside a savepoint that is
+// rolled back left no row: its after-commit hook must never run, even if
+// the transaction commits. An implementation that lets callers use
+// savepoints reports them with Savepoint, RollbackTo and Release:
+//
+//   - RollbackTo(s) drops the after-commit hooks registered since s was
+//     set, and makes the after-rollback hooks registered since then due:
+//     they run when the transaction ends, whatever its outcome. s itself
+//     stays, as in SQL.
+//   - Release(s) merges what was registered since s into the enclosing
+//     level.
+//   - Committed runs the surviving after-commit hooks and the due
+//     after-rollback hooks in registration order; RolledBack runs every
+//     after-rollback hook.
+//
+// Savepoint names form a stack: when a name repeats, the most recent one
+// counts.
+type Hooks struct {
+	mu      sync.Mutex
+	entries []hookEntry
+	marks   []savepointMark
+	done    bool
+}
+
+type hookEntry struct {
+	fn     func()
+	commit bool // an after-commit hook; else an after-rollback hook
+	due    bool // an after-rollback hook whose savepoint was rolled back
+}
+
+type savepointMark struct {
+	name string
+	at   int // len(entries) when the savepoint was set
+}
+
+// AfterCommit registers fn to run after a successful commit, unless the
+// savepoint it was registered in is rolled back first. Registered after
+// the outcome is known, fn is dropped: that is a programming error the
+// caller can detect with Done.
+func (h *Hooks) AfterCommit(fn func()) { h.add(hookEntry{fn: fn, commit: true}) }
+
+// AfterRollback registers fn to run after the transaction rolls back, or
+// when it ends at all if the savepoint it was registered in is rolled back.
+func (h *Hooks) AfterRollback(fn func()) { h.add(hookEntry{fn: fn}) }
+
+func (h *Hooks) add(e hookEntry) {
+	if e.fn == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.done {
+		h.entries = append(h.entries, e)
+	}
+}
+
+// Savepoint records that the savepoint name was set.
+func (h *Hooks) Savepoint(name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.done {
+		h.marks = append(h.marks, savepointMark{name: name, at: len(h.entries)})
+	}
+}
+
+// RollbackTo records a rollback to the savepoint name and reports whether
+// the savepoint was known.
+func (h *Hooks) RollbackTo(name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	i := h.find(name)
+	if i < 0 {
+		return false
+	}
+	at := h.marks[i].at
+	kept := h.entries[:at]
+	for _, e := range h.entries[at:] {
+		if !e.commit {
+			e.due = true
+			kept = append(kept, e)
+		}
+	}
+	clear(h.entries[len(kept):])
+	h.entries = kept
+	h.marks = h.marks[:i+1]
+	return true
+}
+
+// Release records that the savepoint name was released and reports
+// whether it was known.
+func (h *Hooks) Release(name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	i := h.find(name)
+	if i < 0 {
+		return false
+	}
+	h.marks = h.marks[:i]
+	return true
+}
+
+func (h *Hooks) find(name string) int {
+	for i := len(h.marks) - 1; i >= 0; i-- {
+		if h.marks[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Depth returns the number of open savepoints.
+func (h *Hooks) Depth() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.marks)
+}
+
+// Done reports whether Committed or RolledBack has been called.
+func (h *Hooks) Done() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.done
+}
+
+// Committed runs the surviving after-commit hooks and the after-rollback
+// hooks of rolled-back savepoints, in registration order, each under its
+// own recover. A panicking hook does not stop the others; the returned
+// error joins one *HookPanicError per panic. Only the first of Committed
+// and RolledBack does anything.
+func (h *Hooks) Committed() error { return h.fire(true) }
+
+// RolledBack runs every after-rollback hook, in registration order, like
+// Committed.
+func (h *Hooks) RolledBack() error { return h.fire(false) }
+
+func (h *Hooks) fire(committed bool) error {
+	h.mu.Lock()
+	if h.done {
+		h.mu.Unlock()
+		return nil
+	}
+	h.done = true
+	entries := h.entries
+	h.entries, h.marks = nil, nil
+	h.mu.Unlock()
+	var errs []error
+	for i, e := range entries {
+		run := !e.commit // rolled back: every after-rollback hook
+		if committed {
+			run = e.commit || e.due
+		}
+		if !run {
+			continue
+		}
+		if err := runHook(e.fn); err != nil {
+			err.Index = i
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// HookPanicError reports a hook that panicked.
+type HookPanicError struct {
+	Index int // position of the hook among all hooks, in registration order
+	Value any // what it panicked with
+}
+
+func (e *HookPanicError) Error() string {
+	return fmt.Sprintf("outbox: transaction hook %d panicked: %v", e.Index, e.Value)
+}
+
+func runHook(fn func()) (perr *HookPanicError) {
+	defer func() {
+		if v := recover(); v != nil {
+			perr = &HookPanicError{Value: v}
+		}
+	}()
+	fn()
+	return nil
+}
+
+// Tx is a database/sql transaction with after-commit and after-rollback
+// hooks; it implements TxContext. Use it where no middleware opens the
+// transaction for you: background jobs, CLIs, tests.
+//
+//	tx, err := outbox.BeginTx(ctx, db, nil)
+//	...
+//	defer tx.Rollback() // no-op after Commit
+//	... write business rows with tx.ExecContext ...
+//	ob.PublishTx(ctx, tx, env)
+//	err = tx.Commit() // on success, the events go to the dispatcher
+type Tx struct {
+	*sql.Tx
+	Hooks
+}
+
+// BeginTx starts a transaction on db.
+func BeginTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*Tx, error) {
+	stx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: begin transaction: %w", err)
+	}
+	return &Tx{Tx: stx}, nil
+}
+
+// Commit commits the transaction and then runs the after-commit hooks. If
+// the commit fails, the after-rollback hooks run instead and the commit
+// error is returned. Panics in hooks are recovered and dropped; use Hooks
+// directly to observe them.
+func (tx *Tx) Commit() error {
+	if err := tx.Tx.Commit(); err != nil {
+		_ = tx.Hooks.RolledBack()
+		return err
+	}
+	_ = tx.Hooks.Committed()
+	return nil
+}
+
+// Rollback rolls the transaction back and runs the after-rollback hooks. It
+// is a no-op returning sql.ErrTxDone after Commit, so it is safe to defer.
+func (tx *Tx) Rollback() error {
+	err := tx.Tx.Rollback()
+	// After Commit the hooks have fired and this does nothing. Without a
+	// Commit, ErrTxDone means database/sql rolled back for a cancelled
+	// context: the after-rollback hooks are still due.
+	_ = tx.Hooks.RolledBack()
+	return err
+}

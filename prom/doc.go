@@ -1,0 +1,47 @@
+// Package prom exports the measurements of an [outbox.Outbox] to
+// Prometheus. It is the only package of the module that imports the
+// Prometheus client; the engine reports through the small [outbox.Metrics]
+// interface, which [Metrics] implements.
+//
+// # Use
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := prom.New(reg) // registers every txoutbox_* metric on reg
+//	...
+//	ob, err := outbox.New(store, outbox.Config{Metrics: m})
+//	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// Several outboxes in one process need one [Metrics] each, told apart with
+// [WithConstLabels]; registering two with the same labels fails.
+//
+// # Metrics
+//
+// All names start with the namespace, "txoutbox" unless [WithNamespace]
+// says otherwise. Durations are in seconds.
+//
+//	txoutbox_events_published_total{event_type}      counter   Publish calls that wrote a row (before commit)
+//	txoutbox_hot_enqueued_total                      counter   committed events handed to the hot queue
+//	txoutbox_hot_dropped_total                       counter   committed events the full hot queue left to the poller
+//	txoutbox_cold_enqueued_total                     counter   events the poller queued
+//	txoutbox_dispatch_total{path,outcome}            counter   delivery attempts; outcome is done, retry or dead
+//	txoutbox_dispatch_duration_seconds{path,outcome} histogram time the listeners of an attempt took
+//	txoutbox_delivery_latency_seconds{path}          histogram commit (hot) or insert (cold) to first listener call
+//	txoutbox_queue_depth{queue}                      gauge     events in the hot and cold in-memory queues
+//	txoutbox_pending_events                          gauge     undelivered rows (NEW or RETRY), sampled
+//	txoutbox_pending_oldest_age_seconds              gauge     age of the oldest undelivered row, sampled
+//	txoutbox_leases_reclaimed_total                  counter   events taken over from an instance whose lease expired
+//
+// Every path/outcome series of txoutbox_dispatch_total exists from the
+// start with the value 0, so an alert on dead letters fires on the first
+// one. The histograms' buckets ([DefaultBuckets]) run from 25µs to 5
+// minutes; the pending gauges are sampled every outbox.Config.StatsInterval
+// and only if the store implements [outbox.StatsReader].
+//
+// The event_type label has one value per event type published; keep event
+// types a fixed set of constants, not data.
+//
+// # Queries and alerts
+//
+// The README next to this file has PromQL examples and suggested alerts
+// (backlog age, dead letters, hot-path overflow).
+package prom

@@ -1,0 +1,269 @@
+package prom
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// DefaultNamespace prefixes every metric name.
+const DefaultNamespace = "txoutbox"
+
+// DefaultBuckets are the histogram buckets, in seconds, of both the
+// delivery latency and the dispatch duration: from 25µs, where the hot path
+// lives (about 100µs from commit to listener on SQLite), to 5 minutes,
+// where a struggling poller or a slow listener ends up.
+var DefaultBuckets = []float64{
+	0.000025, 0.00005,
+	0.0001, 0.00025, 0.0005,
+	0.001, 0.0025, 0.005,
+	0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5,
+	1, 2.5, 5,
+	10, 30, 60,
+	120, 300,
+}
+
+// Label values. Path and outcome values are those of outbox.Path and
+// outbox.Outcome.
+var (
+	paths    = []outbox.Path{outbox.PathHot, outbox.PathCold}
+	outcomes = []outbox.Outcome{outbox.OutcomeDone, outbox.OutcomeRetry, outbox.OutcomeDead}
+)
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	namespace       string
+	constLabels     prometheus.Labels
+	latencyBuckets  []float64
+	durationBuckets []float64
+	nativeFactor    float64
+}
+
+// WithNamespace replaces the "txoutbox" prefix of the metric names. It
+// panics on an empty namespace.
+func WithNamespace(ns string) Option {
+	if ns == "" {
+		panic("prom: WithNamespace: empty namespace")
+	}
+	return func(o *options) { o.namespace = ns }
+}
+
+// WithConstLabels adds labels to every metric, to tell apart several
+// outboxes in one process (for example {"outbox": "orders"}).
+func WithConstLabels(l prometheus.Labels) Option {
+	return func(o *options) { o.constLabels = l }
+}
+
+// WithLatencyBuckets sets the buckets, in seconds, of
+// txoutbox_delivery_latency_seconds. It panics unless they are strictly
+// increasing. Defaults to DefaultBuckets.
+func WithLatencyBuckets(b []float64) Option {
+	checkBuckets("WithLatencyBuckets", b)
+	return func(o *options) { o.latencyBuckets = slices.Clone(b) }
+}
+
+// WithDurationBuckets sets the buckets, in seconds, of
+// txoutbox_dispatch_duration_seconds. It panics unless they are strictly
+// increasing. Defaults to DefaultBuckets.
+func WithDurationBuckets(b []float64) Option {
+	checkBuckets("WithDurationBuckets", b)
+	return func(o *options) { o.durationBuckets = slices.Clone(b) }
+}
+
+// WithNativeHistograms makes the two histograms also native (sparse)
+// histograms with the given bucket growth factor (1.1 is a common choice),
+// for Prometheus servers that scrape them. The classic buckets stay.
+// Defaults to off.
+func WithNativeHistograms(factor float64) Option {
+	if factor <= 1 {
+		panic(fmt.Sprintf("prom: WithNativeHistograms: factor %v must be greater than 1", factor))
+	}
+	return func(o *options) { o.nativeFactor = factor }
+}
+
+func checkBuckets(name string, b []float64) {
+	if len(b) == 0 {
+		panic("prom: " + name + ": no buckets")
+	}
+	for i := 1; i < len(b); i++ {
+		if b[i] <= b[i-1] {
+			panic(fmt.Sprintf("prom: %s: buckets must be strictly increasing, but %v follows %v", name, b[i], b[i-1]))
+		}
+	}
+}
+
+// Metrics exports an outbox's measurements to Prometheus. Pass it as
+// outbox.Config.Metrics. It is safe for concurrent use, and it is a
+// prometheus.Collector: New registers it, as one collector, on the
+// Registerer it is given.
+type Metrics struct {
+	published        *prometheus.CounterVec
+	hotEnqueued      prometheus.Counter
+	hotDropped       prometheus.Counter
+	coldEnqueued     prometheus.Counter
+	dispatched       *prometheus.CounterVec
+	dispatchDuration *prometheus.HistogramVec
+	latency          *prometheus.HistogramVec
+	queueDepth       *prometheus.GaugeVec
+	pending          prometheus.Gauge
+	oldestPending    prometheus.Gauge
+	dead             prometheus.Gauge
+	leasesReclaimed  prometheus.Counter
+
+	// Children resolved once, so that the hot path does no label lookup.
+	dispatchedBy map[outbox.Path]map[outbox.Outcome]prometheus.Counter
+	durationBy   map[outbox.Path]map[outbox.Outcome]prometheus.Observer
+	latencyBy    map[outbox.Path]prometheus.Observer
+	hotDepth     prometheus.Gauge
+	coldDepth    prometheus.Gauge
+
+	all []prometheus.Collector
+}
+
+var (
+	_ outbox.Metrics       = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
+)
+
+// New returns the metrics of one outbox, registered on reg. A nil reg
+// registers nothing: register the returned Metrics yourself, or use it
+// unregistered in tests. It fails if reg already has metrics of the same
+// names and labels, for example a second outbox without WithConstLabels.
+func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
+	o := options{namespace: DefaultNamespace, latencyBuckets: DefaultBuckets, durationBuckets: DefaultBuckets}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ns, cl := o.namespace, o.constLabels
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help, ConstLabels: cl})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help, ConstLabels: cl})
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		ho := prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, ConstLabels: cl, Buckets: buckets}
+		if o.nativeFactor > 0 {
+			ho.NativeHistogramBucketFactor = o.nativeFactor
+			ho.NativeHistogramMaxBucketNumber = 160
+			ho.NativeHistogramMinResetDuration = time.Hour
+		}
+		return prometheus.NewHistogramVec(ho, labels)
+	}
+	m := &Metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total", ConstLabels: cl,
+			Help: "Events written by Publish, by event type; counted before commit, so it includes events whose transaction rolled back."}, []string{"event_type"}),
+		hotEnqueued:  counter("hot_enqueued_total", "Events handed to the dispatcher's hot queue after their transaction committed."),
+		hotDropped:   counter("hot_dropped_total", "Committed events that did not fit the full hot queue and were left to the poller."),
+		coldEnqueued: counter("cold_enqueued_total", "Events the poller claimed and queued on the cold queue."),
+		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dispatch_total", ConstLabels: cl,
+			Help: "Delivery attempts by path (hot, cold) and outcome: done (all listeners succeeded), retry (one failed, retry scheduled), dead (failed for the last time)."},
+			[]string{"path", "outcome"}),
+		dispatchDuration: histogram("dispatch_duration_seconds",
+			"Time the listeners of one delivery attempt took, by path and outcome.", o.durationBuckets, "path", "outcome"),
+		latency: histogram("delivery_latency_seconds",
+			"Time from commit (hot path) or insert (cold path, database clock) to the first listener call of an event's first attempt, by path.", o.latencyBuckets, "path"),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "queue_depth", ConstLabels: cl,
+			Help: "Events waiting in the dispatcher's in-memory queues, by queue (hot, cold); sampled every second."}, []string{"queue"}),
+		pending:         gauge("pending_events", "Events not yet delivered (NEW or RETRY) in the outbox table; sampled every Config.StatsInterval."),
+		oldestPending:   gauge("pending_oldest_age_seconds", "Age of the oldest undelivered event in the outbox table, 0 if none; sampled every Config.StatsInterval."),
+		dead:            gauge("dead_events", "Dead letters (DEAD rows) in the outbox table, waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
+		leasesReclaimed: counter("leases_reclaimed_total", "Events taken over from an instance whose lease had expired."),
+
+		dispatchedBy: map[outbox.Path]map[outbox.Outcome]prometheus.Counter{},
+		durationBy:   map[outbox.Path]map[outbox.Outcome]prometheus.Observer{},
+		latencyBy:    map[outbox.Path]prometheus.Observer{},
+	}
+	// Create every path/outcome series up front, so that rates and alerts
+	// (dead letters) see a 0 instead of no series.
+	for _, p := range paths {
+		m.dispatchedBy[p] = map[outbox.Outcome]prometheus.Counter{}
+		m.durationBy[p] = map[outbox.Outcome]prometheus.Observer{}
+		for _, oc := range outcomes {
+			m.dispatchedBy[p][oc] = m.dispatched.WithLabelValues(string(p), string(oc))
+			m.durationBy[p][oc] = m.dispatchDuration.WithLabelValues(string(p), string(oc))
+		}
+		m.latencyBy[p] = m.latency.WithLabelValues(string(p))
+	}
+	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
+	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
+	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched,
+		m.dispatchDuration, m.latency, m.queueDepth, m.pending, m.oldestPending, m.dead, m.leasesReclaimed}
+	if reg != nil {
+		if err := reg.Register(m); err != nil {
+			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.all {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.all {
+		c.Collect(ch)
+	}
+}
+
+// Published implements outbox.Metrics.
+func (m *Metrics) Published(t outbox.EventType) { m.published.WithLabelValues(string(t)).Inc() }
+
+// HotEnqueued implements outbox.Metrics.
+func (m *Metrics) HotEnqueued() { m.hotEnqueued.Inc() }
+
+// HotDropped implements outbox.Metrics.
+func (m *Metrics) HotDropped() { m.hotDropped.Inc() }
+
+// ColdEnqueued implements outbox.Metrics.
+func (m *Metrics) ColdEnqueued(n int) { m.coldEnqueued.Add(float64(n)) }
+
+// Dispatched implements outbox.Metrics.
+func (m *Metrics) Dispatched(p outbox.Path, o outbox.Outcome, took time.Duration) {
+	c, ok := m.dispatchedBy[p][o]
+	if !ok { // a path or outcome added to outbox after this package
+		m.dispatched.WithLabelValues(string(p), string(o)).Inc()
+		m.dispatchDuration.WithLabelValues(string(p), string(o)).Observe(took.Seconds())
+		return
+	}
+	c.Inc()
+	m.durationBy[p][o].Observe(took.Seconds())
+}
+
+// Latency implements outbox.Metrics.
+func (m *Metrics) Latency(p outbox.Path, d time.Duration) {
+	d = max(d, 0) // the cold path's start is on the database's clock, which may be ahead
+	if obs, ok := m.latencyBy[p]; ok {
+		obs.Observe(d.Seconds())
+		return
+	}
+	m.latency.WithLabelValues(string(p)).Observe(d.Seconds())
+}
+
+// QueueDepths implements outbox.Metrics.
+func (m *Metrics) QueueDepths(hot, cold int) {
+	m.hotDepth.Set(float64(hot))
+	m.coldDepth.Set(float64(cold))
+}
+
+// Backlog implements outbox.Metrics.
+func (m *Metrics) Backlog(s outbox.Stats) {
+	m.pending.Set(float64(s.Pending()))
+	m.oldestPending.Set(s.OldestPending.Seconds())
+	m.dead.Set(float64(s.Dead))
+}
+
+// LeasesReclaimed implements outbox.Metrics.
+func (m *Metrics) LeasesReclaimed(n int) { m.leasesReclaimed.Add(float64(n)) }

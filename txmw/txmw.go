@@ -1,0 +1,206 @@
+package txmw
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/middleware"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Option configures Transactional. It is middleware.Option, so the options
+// of package middleware work here too.
+type Option = middleware.Option
+
+// Transactional returns a middleware that runs each POST, PUT, PATCH and
+// DELETE request in one transaction on db, commits it on a 2xx response
+// before the response goes out, and then runs the after-commit hooks. See
+// the package documentation. It panics if db is nil or an option is
+// invalid.
+func Transactional(db *sqlx.DB, opts ...Option) func(http.Handler) http.Handler {
+	if db == nil {
+		panic("txmw: Transactional: db is nil")
+	}
+	return middleware.New(Begin(db), opts...).Handler
+}
+
+// Begin returns the middleware.BeginFunc that Transactional uses, for
+// building a *middleware.Middleware directly.
+func Begin(db *sqlx.DB) middleware.BeginFunc {
+	if db == nil {
+		panic("txmw: Begin: db is nil")
+	}
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+		tx, err := db.BeginTxx(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &sqlTx{Tx: tx}, nil
+	}
+}
+
+// sqlTx is the request's transaction: the *sqlx.Tx handlers use, and the
+// outbox.TxContext that outbox.Publish writes through.
+type sqlTx struct {
+	*sqlx.Tx
+	outbox.Hooks
+}
+
+var _ middleware.Tx = (*sqlTx)(nil)
+
+// TxFrom returns the *sqlx.Tx of the request (or of Transact) that ctx
+// belongs to, and reports whether there is one.
+func TxFrom(ctx context.Context) (*sqlx.Tx, bool) {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	st, ok := t.(*sqlTx)
+	if !ok {
+		return nil, false
+	}
+	return st.Tx, true
+}
+
+// Tx returns the *sqlx.Tx of the request (or of Transact) that ctx belongs
+// to. It panics if there is none: a handler that needs a transaction is
+// mounted in the wrong place, which no request can repair. Use TxFrom to
+// test.
+func Tx(ctx context.Context) *sqlx.Tx {
+	if tx, ok := TxFrom(ctx); ok {
+		return tx
+	}
+	if t, ok := outbox.TxFromContext(ctx); ok {
+		panic(fmt.Sprintf("txmw: Tx: the context carries a %T, not a txmw transaction; use the accessor of the middleware that began it", t))
+	}
+	panic("txmw: Tx: no transaction in context; wrap the route with txmw.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or use txmw.Transact")
+}
+
+// AfterCommit registers fn to run once the transaction of ctx has
+// committed, after the hooks registered before it. It returns
+// outbox.ErrNoTx if ctx carries no transaction. fn runs under its own
+// recover; it must be quick, because the response waits for it.
+func AfterCommit(ctx context.Context, fn func()) error {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return outbox.ErrNoTx
+	}
+	t.AfterCommit(fn)
+	return nil
+}
+
+// AfterRollback registers fn to run once the transaction of ctx has rolled
+// back (including a failed commit). It returns outbox.ErrNoTx if ctx
+// carries no transaction.
+func AfterRollback(ctx context.Context, fn func()) error {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return outbox.ErrNoTx
+	}
+	t.AfterRollback(fn)
+	return nil
+}
+
+// Transact runs fn in a transaction on db, for code outside HTTP handlers
+// (jobs, consumers, CLIs). The ctx passed to fn carries the transaction,
+// so outbox.Publish(ctx, env) and Tx(ctx) work in it. If fn returns nil,
+// Transact commits and then runs the after-commit hooks; if fn returns an
+// error or panics, it rolls back, runs the after-rollback hooks and returns
+// the error (or lets the panic go on).
+//
+// If ctx already carries a txmw transaction, fn joins it: Transact begins
+// and commits nothing and returns fn's error as is; the outer owner
+// decides. So a Transact inside a transactional request holds no second
+// connection.
+func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx *sqlx.Tx) error) error {
+	if db == nil || fn == nil {
+		panic("txmw: Transact needs a db and a function")
+	}
+	if t, ok := outbox.TxFromContext(ctx); ok {
+		st, ok := t.(*sqlTx)
+		if !ok {
+			return fmt.Errorf("txmw: Transact: the context carries a %T, not a txmw transaction, and a second one could deadlock the pool; use the API of the library that began it", t)
+		}
+		return fn(ctx, st.Tx)
+	}
+	stx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("txmw: begin transaction: %w", err)
+	}
+	tx := &sqlTx{Tx: stx}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+			logHooks(ctx, tx.RolledBack(), "after-rollback")
+		}
+	}()
+	err = fn(outbox.ContextWithTx(ctx, tx), stx)
+	done = true
+	if err != nil {
+		if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+			err = errors.Join(err, fmt.Errorf("txmw: roll back: %w", rerr))
+		}
+		logHooks(ctx, tx.RolledBack(), "after-rollback")
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		logHooks(ctx, tx.RolledBack(), "after-rollback")
+		return fmt.Errorf("txmw: commit transaction: %w", err)
+	}
+	logHooks(ctx, tx.Committed(), "after-commit")
+	return nil
+}
+
+func logHooks(ctx context.Context, err error, kind string) {
+	if err != nil {
+		slog.Default().LogAttrs(ctx, slog.LevelError, "txmw: "+kind+" hook failed", slog.Any("error", err))
+	}
+}
+
+// The options of package middleware, under this package's name.
+
+// WithOutbox puts ob into every request's context, so that
+// outbox.Publish(r.Context(), env) uses it; without it, Publish uses the
+// outbox set with outbox.SetDefault. See middleware.WithOutbox.
+func WithOutbox(ob *outbox.Outbox) Option { return middleware.WithOutbox(ob) }
+
+// WithIsolation sets the isolation level. See middleware.WithIsolation.
+func WithIsolation(level sql.IsolationLevel) Option { return middleware.WithIsolation(level) }
+
+// WithReadOnly makes the transactions read-only. See middleware.WithReadOnly.
+func WithReadOnly(readOnly bool) Option { return middleware.WithReadOnly(readOnly) }
+
+// WithMethods sets the methods that get a transaction; defaults to POST,
+// PUT, PATCH and DELETE. See middleware.WithMethods.
+func WithMethods(methods ...string) Option { return middleware.WithMethods(methods...) }
+
+// WithTimeout bounds each transaction. See middleware.WithTimeout.
+func WithTimeout(d time.Duration) Option { return middleware.WithTimeout(d) }
+
+// WithBeginTimeout bounds the wait for a connection; past it the request
+// gets a 503. See middleware.WithBeginTimeout.
+func WithBeginTimeout(d time.Duration) Option { return middleware.WithBeginTimeout(d) }
+
+// WithCommitPolicy sets which statuses commit. See middleware.WithCommitPolicy.
+func WithCommitPolicy(p middleware.CommitPolicy) Option { return middleware.WithCommitPolicy(p) }
+
+// WithStreaming makes matching requests stream instead of buffering. See
+// middleware.WithStreaming.
+func WithStreaming(match func(r *http.Request) bool) Option {
+	return middleware.WithStreaming(match)
+}
+
+// WithErrorHandler sets what answers a failed begin or commit. See
+// middleware.WithErrorHandler.
+func WithErrorHandler(h middleware.ErrorHandler) Option { return middleware.WithErrorHandler(h) }
+
+// WithLogger sets the logger. See middleware.WithLogger.
+func WithLogger(l *slog.Logger) Option { return middleware.WithLogger(l) }
