@@ -88,6 +88,12 @@
 // reports [ErrTxTimeout] (wrapping context.DeadlineExceeded) to the
 // ErrorHandler and the log, not a bare sql.ErrTxDone.
 //
+// An event's lease ([outbox.Config].Lease, 30 s by default) starts when it
+// is published. A request that commits more than half a lease after
+// publishing still delivers its events, but through the poller instead of
+// the hot path, so a slow request never causes a second delivery. Keep
+// the timeout below half the lease to keep every request on the hot path.
+//
 // # Pool exhaustion
 //
 // Begin waits at most [WithBeginTimeout] (default [DefaultBeginTimeout])

@@ -66,7 +66,10 @@ type Config struct {
 	// engine renews the leases of events it holds every Lease/3, so a
 	// live instance keeps its events however slow its listeners; the
 	// events of a dead instance are taken by another once the lease runs
-	// out. Defaults to 30s.
+	// out. A published event's lease starts at its INSERT: if the
+	// transaction commits more than Lease/2 later, the hot path leaves the
+	// event to the poller rather than risk a second delivery, so keep
+	// Lease well above your longest transaction. Defaults to 30s.
 	Lease time.Duration
 
 	// ListenerTimeout bounds each listener call; its context is cancelled

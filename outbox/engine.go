@@ -17,7 +17,9 @@ const storeTimeout = 15 * time.Second
 // Start launches the workers, the completion writer, the lease renewer, the
 // sampler and (unless disabled) the poller, and returns at once. The engine
 // runs until Close; cancelling ctx stops it without draining, and Close must
-// still be called. Calling Start again does nothing; after Close it returns
+// still be called. To drain on shutdown, give Start a context that outlives
+// the shutdown signal (context.WithoutCancel(ctx)) and let Close stop the
+// engine. Calling Start again does nothing; after Close it returns
 // ErrClosed.
 func (o *Outbox) Start(ctx context.Context) error {
 	o.mu.Lock()

@@ -31,8 +31,9 @@ type Metrics interface {
 	Published(t EventType)
 	// HotEnqueued counts an event handed to the dispatcher after commit.
 	HotEnqueued()
-	// HotDropped counts an event that did not fit the hot queue; the
-	// poller delivers it later.
+	// HotDropped counts a committed event the hot path left to the poller:
+	// the hot queue was full, or the transaction committed so late that
+	// the event's lease may have run out.
 	HotDropped()
 	// ColdEnqueued counts events the poller queued.
 	ColdEnqueued(n int)

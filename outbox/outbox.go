@@ -193,24 +193,36 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 	if o.cfg.DisableHotPath {
 		owner, lease = "", 0 // nothing here will deliver it: leave it free
 	}
+	written := time.Now() // before the INSERT: never later than the lease's start
 	if err := o.store.Insert(ctx, tx, &row, owner, lease); err != nil {
 		return "", fmt.Errorf("outbox: insert event %s: %w", row.ID, err)
 	}
 	o.m.Published(env.Type)
 	if !o.cfg.DisableHotPath {
-		tx.AfterCommit(func() { o.enqueueHot(env) })
+		tx.AfterCommit(func() { o.enqueueHot(env, written) })
 	}
 	return env.ID, nil
 }
 
 // enqueueHot hands a committed event to the dispatcher. It never blocks: a
 // full queue leaves the event to the poller.
-func (o *Outbox) enqueueHot(env Envelope) {
+//
+// The row's lease started when it was written. If the transaction committed
+// so late that the lease may run out before the renewer extends it (more
+// than Lease/2 after the write), another instance may already be entitled
+// to the event: the hot path stays out and the poller takes it, so that a
+// slow transaction does not cause a second delivery.
+func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 	it := &item{env: env, path: PathHot, since: time.Now()}
 	o.mu.RLock()
 	defer o.mu.RUnlock()
 	if o.closed {
 		o.log.Debug("outbox closed; event left to the poller", slog.String("event_id", env.ID))
+		return
+	}
+	if age := it.since.Sub(written); age > o.cfg.Lease/2 {
+		o.leaveToPoller(env, "transaction committed late: its lease may have run out; event left to the poller",
+			slog.Duration("since_written", age), slog.Duration("lease", o.cfg.Lease))
 		return
 	}
 	if !o.inflight.acquire(env.ID) {
@@ -221,20 +233,28 @@ func (o *Outbox) enqueueHot(env Envelope) {
 		o.m.HotEnqueued()
 	default:
 		o.inflight.release(env.ID)
-		// The row is leased to this instance from its insert; ask the
-		// poller to release it so that it is due at once. If even that
-		// list is full, the lease runs out by itself.
-		select {
-		case o.dropped <- env.ID:
-		default:
-			o.log.Warn("overflow list full too: event waits for its lease to expire",
-				slog.String("event_id", env.ID), slog.Duration("lease", o.cfg.Lease))
-		}
-		o.m.HotDropped()
-		o.log.Warn("hot queue full; event left to the poller",
-			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(o.hot)))
-		o.wakePoller()
+		o.leaveToPoller(env, "hot queue full; event left to the poller", slog.Int("capacity", cap(o.hot)))
 	}
+}
+
+// leaveToPoller downgrades a committed event from the hot path to the
+// poller. The row is leased to this instance from its insert; the poller
+// is asked to release it so that it is due at once. If even that list is
+// full, the lease runs out by itself.
+func (o *Outbox) leaveToPoller(env Envelope, msg string, attrs ...slog.Attr) {
+	select {
+	case o.dropped <- env.ID:
+	default:
+		o.log.Warn("overflow list full too: event waits for its lease to expire",
+			slog.String("event_id", env.ID), slog.Duration("lease", o.cfg.Lease))
+	}
+	o.m.HotDropped()
+	args := []any{slog.String("event_id", env.ID), slog.String("event_type", string(env.Type))}
+	for _, a := range attrs {
+		args = append(args, a)
+	}
+	o.log.Warn(msg, args...)
+	o.wakePoller()
 }
 
 func (o *Outbox) wakePoller() {

@@ -79,7 +79,7 @@ func TestPollerIdleBackoff(t *testing.T) {
 		// Overflow the hot queue (one worker busy, one event queued, one
 		// dropped): the poller wakes at once.
 		for i := range 3 {
-			ob.enqueueHot(Envelope{ID: NewID(), Type: "T", JSON: []byte{'1' + byte(i)}})
+			ob.enqueueHot(Envelope{ID: NewID(), Type: "T", JSON: []byte{'1' + byte(i)}}, time.Now())
 			synctest.Wait()
 		}
 		if got := st.times(); len(got) != 7 || got[6] != 30*time.Second {

@@ -21,7 +21,7 @@
 //
 //	txoutbox_events_published_total{event_type}      counter   Publish calls that wrote a row (before commit)
 //	txoutbox_hot_enqueued_total                      counter   committed events handed to the hot queue
-//	txoutbox_hot_dropped_total                       counter   committed events the full hot queue left to the poller
+//	txoutbox_hot_dropped_total                       counter   committed events left to the poller (hot queue full, late commit)
 //	txoutbox_cold_enqueued_total                     counter   events the poller queued
 //	txoutbox_dispatch_total{path,outcome}            counter   delivery attempts; outcome is done, retry or dead
 //	txoutbox_dispatch_duration_seconds{path,outcome} histogram time the listeners of an attempt took

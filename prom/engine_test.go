@@ -103,7 +103,7 @@ txoutbox_dispatch_total{outcome="retry",path="hot"} 0
 # TYPE txoutbox_events_published_total counter
 txoutbox_events_published_total{event_type="Bad"} 1
 txoutbox_events_published_total{event_type="Good"} 1
-# HELP txoutbox_hot_dropped_total Committed events that did not fit the full hot queue and were left to the poller.
+# HELP txoutbox_hot_dropped_total Committed events the hot path left to the poller: the hot queue was full, or the transaction committed too late for its lease.
 # TYPE txoutbox_hot_dropped_total counter
 txoutbox_hot_dropped_total 0
 # HELP txoutbox_hot_enqueued_total Events handed to the dispatcher's hot queue after their transaction committed.

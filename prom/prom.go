@@ -161,7 +161,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total", ConstLabels: cl,
 			Help: "Events written by Publish, by event type; counted before commit, so it includes events whose transaction rolled back."}, []string{"event_type"}),
 		hotEnqueued:  counter("hot_enqueued_total", "Events handed to the dispatcher's hot queue after their transaction committed."),
-		hotDropped:   counter("hot_dropped_total", "Committed events that did not fit the full hot queue and were left to the poller."),
+		hotDropped:   counter("hot_dropped_total", "Committed events the hot path left to the poller: the hot queue was full, or the transaction committed too late for its lease."),
 		coldEnqueued: counter("cold_enqueued_total", "Events the poller claimed and queued on the cold queue."),
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dispatch_total", ConstLabels: cl,
 			Help: "Delivery attempts by path (hot, cold) and outcome: done (all listeners succeeded), retry (one failed, retry scheduled), dead (failed for the last time)."},

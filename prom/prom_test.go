@@ -47,7 +47,7 @@ txoutbox_cold_enqueued_total 7
 # TYPE txoutbox_events_published_total counter
 txoutbox_events_published_total{event_type="OrderCancelled"} 1
 txoutbox_events_published_total{event_type="OrderPlaced"} 2
-# HELP txoutbox_hot_dropped_total Committed events that did not fit the full hot queue and were left to the poller.
+# HELP txoutbox_hot_dropped_total Committed events the hot path left to the poller: the hot queue was full, or the transaction committed too late for its lease.
 # TYPE txoutbox_hot_dropped_total counter
 txoutbox_hot_dropped_total 1
 # HELP txoutbox_hot_enqueued_total Events handed to the dispatcher's hot queue after their transaction committed.

@@ -154,7 +154,9 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 
 // start starts delivering events and marks the service ready.
 func (a *app) start(ctx context.Context) {
-	if err := a.ob.Start(ctx); err != nil {
+	// Cancelling Start's context stops the engine without draining; the
+	// signal context ends at SIGTERM, before Close has drained the queues.
+	if err := a.ob.Start(context.WithoutCancel(ctx)); err != nil {
 		a.log.Error("start outbox", slog.Any("error", err))
 		return
 	}

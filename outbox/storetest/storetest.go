@@ -68,6 +68,7 @@ func Run(t *testing.T, h Harness) {
 		{"PermanentErrorIsDeadAtOnce", testPermanent},
 		{"ListenerIgnoringContextIsCut", testListenerTimeout},
 		{"CloseDrainsQueues", testCloseDrains},
+		{"LateCommitLeftToPoller", testLateCommitLeftToPoller},
 		{"CloseHandsBackWhenCancelled", testCloseHandsBack},
 		{"CloseReportsStuckListener", testCloseReportsStuckListener},
 		{"StartCloseStress", testStartCloseStress},

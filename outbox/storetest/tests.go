@@ -114,6 +114,57 @@ func testHotQueueFull(t *testing.T, e *env) {
 	}
 }
 
+// A transaction that commits more than half a lease after publishing may
+// find its lease expired and another instance entitled to the event: the
+// hot path stays out and the event is delivered once, by a poller.
+func testLateCommitLeftToPoller(t *testing.T, e *env) {
+	const lease = 200 * time.Millisecond
+	rec := newRecorder(1)
+	var obs []*outbox.Outbox
+	var ms []*counting
+	for range 2 {
+		cfg := fastConfig()
+		cfg.Lease = lease
+		m := &counting{}
+		cfg.Metrics = m
+		ob := e.outbox(t, cfg)
+		ob.OnAll(rec.listen)
+		start(t, ob)
+		obs, ms = append(obs, ob), append(ms, m)
+	}
+	ctx := context.Background()
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	id, err := obs[0].PublishTx(ctx, tx, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+	if err != nil {
+		tx.Rollback()
+		t.Fatalf("PublishTx: %v", err)
+	}
+	// The transaction stays open past the whole lease. Elapsed time is the
+	// condition under test: there is no signal to wait for instead.
+	time.Sleep(lease + lease/2)
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	rec.wait(t, wait)
+	for _, ob := range obs {
+		closeNow(t, ob) // delivers anything still queued: a duplicate would show
+	}
+	e.wantStatus(t, id, outbox.StatusDone)
+	counts, events := rec.snapshot()
+	if counts[id] != 1 || events[0].Path != outbox.PathCold {
+		t.Fatalf("delivered %d times, first on the %v path; want once, by a poller", counts[id], events[0].Path)
+	}
+	if got, hot := ms[0].hotDropped.Load(), ms[0].hotEnqueued.Load(); got != 1 || hot != 0 {
+		t.Fatalf("publisher: hot dropped %d, hot enqueued %d; want 1 and 0", got, hot)
+	}
+	if !strings.Contains(e.logs.String(), "committed late") {
+		t.Fatalf("no warning logged for the late commit; logs:\n%s", e.logs)
+	}
+}
+
 // 18.4: a failing listener makes the event RETRY with growing attempts,
 // then DEAD after MaxAttempts, with last_error capped at 4000 characters.
 func testRetryThenDead(t *testing.T, e *env) {
