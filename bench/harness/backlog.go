@@ -137,6 +137,10 @@ type DrainOptions struct {
 	// Kick drives the poller from outside with ob.Poll whenever the cold
 	// queue has room: a workaround for a poll loop that stops polling.
 	Kick bool
+	// Tuned drains with the settings of Watermill's tuned forwarder:
+	// batches of 1000 and a 10 ms poll interval (and a cold queue that
+	// holds two batches).
+	Tuned bool
 }
 
 // DrainTxoutbox prefills a txoutbox table with o.N events and measures
@@ -148,6 +152,11 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 	}
 	if o.SplitClaim {
 		res.System = SplitClaimDrainName
+	}
+	cfg := outbox.Config{Logger: quietLogger()}
+	if o.Tuned {
+		res.System = TunedDrainName
+		cfg.PollBatchSize, cfg.ColdQueueSize, cfg.PollInterval = 1000, 2000, 10*time.Millisecond
 	}
 	db.SetMaxOpenConns(16)
 	db.SetMaxIdleConns(16)
@@ -176,7 +185,8 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 	if o.SplitClaim {
 		store = &splitClaimStore{Store: st, db: db}
 	}
-	ob, err := outbox.New(store, outbox.Config{Logger: quietLogger(), Metrics: &m})
+	cfg.Metrics = &m
+	ob, err := outbox.New(store, cfg)
 	if err != nil {
 		return res, err
 	}

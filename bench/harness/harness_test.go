@@ -72,6 +72,13 @@ func TestDrainAndReport(t *testing.T) {
 	if split.Delivered != n || split.DoneRows != n {
 		t.Errorf("split claim: delivered %d, DONE rows %d; want %d", split.Delivered, split.DoneRows, n)
 	}
+	tuned, err := DrainTxoutbox(ctx, db, DrainOptions{N: n, Timeout: time.Minute, Tuned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tuned.System != TunedDrainName || tuned.Delivered != n || tuned.DoneRows != n {
+		t.Errorf("tuned: %q delivered %d, DONE rows %d; want %q, %d", tuned.System, tuned.Delivered, tuned.DoneRows, TunedDrainName, n)
+	}
 	theirs, err := DrainWatermill(ctx, db, true, DrainOptions{N: n, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +87,7 @@ func TestDrainAndReport(t *testing.T) {
 		t.Errorf("Watermill: delivered %d; want %d", theirs.Delivered, n)
 	}
 	rep := &Report{Started: time.Now(), Finished: time.Now(), Repeats: 1, Concurrency: []int{1},
-		Drains: []DrainResult{ours, theirs}, Memory: &ours,
+		Drains: []DrainResult{ours, tuned, theirs}, Memory: &ours,
 		Cells: []CellResult{{System: RawLimitName, Concurrency: 1, CommitTPS: 100}, {System: "txoutbox", Concurrency: 1, CommitTPS: 95, Delivers: true, DeliveredPS: 95}}}
 	if s := ConfigSummary(db, false); !strings.Contains(s, "DisableHotPath true") {
 		t.Errorf("ConfigSummary(poller only) = %q; want DisableHotPath true in it", s)
@@ -89,7 +96,7 @@ func TestDrainAndReport(t *testing.T) {
 	}
 	var buf strings.Builder
 	rep.Write(&buf, "txoutbox", "txoutbox")
-	for _, want := range []string{"## Targets vs measured", "## Backlog drain", "## Memory while draining"} {
+	for _, want := range []string{"## Targets vs measured", "## Backlog drain", "## Memory while draining", "both tuned (batch 1000, 10 ms poll)"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -89,6 +89,9 @@ func mib(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
 var (
 	EngineDrainName = "txoutbox poller (default Config)"
 	KickedDrainName = "txoutbox, Poll driven by the harness (workaround)"
+	// TunedDrainName is the drain with Watermill's tuned settings
+	// (batch 1000, 10 ms poll).
+	TunedDrainName = "txoutbox poller (PollBatchSize 1000, PollInterval 10ms)"
 	// SplitClaimDrainName is the drain experiment with the claim split
 	// into NEW and RETRY SELECTs.
 	SplitClaimDrainName = "txoutbox poller, claim split NEW/RETRY (experiment)"
@@ -227,6 +230,14 @@ func (r *Report) Targets(hot, cold string) []Target {
 		}
 		x := ours.med / best.med
 		ts = append(ts, Target{what, "≥ 3×", fmt.Sprintf("%.1f× (%s vs %s events/s)", x, num(ours.med), num(best.med)), x >= 3})
+		// Like for like: both tuned to batches of 1000 and a 10 ms poll.
+		const wmTuned = "Watermill forwarder, tuned"
+		tuned, theirs := r.drainStat(n, func(s string) bool { return s == TunedDrainName }), r.drainStat(n, func(s string) bool { return s == wmTuned })
+		if tuned.med > 0 && theirs.med > 0 {
+			x := tuned.med / theirs.med
+			ts = append(ts, Target{fmt.Sprintf("Backlog drain %s events, both tuned (batch 1000, 10 ms poll)", num(float64(n))), "≥ 3×",
+				fmt.Sprintf("%.1f× (%s vs %s events/s)", x, num(tuned.med), num(theirs.med)), x >= 3})
+		}
 	}
 	if r.Memory != nil && len(r.Memory.Mem) > 2 {
 		flat, desc := memoryFlat(r.Memory.Mem)

@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,50 +77,54 @@ func publishOne(b *testing.B, ctx context.Context, db *sqlx.DB, ob *outbox.Outbo
 // committed events (hot path off, as after a crash or an outage).
 func BenchmarkDrain(b *testing.B) {
 	for _, name := range []string{"sqlite", "mysql"} {
-		b.Run(name, func(b *testing.B) {
-			db := testdb.Open(b, name)
-			st := testdb.Store(b, db)
-			ctx := context.Background()
-			producer, _ := outbox.New(st, outbox.Config{DisableHotPath: true})
-			for left := b.N; left > 0; {
-				tx, err := outbox.BeginTx(ctx, db.DB, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for k := min(left, 1000); k > 0; k-- {
-					if _, err := producer.PublishTx(ctx, tx, outbox.Envelope{Type: "E", JSON: []byte(`{"n":1}`)}); err != nil {
-						b.Fatal(err)
-					}
-					left--
-				}
-				if err := tx.Commit(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			ob, err := outbox.New(st, outbox.Config{SkipRecent: -1})
-			if err != nil {
+		for _, batch := range []int{outbox.DefaultPollBatchSize, 1000} {
+			b.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(b *testing.B) { benchDrain(b, name, batch) })
+		}
+	}
+}
+
+func benchDrain(b *testing.B, name string, batch int) {
+	db := testdb.Open(b, name)
+	st := testdb.Store(b, db)
+	ctx := context.Background()
+	producer, _ := outbox.New(st, outbox.Config{DisableHotPath: true})
+	for left := b.N; left > 0; {
+		tx, err := outbox.BeginTx(ctx, db.DB, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for k := min(left, 1000); k > 0; k-- {
+			if _, err := producer.PublishTx(ctx, tx, outbox.Envelope{Type: "E", JSON: []byte(`{"n":1}`)}); err != nil {
 				b.Fatal(err)
 			}
-			var delivered atomic.Int64
-			all := make(chan struct{})
-			target := int64(b.N)
-			ob.OnAll(func(context.Context, outbox.Event) error {
-				if delivered.Add(1) == target {
-					close(all)
-				}
-				return nil
-			})
-			b.ResetTimer()
-			ob.Start(ctx)
-			select {
-			case <-all:
-			case <-time.After(5 * time.Minute):
-				b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
-			ob.Close(ctx)
-			producer.Close(ctx)
-		})
+			left--
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
 	}
+	ob, err := outbox.New(st, outbox.Config{SkipRecent: -1, PollBatchSize: batch, ColdQueueSize: max(outbox.DefaultColdQueueSize, 2*batch)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var delivered atomic.Int64
+	all := make(chan struct{})
+	target := int64(b.N)
+	ob.OnAll(func(context.Context, outbox.Event) error {
+		if delivered.Add(1) == target {
+			close(all)
+		}
+		return nil
+	})
+	b.ResetTimer()
+	ob.Start(ctx)
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	ob.Close(ctx)
+	producer.Close(ctx)
 }

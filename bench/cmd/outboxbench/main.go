@@ -171,6 +171,9 @@ func main() {
 				func() (harness.DrainResult, error) {
 					return harness.DrainTxoutbox(ctx, db, harness.DrainOptions{N: int64(n), Timeout: 10 * time.Minute})
 				},
+				func() (harness.DrainResult, error) {
+					return harness.DrainTxoutbox(ctx, db, harness.DrainOptions{N: int64(n), Timeout: 10 * time.Minute, Tuned: true})
+				},
 			}
 			if *experiments {
 				drains = append(drains, func() (harness.DrainResult, error) {
