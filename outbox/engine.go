@@ -31,6 +31,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return nil
 	}
 	o.started = true
+	o.m.QueueCapacities(cap(o.hot), cap(o.cold))
 	runCtx, cancel := context.WithCancel(ctx)
 	o.cancelRun = cancel
 	for range o.cfg.Workers {

@@ -47,6 +47,9 @@ type Metrics interface {
 	Latency(p Path, d time.Duration)
 	// QueueDepths reports the lengths of the hot and cold queues.
 	QueueDepths(hot, cold int)
+	// QueueCapacities reports the sizes of the hot and cold queues, once,
+	// when the engine starts, so that depths can be read as "% full".
+	QueueCapacities(hot, cold int)
 	// Backlog reports a sample of the table: rows by status (undelivered,
 	// dead letters) and the age of the oldest undelivered event.
 	Backlog(s Stats)
@@ -65,6 +68,7 @@ func (NopMetrics) ColdEnqueued(int)                        {}
 func (NopMetrics) Dispatched(Path, Outcome, time.Duration) {}
 func (NopMetrics) Latency(Path, time.Duration)             {}
 func (NopMetrics) QueueDepths(int, int)                    {}
+func (NopMetrics) QueueCapacities(int, int)                {}
 func (NopMetrics) Backlog(Stats)                           {}
 func (NopMetrics) LeasesReclaimed(int)                     {}
 

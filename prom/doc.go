@@ -27,6 +27,7 @@
 //	txoutbox_dispatch_duration_seconds{path,outcome} histogram time the listeners of an attempt took
 //	txoutbox_delivery_latency_seconds{path}          histogram commit (hot) or insert (cold) to first listener call
 //	txoutbox_queue_depth{queue}                      gauge     events in the hot and cold in-memory queues
+//	txoutbox_queue_capacity{queue}                   gauge     sizes of those queues (depth ÷ capacity = how full)
 //	txoutbox_pending_events                          gauge     undelivered rows (NEW or RETRY), sampled
 //	txoutbox_pending_oldest_age_seconds              gauge     age of the oldest undelivered row, sampled
 //	txoutbox_leases_reclaimed_total                  counter   events taken over from an instance whose lease expired

@@ -28,6 +28,8 @@ func TestEngineReportsThroughPrometheus(t *testing.T) {
 		SkipRecent:    time.Nanosecond,
 		MaxAttempts:   1,
 		StatsInterval: -1,
+		HotQueueSize:  7,
+		ColdQueueSize: 9,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -112,10 +114,14 @@ txoutbox_hot_enqueued_total 2
 # HELP txoutbox_leases_reclaimed_total Events taken over from an instance whose lease had expired.
 # TYPE txoutbox_leases_reclaimed_total counter
 txoutbox_leases_reclaimed_total 1
+# HELP txoutbox_queue_capacity Size of the dispatcher's in-memory queues, by queue (hot, cold); set when the engine starts.
+# TYPE txoutbox_queue_capacity gauge
+txoutbox_queue_capacity{queue="cold"} 9
+txoutbox_queue_capacity{queue="hot"} 7
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"txoutbox_cold_enqueued_total", "txoutbox_dispatch_total", "txoutbox_events_published_total",
-		"txoutbox_hot_dropped_total", "txoutbox_hot_enqueued_total", "txoutbox_leases_reclaimed_total"); err != nil {
+		"txoutbox_hot_dropped_total", "txoutbox_hot_enqueued_total", "txoutbox_leases_reclaimed_total", "txoutbox_queue_capacity"); err != nil {
 		t.Error(err)
 	}
 	// One latency observation per attempt, split by path.

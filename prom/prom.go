@@ -112,6 +112,7 @@ type Metrics struct {
 	dispatchDuration *prometheus.HistogramVec
 	latency          *prometheus.HistogramVec
 	queueDepth       *prometheus.GaugeVec
+	queueCapacity    *prometheus.GaugeVec
 	pending          prometheus.Gauge
 	oldestPending    prometheus.Gauge
 	dead             prometheus.Gauge
@@ -172,6 +173,8 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			"Time from commit (hot path) or insert (cold path, database clock) to the first listener call of an event's first attempt, by path.", o.latencyBuckets, "path"),
 		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "queue_depth", ConstLabels: cl,
 			Help: "Events waiting in the dispatcher's in-memory queues, by queue (hot, cold); sampled every second."}, []string{"queue"}),
+		queueCapacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "queue_capacity", ConstLabels: cl,
+			Help: "Size of the dispatcher's in-memory queues, by queue (hot, cold); set when the engine starts."}, []string{"queue"}),
 		pending:         gauge("pending_events", "Events not yet delivered (NEW or RETRY) in the outbox table; sampled every Config.StatsInterval."),
 		oldestPending:   gauge("pending_oldest_age_seconds", "Age of the oldest undelivered event in the outbox table, 0 if none; sampled every Config.StatsInterval."),
 		dead:            gauge("dead_events", "Dead letters (DEAD rows) in the outbox table, waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
@@ -195,7 +198,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched,
-		m.dispatchDuration, m.latency, m.queueDepth, m.pending, m.oldestPending, m.dead, m.leasesReclaimed}
+		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
@@ -256,6 +259,12 @@ func (m *Metrics) Latency(p outbox.Path, d time.Duration) {
 func (m *Metrics) QueueDepths(hot, cold int) {
 	m.hotDepth.Set(float64(hot))
 	m.coldDepth.Set(float64(cold))
+}
+
+// QueueCapacities implements outbox.Metrics.
+func (m *Metrics) QueueCapacities(hot, cold int) {
+	m.queueCapacity.WithLabelValues(string(outbox.PathHot)).Set(float64(hot))
+	m.queueCapacity.WithLabelValues(string(outbox.PathCold)).Set(float64(cold))
 }
 
 // Backlog implements outbox.Metrics.

@@ -36,6 +36,7 @@ func TestCountersAndGaugesMapToTheirNames(t *testing.T) {
 	m.ColdEnqueued(3)
 	m.ColdEnqueued(4)
 	m.QueueDepths(5, 6)
+	m.QueueCapacities(1000, 2000)
 	m.Backlog(outbox.Stats{New: 40, Retry: 2, Done: 1000, Dead: 3, OldestPending: 90 * time.Second})
 	m.LeasesReclaimed(2)
 
@@ -69,10 +70,14 @@ txoutbox_pending_oldest_age_seconds 90
 # TYPE txoutbox_queue_depth gauge
 txoutbox_queue_depth{queue="cold"} 6
 txoutbox_queue_depth{queue="hot"} 5
+# HELP txoutbox_queue_capacity Size of the dispatcher's in-memory queues, by queue (hot, cold); set when the engine starts.
+# TYPE txoutbox_queue_capacity gauge
+txoutbox_queue_capacity{queue="cold"} 2000
+txoutbox_queue_capacity{queue="hot"} 1000
 `
 	names := []string{"txoutbox_cold_enqueued_total", "txoutbox_events_published_total", "txoutbox_hot_dropped_total",
 		"txoutbox_hot_enqueued_total", "txoutbox_leases_reclaimed_total", "txoutbox_pending_events",
-		"txoutbox_pending_oldest_age_seconds", "txoutbox_dead_events", "txoutbox_queue_depth"}
+		"txoutbox_pending_oldest_age_seconds", "txoutbox_dead_events", "txoutbox_queue_depth", "txoutbox_queue_capacity"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
