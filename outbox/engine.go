@@ -239,7 +239,7 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 		if len(ls) == 0 {
 			o.log.Warn("no listener for event type; marked done", slog.String("event_id", ev.ID), slog.String("event_type", string(ev.Type)))
 		}
-		o.m.Dispatched(it.path, OutcomeDone, took)
+		o.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
 		o.doneCh <- it // the completer releases it after the write
 		return
 	}
@@ -266,11 +266,11 @@ func (o *Outbox) fail(it *item, err error, took time.Duration) {
 	var held bool
 	var werr error
 	if o.cfg.Classify(err) == Dead || failures >= o.cfg.MaxAttempts {
-		o.m.Dispatched(it.path, OutcomeDead, took)
+		o.m.Dispatched(it.env.Type, it.path, OutcomeDead, took)
 		held, werr = retryStore(ctx, func() (bool, error) { return o.store.MarkDead(ctx, o.cfg.InstanceID, it.env.ID, text) })
 		o.log.Error("event is dead: delivery failed for the last time", attrs...)
 	} else {
-		o.m.Dispatched(it.path, OutcomeRetry, took)
+		o.m.Dispatched(it.env.Type, it.path, OutcomeRetry, took)
 		delay := o.cfg.Retry.Delay(failures)
 		held, werr = retryStore(ctx, func() (bool, error) {
 			return o.store.MarkRetry(ctx, o.cfg.InstanceID, it.env.ID, delay, text)

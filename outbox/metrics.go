@@ -37,9 +37,9 @@ type Metrics interface {
 	HotDropped()
 	// ColdEnqueued counts events the poller queued.
 	ColdEnqueued(n int)
-	// Dispatched reports one delivery attempt: its path, outcome, and the
-	// time its listeners took.
-	Dispatched(p Path, o Outcome, took time.Duration)
+	// Dispatched reports one delivery attempt: the event's type, its path,
+	// the outcome, and the time its listeners took.
+	Dispatched(t EventType, p Path, o Outcome, took time.Duration)
 	// Latency reports the time from commit (hot path) or insert (cold
 	// path, on the database's clock) to the first listener call of an
 	// event's first attempt; retries, which wait on purpose, are not
@@ -61,15 +61,15 @@ type Metrics interface {
 // NopMetrics discards every measurement.
 type NopMetrics struct{}
 
-func (NopMetrics) Published(EventType)                     {}
-func (NopMetrics) HotEnqueued()                            {}
-func (NopMetrics) HotDropped()                             {}
-func (NopMetrics) ColdEnqueued(int)                        {}
-func (NopMetrics) Dispatched(Path, Outcome, time.Duration) {}
-func (NopMetrics) Latency(Path, time.Duration)             {}
-func (NopMetrics) QueueDepths(int, int)                    {}
-func (NopMetrics) QueueCapacities(int, int)                {}
-func (NopMetrics) Backlog(Stats)                           {}
-func (NopMetrics) LeasesReclaimed(int)                     {}
+func (NopMetrics) Published(EventType)                                {}
+func (NopMetrics) HotEnqueued()                                       {}
+func (NopMetrics) HotDropped()                                        {}
+func (NopMetrics) ColdEnqueued(int)                                   {}
+func (NopMetrics) Dispatched(EventType, Path, Outcome, time.Duration) {}
+func (NopMetrics) Latency(Path, time.Duration)                        {}
+func (NopMetrics) QueueDepths(int, int)                               {}
+func (NopMetrics) QueueCapacities(int, int)                           {}
+func (NopMetrics) Backlog(Stats)                                      {}
+func (NopMetrics) LeasesReclaimed(int)                                {}
 
 var _ Metrics = NopMetrics{}

@@ -156,7 +156,7 @@ func (o *Outbox) bury(ctx context.Context, r *Row, cause error) {
 		reason = de.Error()
 	}
 	o.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
-	o.m.Dispatched(PathCold, OutcomeDead, 0)
+	o.m.Dispatched(EventType(r.Type), PathCold, OutcomeDead, 0)
 	if _, err := o.store.MarkDead(ctx, o.cfg.InstanceID, r.ID, reason); err != nil {
 		o.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
 	}

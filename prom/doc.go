@@ -24,6 +24,7 @@
 //	txoutbox_hot_dropped_total                       counter   committed events left to the poller (hot queue full, late commit)
 //	txoutbox_cold_enqueued_total                     counter   events the poller queued
 //	txoutbox_dispatch_total{path,outcome}            counter   delivery attempts; outcome is done, retry or dead
+//	txoutbox_delivery_failures_total{event_type,outcome} counter failed attempts (retry, dead) by event type
 //	txoutbox_dispatch_duration_seconds{path,outcome} histogram time the listeners of an attempt took
 //	txoutbox_delivery_latency_seconds{path}          histogram commit (hot) or insert (cold) to first listener call
 //	txoutbox_queue_depth{queue}                      gauge     events in the hot and cold in-memory queues

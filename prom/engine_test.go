@@ -101,6 +101,9 @@ txoutbox_dispatch_total{outcome="done",path="cold"} 1
 txoutbox_dispatch_total{outcome="done",path="hot"} 1
 txoutbox_dispatch_total{outcome="retry",path="cold"} 0
 txoutbox_dispatch_total{outcome="retry",path="hot"} 0
+# HELP txoutbox_delivery_failures_total Failed delivery attempts by event type and outcome: retry (another attempt scheduled) or dead (failed for the last time).
+# TYPE txoutbox_delivery_failures_total counter
+txoutbox_delivery_failures_total{event_type="Bad",outcome="dead"} 1
 # HELP txoutbox_events_published_total Events written by Publish, by event type; counted before commit, so it includes events whose transaction rolled back.
 # TYPE txoutbox_events_published_total counter
 txoutbox_events_published_total{event_type="Bad"} 1
@@ -120,7 +123,7 @@ txoutbox_queue_capacity{queue="cold"} 9
 txoutbox_queue_capacity{queue="hot"} 7
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
-		"txoutbox_cold_enqueued_total", "txoutbox_dispatch_total", "txoutbox_events_published_total",
+		"txoutbox_cold_enqueued_total", "txoutbox_dispatch_total", "txoutbox_delivery_failures_total", "txoutbox_events_published_total",
 		"txoutbox_hot_dropped_total", "txoutbox_hot_enqueued_total", "txoutbox_leases_reclaimed_total", "txoutbox_queue_capacity"); err != nil {
 		t.Error(err)
 	}

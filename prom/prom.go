@@ -110,6 +110,7 @@ type Metrics struct {
 	coldEnqueued     prometheus.Counter
 	dispatched       *prometheus.CounterVec
 	dispatchDuration *prometheus.HistogramVec
+	failures         *prometheus.CounterVec
 	latency          *prometheus.HistogramVec
 	queueDepth       *prometheus.GaugeVec
 	queueCapacity    *prometheus.GaugeVec
@@ -167,6 +168,9 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dispatch_total", ConstLabels: cl,
 			Help: "Delivery attempts by path (hot, cold) and outcome: done (all listeners succeeded), retry (one failed, retry scheduled), dead (failed for the last time)."},
 			[]string{"path", "outcome"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "delivery_failures_total", ConstLabels: cl,
+			Help: "Failed delivery attempts by event type and outcome: retry (another attempt scheduled) or dead (failed for the last time)."},
+			[]string{"event_type", "outcome"}),
 		dispatchDuration: histogram("dispatch_duration_seconds",
 			"Time the listeners of one delivery attempt took, by path and outcome.", o.durationBuckets, "path", "outcome"),
 		latency: histogram("delivery_latency_seconds",
@@ -197,7 +201,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	}
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
-	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched,
+	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
 		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -234,7 +238,10 @@ func (m *Metrics) HotDropped() { m.hotDropped.Inc() }
 func (m *Metrics) ColdEnqueued(n int) { m.coldEnqueued.Add(float64(n)) }
 
 // Dispatched implements outbox.Metrics.
-func (m *Metrics) Dispatched(p outbox.Path, o outbox.Outcome, took time.Duration) {
+func (m *Metrics) Dispatched(t outbox.EventType, p outbox.Path, o outbox.Outcome, took time.Duration) {
+	if o != outbox.OutcomeDone {
+		m.failures.WithLabelValues(string(t), string(o)).Inc()
+	}
 	c, ok := m.dispatchedBy[p][o]
 	if !ok { // a path or outcome added to outbox after this package
 		m.dispatched.WithLabelValues(string(p), string(o)).Inc()

@@ -113,16 +113,35 @@ txoutbox_dispatch_total{outcome="retry",path="hot"} ` + ftoa(retry) + `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(0, 0, 0)), "txoutbox_dispatch_total"); err != nil {
 		t.Error(err)
 	}
-	m.Dispatched(outbox.PathHot, outbox.OutcomeDone, time.Millisecond)
-	m.Dispatched(outbox.PathHot, outbox.OutcomeDone, time.Millisecond)
-	m.Dispatched(outbox.PathHot, outbox.OutcomeRetry, time.Millisecond)
-	m.Dispatched(outbox.PathCold, outbox.OutcomeDead, time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathHot, outbox.OutcomeDone, time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathHot, outbox.OutcomeDone, time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathHot, outbox.OutcomeRetry, time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathCold, outbox.OutcomeDead, time.Millisecond)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(2, 1, 1)), "txoutbox_dispatch_total"); err != nil {
 		t.Error(err)
 	}
 }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+func TestFailuresByEventType(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Dispatched("OrderPlaced", outbox.PathHot, outbox.OutcomeDone, time.Millisecond) // not a failure
+	m.Dispatched("OrderPlaced", outbox.PathHot, outbox.OutcomeRetry, time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathCold, outbox.OutcomeRetry, time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathCold, outbox.OutcomeDead, time.Millisecond)
+	m.Dispatched("OrderCancelled", outbox.PathHot, outbox.OutcomeRetry, time.Millisecond)
+	want := `
+# HELP txoutbox_delivery_failures_total Failed delivery attempts by event type and outcome: retry (another attempt scheduled) or dead (failed for the last time).
+# TYPE txoutbox_delivery_failures_total counter
+txoutbox_delivery_failures_total{event_type="OrderCancelled",outcome="retry"} 1
+txoutbox_delivery_failures_total{event_type="OrderPlaced",outcome="dead"} 1
+txoutbox_delivery_failures_total{event_type="OrderPlaced",outcome="retry"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "txoutbox_delivery_failures_total"); err != nil {
+		t.Error(err)
+	}
+}
 
 func TestLatencyHistogramSplitsHotAndColdInSeconds(t *testing.T) {
 	m, reg := newMetrics(t, prom.WithLatencyBuckets([]float64{0.001, 1}))
@@ -151,8 +170,8 @@ txoutbox_delivery_latency_seconds_count{path="hot"} 2
 
 func TestDispatchDurationByPathAndOutcome(t *testing.T) {
 	m, reg := newMetrics(t, prom.WithDurationBuckets([]float64{0.01}))
-	m.Dispatched(outbox.PathCold, outbox.OutcomeRetry, 20*time.Millisecond)
-	m.Dispatched(outbox.PathHot, outbox.OutcomeDone, 5*time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathCold, outbox.OutcomeRetry, 20*time.Millisecond)
+	m.Dispatched("OrderPlaced", outbox.PathHot, outbox.OutcomeDone, 5*time.Millisecond)
 	want := `
 # HELP txoutbox_dispatch_duration_seconds Time the listeners of one delivery attempt took, by path and outcome.
 # TYPE txoutbox_dispatch_duration_seconds histogram
@@ -188,7 +207,7 @@ txoutbox_dispatch_duration_seconds_count{outcome="retry",path="hot"} 0
 
 func TestUnknownPathOrOutcomeIsStillCounted(t *testing.T) {
 	m, reg := newMetrics(t)
-	m.Dispatched("replay", "skipped", time.Second)
+	m.Dispatched("OrderPlaced", "replay", "skipped", time.Second)
 	m.Latency("replay", time.Second)
 	if got := testutil.CollectAndCount(reg, "txoutbox_dispatch_total"); got != 7 {
 		t.Errorf("dispatch_total series = %d, want the 6 known ones plus 1", got)

@@ -299,7 +299,7 @@ func (c *counting) HotEnqueued()               { c.hotEnqueued.Add(1) }
 func (c *counting) HotDropped()                { c.hotDropped.Add(1) }
 func (c *counting) ColdEnqueued(n int)         { c.coldEnqueued.Add(int64(n)) }
 func (c *counting) LeasesReclaimed(n int)      { c.reclaimed.Add(int64(n)) }
-func (c *counting) Dispatched(_ outbox.Path, o outbox.Outcome, _ time.Duration) {
+func (c *counting) Dispatched(_ outbox.EventType, _ outbox.Path, o outbox.Outcome, _ time.Duration) {
 	v, _ := c.outcomes.LoadOrStore(o, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
 }
