@@ -27,6 +27,8 @@ const (
 	DefaultCompletionBatchSize = 500
 	DefaultCompletionLinger    = 10 * time.Millisecond
 	DefaultStatsInterval       = 15 * time.Second
+	DefaultCleanupInterval     = time.Hour
+	DefaultCleanupBatchSize    = 1000
 )
 
 // Config tunes an Outbox. The zero value means the defaults; durations that
@@ -72,8 +74,9 @@ type Config struct {
 	// events of a dead instance are taken by another once the lease runs
 	// out. A published event's lease starts at its INSERT: if the
 	// transaction commits more than Lease/2 later, the hot path leaves the
-	// event to the poller rather than risk a second delivery, so keep
-	// Lease well above your longest transaction. Defaults to 30s.
+	// event to the poller rather than risk a second delivery (a poller
+	// takes it when its lease ends, at most Lease/2 later), so keep Lease
+	// well above your longest transaction. Defaults to 30s.
 	Lease time.Duration
 
 	// ListenerTimeout bounds each listener call; its context is cancelled
@@ -105,6 +108,23 @@ type Config struct {
 	// Defaults to 15s.
 	StatsInterval time.Duration
 
+	// Retention turns on the cleanup of delivered events: every instance
+	// deletes DONE rows older than Retention (by their due time, on the
+	// database's clock) at Start and then every CleanupInterval, in
+	// batches of CleanupBatchSize rows. The store must implement Cleaner.
+	// NEW and RETRY rows are never deleted. Zero (the default) keeps every
+	// row; the store's Cleanup can still be called by hand.
+	Retention time.Duration
+	// CleanupDead makes the cleanup delete DEAD rows older than Retention
+	// too. By default dead letters stay until they are replayed or deleted
+	// by hand.
+	CleanupDead bool
+	// CleanupInterval is the time between cleanups. Defaults to 1h.
+	CleanupInterval time.Duration
+	// CleanupBatchSize is the most rows one cleanup statement deletes;
+	// a cleanup repeats it until fewer are left. Defaults to 1000.
+	CleanupBatchSize int
+
 	// InstanceID names this instance as the owner of the events it claims.
 	// It must be unique among the live instances sharing a table. Defaults
 	// to host name, process id and a random suffix.
@@ -131,6 +151,8 @@ func (c Config) withDefaults() Config {
 	c.CompletionBatchSize = cmp.Or(c.CompletionBatchSize, DefaultCompletionBatchSize)
 	c.CompletionLinger = cmp.Or(c.CompletionLinger, DefaultCompletionLinger)
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
+	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
 	if c.Retry == nil {
 		c.Retry = ExponentialBackoff{Base: DefaultRetryBase, Max: DefaultRetryMax}
 	}
@@ -167,10 +189,11 @@ func (c *Config) validate() error {
 	positive("PollBatchSize", c.PollBatchSize)
 	positive("MaxAttempts", c.MaxAttempts)
 	positive("CompletionBatchSize", c.CompletionBatchSize)
+	positive("CleanupBatchSize", c.CleanupBatchSize)
 	durations := []struct {
 		name string
 		v    time.Duration
-	}{{"PollInterval", c.PollInterval}, {"PollMaxInterval", c.PollMaxInterval}, {"Lease", c.Lease}}
+	}{{"PollInterval", c.PollInterval}, {"PollMaxInterval", c.PollMaxInterval}, {"Lease", c.Lease}, {"CleanupInterval", c.CleanupInterval}}
 	for _, d := range durations {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("outbox: Config.%s is %v; it must be positive, or 0 for the default", d.name, d.v))
@@ -181,6 +204,12 @@ func (c *Config) validate() error {
 	}
 	if c.PollMaxInterval > 0 && c.PollInterval > 0 && c.PollMaxInterval < c.PollInterval {
 		errs = append(errs, fmt.Errorf("outbox: Config.PollMaxInterval (%v) is less than Config.PollInterval (%v)", c.PollMaxInterval, c.PollInterval))
+	}
+	if c.Retention < 0 {
+		errs = append(errs, fmt.Errorf("outbox: Config.Retention is %v; it must be positive, or 0 to keep every row", c.Retention))
+	}
+	if c.CleanupDead && c.Retention == 0 {
+		errs = append(errs, errors.New("outbox: Config.CleanupDead is set but Config.Retention is 0; set the retention of dead letters"))
 	}
 	if len(c.InstanceID) > 64 {
 		errs = append(errs, fmt.Errorf("outbox: Config.InstanceID is %d bytes; the limit is 64", len(c.InstanceID)))

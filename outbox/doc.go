@@ -63,7 +63,16 @@
 // poller, lets the workers deliver what is queued until ctx ends, then
 // cancels running listeners, hands the rest back to the database, writes
 // the last completions and waits for every goroutine. Both are safe to
-// call twice; Close works without Start.
+// call twice; Close works without Start. Cancelling Start's context stops
+// the engine without draining: to drain on shutdown, give Start a context
+// that outlives the signal (context.WithoutCancel) and call Close.
+//
+// # Retention
+//
+// Delivered rows stay in the table until deleted. With Config.Retention
+// set, every instance deletes DONE rows older than it at Start and every
+// CleanupInterval (DEAD rows too with CleanupDead), through the store's
+// Cleaner; NEW and RETRY rows are never deleted.
 //
 // # Observability
 //

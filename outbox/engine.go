@@ -40,6 +40,9 @@ func (o *Outbox) Start(ctx context.Context) error {
 	o.completer.Go(o.complete)
 	o.background.Go(func() { o.renewLeases(runCtx) })
 	o.background.Go(func() { o.sample(runCtx) })
+	if o.cfg.Retention > 0 {
+		o.background.Go(func() { o.cleanupLoop(runCtx) })
+	}
 	pollCtx, stopPoll := context.WithCancel(runCtx)
 	o.stopPoll = stopPoll
 	if !o.cfg.DisablePoller {
@@ -500,5 +503,45 @@ func chunks(s []string, n int) func(func([]string) bool) {
 			}
 			s = s[k:]
 		}
+	}
+}
+
+// cleanupLoop deletes delivered rows older than Config.Retention at start
+// and then every CleanupInterval, until ctx ends.
+func (o *Outbox) cleanupLoop(ctx context.Context) {
+	c := o.store.(Cleaner) // checked by New
+	t := time.NewTicker(o.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		o.cleanup(ctx, c)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// cleanup runs one cleanup: batches until fewer than a batch is left.
+func (o *Outbox) cleanup(ctx context.Context, c Cleaner) {
+	before := time.Now().Add(-o.cfg.Retention)
+	var total int64
+	for ctx.Err() == nil {
+		n, err := c.Cleanup(ctx, before, o.cfg.CleanupBatchSize, o.cfg.CleanupDead)
+		total += n
+		o.m.Cleaned(n)
+		if err != nil {
+			if ctx.Err() == nil {
+				o.log.Error("cleanup of delivered events failed", slog.Int64("deleted", total), slog.Any("error", err))
+			}
+			return
+		}
+		if n < int64(o.cfg.CleanupBatchSize) {
+			break
+		}
+	}
+	if total > 0 {
+		o.log.Info("cleanup deleted delivered events", slog.Int64("deleted", total),
+			slog.Time("before", before), slog.Bool("dead_too", o.cfg.CleanupDead))
 	}
 }

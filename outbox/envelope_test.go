@@ -183,6 +183,10 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{Config{PollInterval: time.Minute, PollMaxInterval: time.Second}, "Config.PollMaxInterval"},
 		{Config{InstanceID: strings.Repeat("x", 65)}, "Config.InstanceID"},
 		{Config{MaxAttempts: -1}, "Config.MaxAttempts"},
+		{Config{Retention: -time.Hour}, "Config.Retention"},
+		{Config{CleanupDead: true}, "Config.CleanupDead"},
+		{Config{Retention: time.Hour, CleanupInterval: -time.Minute}, "Config.CleanupInterval"},
+		{Config{Retention: time.Hour, CleanupBatchSize: -1}, "Config.CleanupBatchSize"},
 	}
 	for _, c := range cases {
 		if err := c.cfg.validate(); err == nil || !strings.Contains(err.Error(), c.field) {
@@ -191,6 +195,10 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}
 	if _, err := New(nil, Config{}); err == nil {
 		t.Error("New(nil store) succeeded")
+	}
+	// A retention needs a store that can delete rows.
+	if _, err := New(&clockStore{}, Config{Retention: time.Hour}); err == nil || !strings.Contains(err.Error(), "outbox.Cleaner") {
+		t.Errorf("New with Retention on a store without Cleanup = %v; want an error naming outbox.Cleaner", err)
 	}
 }
 

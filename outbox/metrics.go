@@ -56,6 +56,8 @@ type Metrics interface {
 	// LeasesReclaimed counts events taken over from an instance whose lease
 	// had expired.
 	LeasesReclaimed(n int)
+	// Cleaned counts rows deleted by the cleanup (Config.Retention).
+	Cleaned(n int64)
 }
 
 // NopMetrics discards every measurement.
@@ -69,6 +71,7 @@ func (NopMetrics) Dispatched(EventType, Path, Outcome, time.Duration) {}
 func (NopMetrics) Latency(Path, time.Duration)                        {}
 func (NopMetrics) QueueDepths(int, int)                               {}
 func (NopMetrics) QueueCapacities(int, int)                           {}
+func (NopMetrics) Cleaned(int64)                                      {}
 func (NopMetrics) Backlog(Stats)                                      {}
 func (NopMetrics) LeasesReclaimed(int)                                {}
 

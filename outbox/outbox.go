@@ -92,6 +92,9 @@ func New(store Store, cfg Config) (*Outbox, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if _, ok := store.(Cleaner); cfg.Retention > 0 && !ok {
+		return nil, fmt.Errorf("outbox: Config.Retention is set but the store (%T) cannot delete rows: it does not implement outbox.Cleaner", store)
+	}
 	cfg = cfg.withDefaults()
 	o := &Outbox{
 		store:     store,
@@ -210,8 +213,9 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 // The row's lease started when it was written. If the transaction committed
 // so late that the lease may run out before the renewer extends it (more
 // than Lease/2 after the write), another instance may already be entitled
-// to the event: the hot path stays out and the poller takes it, so that a
-// slow transaction does not cause a second delivery.
+// to the event: the hot path stays out and a poller takes it once the
+// lease has ended (at most Lease/2 later), so that a slow transaction does
+// not cause a second delivery.
 func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 	it := &item{env: env, path: PathHot, since: time.Now()}
 	o.mu.RLock()
@@ -221,7 +225,12 @@ func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 		return
 	}
 	if age := it.since.Sub(written); age > o.cfg.Lease/2 {
-		o.leaveToPoller(env, "transaction committed late: its lease may have run out; event left to the poller",
+		// Not released early either: this instance's poller may already
+		// have claimed the row, and a release would take it back from
+		// under that delivery. A poller takes it when the lease ends.
+		o.m.HotDropped()
+		o.log.Warn("transaction committed late: its lease may have run out; event left to the poller",
+			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)),
 			slog.Duration("since_written", age), slog.Duration("lease", o.cfg.Lease))
 		return
 	}
@@ -233,28 +242,21 @@ func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 		o.m.HotEnqueued()
 	default:
 		o.inflight.release(env.ID)
-		o.leaveToPoller(env, "hot queue full; event left to the poller", slog.Int("capacity", cap(o.hot)))
+		// The row is leased to this instance from its insert, freshly:
+		// no poller can have claimed it. Ask the poller to release it so
+		// that it is due at once; if even that list is full, the lease
+		// runs out by itself.
+		select {
+		case o.dropped <- env.ID:
+		default:
+			o.log.Warn("overflow list full too: event waits for its lease to expire",
+				slog.String("event_id", env.ID), slog.Duration("lease", o.cfg.Lease))
+		}
+		o.m.HotDropped()
+		o.log.Warn("hot queue full; event left to the poller",
+			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(o.hot)))
+		o.wakePoller()
 	}
-}
-
-// leaveToPoller downgrades a committed event from the hot path to the
-// poller. The row is leased to this instance from its insert; the poller
-// is asked to release it so that it is due at once. If even that list is
-// full, the lease runs out by itself.
-func (o *Outbox) leaveToPoller(env Envelope, msg string, attrs ...slog.Attr) {
-	select {
-	case o.dropped <- env.ID:
-	default:
-		o.log.Warn("overflow list full too: event waits for its lease to expire",
-			slog.String("event_id", env.ID), slog.Duration("lease", o.cfg.Lease))
-	}
-	o.m.HotDropped()
-	args := []any{slog.String("event_id", env.ID), slog.String("event_type", string(env.Type))}
-	for _, a := range attrs {
-		args = append(args, a)
-	}
-	o.log.Warn(msg, args...)
-	o.wakePoller()
 }
 
 func (o *Outbox) wakePoller() {

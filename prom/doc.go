@@ -32,6 +32,7 @@
 //	txoutbox_pending_events                          gauge     undelivered rows (NEW or RETRY), sampled
 //	txoutbox_pending_oldest_age_seconds              gauge     age of the oldest undelivered row, sampled
 //	txoutbox_leases_reclaimed_total                  counter   events taken over from an instance whose lease expired
+//	txoutbox_cleaned_rows_total                      counter   rows deleted by the retention cleanup
 //
 // Every path/outcome series of txoutbox_dispatch_total exists from the
 // start with the value 0, so an alert on dead letters fires on the first

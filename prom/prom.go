@@ -118,6 +118,7 @@ type Metrics struct {
 	oldestPending    prometheus.Gauge
 	dead             prometheus.Gauge
 	leasesReclaimed  prometheus.Counter
+	cleaned          prometheus.Counter
 
 	// Children resolved once, so that the hot path does no label lookup.
 	dispatchedBy map[outbox.Path]map[outbox.Outcome]prometheus.Counter
@@ -183,6 +184,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		oldestPending:   gauge("pending_oldest_age_seconds", "Age of the oldest undelivered event in the outbox table, 0 if none; sampled every Config.StatsInterval."),
 		dead:            gauge("dead_events", "Dead letters (DEAD rows) in the outbox table, waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
 		leasesReclaimed: counter("leases_reclaimed_total", "Events taken over from an instance whose lease had expired."),
+		cleaned:         counter("cleaned_rows_total", "Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention."),
 
 		dispatchedBy: map[outbox.Path]map[outbox.Outcome]prometheus.Counter{},
 		durationBy:   map[outbox.Path]map[outbox.Outcome]prometheus.Observer{},
@@ -202,7 +204,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
-		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed}
+		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
@@ -280,6 +282,9 @@ func (m *Metrics) Backlog(s outbox.Stats) {
 	m.oldestPending.Set(s.OldestPending.Seconds())
 	m.dead.Set(float64(s.Dead))
 }
+
+// Cleaned implements outbox.Metrics.
+func (m *Metrics) Cleaned(n int64) { m.cleaned.Add(float64(n)) }
 
 // LeasesReclaimed implements outbox.Metrics.
 func (m *Metrics) LeasesReclaimed(n int) { m.leasesReclaimed.Add(float64(n)) }

@@ -39,8 +39,13 @@ func TestCountersAndGaugesMapToTheirNames(t *testing.T) {
 	m.QueueCapacities(1000, 2000)
 	m.Backlog(outbox.Stats{New: 40, Retry: 2, Done: 1000, Dead: 3, OldestPending: 90 * time.Second})
 	m.LeasesReclaimed(2)
+	m.Cleaned(1000)
+	m.Cleaned(17)
 
 	want := `
+# HELP txoutbox_cleaned_rows_total Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention.
+# TYPE txoutbox_cleaned_rows_total counter
+txoutbox_cleaned_rows_total 1017
 # HELP txoutbox_cold_enqueued_total Events the poller claimed and queued on the cold queue.
 # TYPE txoutbox_cold_enqueued_total counter
 txoutbox_cold_enqueued_total 7
@@ -75,7 +80,7 @@ txoutbox_queue_depth{queue="hot"} 5
 txoutbox_queue_capacity{queue="cold"} 2000
 txoutbox_queue_capacity{queue="hot"} 1000
 `
-	names := []string{"txoutbox_cold_enqueued_total", "txoutbox_events_published_total", "txoutbox_hot_dropped_total",
+	names := []string{"txoutbox_cleaned_rows_total", "txoutbox_cold_enqueued_total", "txoutbox_events_published_total", "txoutbox_hot_dropped_total",
 		"txoutbox_hot_enqueued_total", "txoutbox_leases_reclaimed_total", "txoutbox_pending_events",
 		"txoutbox_pending_oldest_age_seconds", "txoutbox_dead_events", "txoutbox_queue_depth", "txoutbox_queue_capacity"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {

@@ -82,6 +82,7 @@ func Run(t *testing.T, h Harness) {
 		{"SentinelNeverLogged", testSentinel},
 		{"DeadLettersReplay", testReplay},
 		{"CleanupKeepsUndelivered", testCleanup},
+		{"RetentionCleanup", testRetention},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -291,7 +292,14 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 type counting struct {
 	outbox.NopMetrics
 	published, hotEnqueued, hotDropped, coldEnqueued, reclaimed atomic.Int64
-	outcomes                                                    sync.Map // outbox.Outcome -> *atomic.Int64
+	outcomes                                                    sync.Map   // outbox.Outcome -> *atomic.Int64
+	cleanedCh                                                   chan int64 // each Cleaned call, if not nil
+}
+
+func (c *counting) Cleaned(n int64) {
+	if c.cleanedCh != nil {
+		c.cleanedCh <- n
+	}
 }
 
 func (c *counting) Published(outbox.EventType) { c.published.Add(1) }

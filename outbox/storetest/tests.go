@@ -941,3 +941,60 @@ func testCleanup(t *testing.T, e *env) {
 		t.Fatalf("after cleanup %+v", s)
 	}
 }
+
+// Config.Retention makes the engine delete old DONE rows at Start, DEAD
+// rows too with CleanupDead, and never a NEW one.
+func testRetention(t *testing.T, e *env) {
+	if _, ok := e.store.(outbox.Cleaner); !ok {
+		t.Skip("store is not an outbox.Cleaner")
+	}
+	cfg := fastConfig()
+	cfg.DisablePoller = true
+	ob := e.outbox(t, cfg)
+	rec := newRecorder(3)
+	ob.On(typeA, rec.listen)
+	ob.On(typeB, func(context.Context, outbox.Event) error { return outbox.Permanent(errors.New("no")) })
+	start(t, ob)
+	var done []string
+	for range 2 {
+		done = append(done, e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)}))
+	}
+	dead := e.publish(t, ob, outbox.Envelope{Type: typeB, JSON: []byte(payload)})
+	done = append(done, e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)}))
+	rec.wait(t, wait)
+	closeNow(t, ob)
+	e.wantStatus(t, dead, outbox.StatusDead)
+	pending := e.outbox(t, outbox.Config{DisableHotPath: true})
+	keep := e.publish(t, pending, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+
+	clean := func(cleanupDead bool) {
+		t.Helper()
+		m := &counting{cleanedCh: make(chan int64, 10)}
+		cfg := fastConfig()
+		cfg.DisablePoller, cfg.DisableHotPath = true, true
+		cfg.Metrics = m
+		cfg.Retention = time.Millisecond // everything written before this point
+		cfg.CleanupBatchSize = 2         // several batches
+		cfg.CleanupDead = cleanupDead
+		cleaner := e.outbox(t, cfg)
+		start(t, cleaner)
+		for n := int64(2); n == 2; { // a run ends with a batch that is not full
+			n = recv(t, m.cleanedCh, "a cleanup batch")
+		}
+		closeNow(t, cleaner)
+	}
+	time.Sleep(5 * time.Millisecond) // let the rows age past the 1ms retention (no signal for elapsed time)
+	clean(false)
+	for _, id := range done {
+		if _, err := e.store.(outbox.Inspector).Inspect(context.Background(), id); !errors.Is(err, outbox.ErrNotFound) {
+			t.Fatalf("DONE event %s after cleanup: %v; want it deleted", id, err)
+		}
+	}
+	e.wantStatus(t, dead, outbox.StatusDead)
+	e.wantStatus(t, keep, outbox.StatusNew)
+	clean(true)
+	if _, err := e.store.(outbox.Inspector).Inspect(context.Background(), dead); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("DEAD event after a cleanup with CleanupDead: %v; want it deleted", err)
+	}
+	e.wantStatus(t, keep, outbox.StatusNew)
+}
