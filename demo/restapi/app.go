@@ -132,6 +132,7 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 		PollInterval:    o.config.PollInterval,     // default 5s
 		PollMaxInterval: 4 * o.config.PollInterval, // default 15s
 		StatsInterval:   o.config.StatsInterval,    // default 15s
+		Retention:       o.config.Retention,        // default: keep every row
 		Logger:          log,
 		Metrics:         engineMetrics,
 	})

@@ -47,6 +47,7 @@ type config struct {
 	DataDir         string
 	PollInterval    time.Duration
 	StatsInterval   time.Duration
+	Retention       time.Duration
 	ShutdownTimeout time.Duration
 }
 
@@ -71,6 +72,8 @@ func flagDefs(c *config) []flagDef {
 		{name: "poll-interval", env: "POLL_INTERVAL", dur: &c.PollInterval, def: "500ms", usage: "how often the poller looks for due events (engine default 5s)"},
 		// The engine's default is 15s.
 		{name: "stats-interval", env: "STATS_INTERVAL", dur: &c.StatsInterval, def: "2s", usage: "how often the backlog gauges of /metrics are sampled (engine default 15s)"},
+		// The engine's default keeps every row.
+		{name: "retention", env: "RETENTION", dur: &c.Retention, def: "168h", usage: "delivered events older than this are deleted, hourly (engine default: kept)"},
 		{name: "shutdown-timeout", env: "SHUTDOWN_TIMEOUT", dur: &c.ShutdownTimeout, def: "15s", usage: "how long a shutdown waits for requests and deliveries in flight"},
 	}
 }
@@ -106,7 +109,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"poll-interval", c.PollInterval}, {"stats-interval", c.StatsInterval}, {"shutdown-timeout", c.ShutdownTimeout}} {
+	}{{"poll-interval", c.PollInterval}, {"stats-interval", c.StatsInterval}, {"retention", c.Retention}, {"shutdown-timeout", c.ShutdownTimeout}} {
 		if d.v <= 0 {
 			return c, fmt.Errorf("restapi: -%s is %v; it must be positive", d.name, d.v)
 		}

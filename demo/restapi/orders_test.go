@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -225,13 +226,16 @@ func TestRunServesAndDrainsOnShutdown(t *testing.T) {
 }
 
 func TestParseConfigFlagsOverEnvironment(t *testing.T) {
-	env := map[string]string{"ADDR": ":9000", "DATABASE_URL": "sqlite:x.db", "POLL_INTERVAL": "2s"}
+	env := map[string]string{"ADDR": ":9000", "DATABASE_URL": "sqlite:x.db", "POLL_INTERVAL": "2s", "RETENTION": "24h"}
 	c, err := parseConfig([]string{"-addr", ":9001"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Addr != ":9001" || c.DSN != "sqlite:x.db" || c.PollInterval.String() != "2s" || c.DataDir != "data" {
+	if c.Addr != ":9001" || c.DSN != "sqlite:x.db" || c.PollInterval.String() != "2s" || c.DataDir != "data" || c.Retention != 24*time.Hour {
 		t.Errorf("config %+v", c)
+	}
+	if c, err := parseConfig(nil, func(string) string { return "" }, io.Discard); err != nil || c.Retention != 7*24*time.Hour {
+		t.Errorf("default retention %v (err %v), want a week", c.Retention, err)
 	}
 	for _, bad := range [][]string{{"-poll-interval", "0s"}, {"extra"}, {"-nope"}} {
 		if _, err := parseConfig(bad, func(string) string { return "" }, io.Discard); err == nil {
