@@ -326,6 +326,13 @@ func (s *inflightSet) acquire(id string) bool {
 	return true
 }
 
+func (s *inflightSet) has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.m[id]
+	return ok
+}
+
 func (s *inflightSet) release(id string) {
 	s.mu.Lock()
 	delete(s.m, id)

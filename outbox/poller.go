@@ -25,8 +25,12 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 			wait = 0
 		}
 		// While the cold queue is (nearly) full, skip cycles: wait for a
-		// worker to make room, checking again every PollInterval.
+		// worker to make room, checking again every PollInterval. Events
+		// dropped from the hot queue meanwhile are still released, so that
+		// other instances can take them.
+		released := 0
 		for cap(o.cold)-len(o.cold) < min(o.cfg.PollBatchSize, cap(o.cold))/2+1 {
+			released += o.releaseDropped(ctx)
 			roomy := time.NewTimer(o.cfg.PollInterval)
 			select {
 			case <-ctx.Done():
@@ -37,7 +41,7 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 			}
 			roomy.Stop()
 		}
-		released := o.releaseDropped(ctx)
+		released += o.releaseDropped(ctx)
 		n, limit, err := o.poll(ctx)
 		switch {
 		case err != nil:
@@ -132,13 +136,17 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 
 // releaseDropped releases the leases of events dropped from the full hot
 // queue, so that the claim that follows (here or on another instance) can
-// take them.
+// take them. It takes every id waiting, so that none is still listed when
+// its lease has run out and this instance's own claim may have taken the
+// event; an event being delivered here is never released.
 func (o *Outbox) releaseDropped(ctx context.Context) int {
 	var ids []string
-	for len(ids) < 1000 {
+	for {
 		select {
 		case id := <-o.dropped:
-			ids = append(ids, id)
+			if !o.inflight.has(id) {
+				ids = append(ids, id)
+			}
 			continue
 		default:
 		}

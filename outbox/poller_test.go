@@ -136,3 +136,60 @@ func TestPollerDrainsBacklogAndSkipsWhenColdQueueFull(t *testing.T) {
 		}
 	})
 }
+
+// releaseStore records the ids passed to Release.
+type releaseStore struct {
+	clockStore
+	mu       sync.Mutex
+	released []string
+}
+
+func (s *releaseStore) Release(_ context.Context, _ string, ids []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.released = append(s.released, ids...)
+	return nil
+}
+
+func (s *releaseStore) releasedIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.released)
+}
+
+// Events dropped from a full hot queue are released within a poll interval
+// even while the cold queue is full and the poller skips its claims, so
+// that another instance can take them; an event already queued here is
+// not dropped again.
+func TestPollerReleasesDroppedWhileColdQueueFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &releaseStore{clockStore: clockStore{start: time.Now(), supply: 2}}
+		ob, err := New(st, Config{PollInterval: time.Second, PollBatchSize: 2, ColdQueueSize: 2, HotQueueSize: 1, Workers: 1, StatsInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release); ob.Close(context.Background()) })
+		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
+		// Fill the cold queue (not started yet, so nothing takes from it).
+		if n, err := ob.Poll(context.Background()); n != 2 || err != nil {
+			t.Fatalf("Poll = %d, %v; want 2", n, err)
+		}
+		ob.Start(context.Background())
+		synctest.Wait() // the worker holds one cold event, one is queued: too little room for a claim
+		claims := len(st.times())
+		busy := NewID()
+		ob.enqueueHot(Envelope{ID: busy, Type: "T", JSON: []byte("1")}, time.Now()) // fills the hot queue
+		dropped := NewID()
+		ob.enqueueHot(Envelope{ID: dropped, Type: "T", JSON: []byte("2")}, time.Now()) // dropped
+		ob.enqueueHot(Envelope{ID: busy, Type: "T", JSON: []byte("1")}, time.Now())    // already here: ignored
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := st.releasedIDs(); !slices.Equal(got, []string{dropped}) {
+			t.Fatalf("released %v; want only the dropped event %s", got, dropped)
+		}
+		if got := len(st.times()); got != claims {
+			t.Fatalf("%d claims while the cold queue was full; want none", got-claims)
+		}
+	})
+}
