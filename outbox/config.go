@@ -109,8 +109,9 @@ type Config struct {
 	StatsInterval time.Duration
 
 	// Retention turns on the cleanup of delivered events: every instance
-	// deletes DONE rows older than Retention (by their due time, on the
-	// database's clock) at Start and then every CleanupInterval, in
+	// deletes DONE rows older than Retention (by their due time, against
+	// this process's clock: meant for hours or days, where clock skew does
+	// not matter) at Start and then every CleanupInterval, in
 	// batches of CleanupBatchSize rows. The store must implement Cleaner.
 	// NEW and RETRY rows are never deleted. Zero (the default) keeps every
 	// row; the store's Cleanup can still be called by hand.
