@@ -24,6 +24,12 @@
 // transaction. Without a transaction it fails with ErrNoTx and writes
 // nothing. A rolled-back transaction leaves no row and runs no listener.
 //
+// A unit of work that emits several events publishes them together with
+// PublishAll (or PublishAllTx): all are validated first, then written in
+// as few multi-row INSERTs as the store allows (BatchInserter). Ten events
+// in one transaction on MariaDB: 0.78 ms instead of 2.1 ms one by one
+// (BenchmarkPublishTen).
+//
 // # Delivery
 //
 // After a successful commit the event goes to a bounded in-memory hot

@@ -98,6 +98,40 @@ func ExamplePublish() {
 	// 26 <nil>
 }
 
+// PublishAll writes several events of one unit of work in one statement:
+// all of them, or none if one is invalid.
+func ExamplePublishAll() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "outbox-example")
+	defer os.RemoveAll(dir)
+	db := sqlx.MustOpen("sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "app.db")))
+	defer db.Close()
+	store := sqlstore.Must(sqlstore.New(db, sqlstore.Options{}))
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	ob, _ := outbox.New(store, outbox.Config{})
+	defer ob.Close(ctx)
+
+	tx, _ := outbox.BeginTx(ctx, db.DB, nil)
+	ctx = outbox.ContextWithTx(outbox.NewContext(ctx, ob), tx)
+	_, err := outbox.PublishAll(ctx,
+		outbox.Envelope{Type: OrderPlaced, JSON: []byte(`{"id":7}`)},
+		outbox.Envelope{Type: "StockReserved"}) // no payload
+	fmt.Println(err)
+	ids, err := outbox.PublishAll(ctx,
+		outbox.Envelope{Type: OrderPlaced, JSON: []byte(`{"id":7}`)},
+		outbox.Envelope{Type: "StockReserved", JSON: []byte(`{"sku":"book"}`)})
+	fmt.Println(len(ids), err)
+	tx.Commit()
+	stats, _ := store.Stats(context.Background())
+	fmt.Println("rows:", stats.New+stats.Done)
+	// Output:
+	// outbox: envelope 1 of 2: outbox: invalid envelope: JSON: a payload is required: set JSON or Bytes
+	// 2 <nil>
+	// rows: 2
+}
+
 // Invalid envelopes are refused with an error that names the field and
 // never repeats the payload.
 func ExampleValidationError() {

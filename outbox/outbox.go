@@ -192,19 +192,84 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 	if err != nil {
 		return "", err
 	}
-	owner, lease := o.cfg.InstanceID, o.cfg.Lease
-	if o.cfg.DisableHotPath {
-		owner, lease = "", 0 // nothing here will deliver it: leave it free
-	}
-	written := time.Now() // before the INSERT: never later than the lease's start
-	if err := o.store.Insert(ctx, tx, &row, owner, lease); err != nil {
-		return "", fmt.Errorf("outbox: insert event %s: %w", row.ID, err)
-	}
-	o.m.Published(env.Type)
-	if !o.cfg.DisableHotPath {
-		tx.AfterCommit(func() { o.enqueueHot(env, written) })
+	if err := o.write(ctx, tx, []Row{row}, []Envelope{env}); err != nil {
+		return "", err
 	}
 	return env.ID, nil
+}
+
+// PublishAll writes envs through the transaction carried by ctx, in one
+// statement per few hundred events when the store is a BatchInserter, and
+// hands them to the dispatcher once that transaction commits. It returns
+// their ids in order. Every envelope is validated first: if one is invalid,
+// the error names its index and nothing is written.
+func (o *Outbox) PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		return nil, ErrNoTx
+	}
+	return o.PublishAllTx(ctx, tx, envs...)
+}
+
+// PublishAllTx is PublishAll with the transaction given explicitly.
+func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelope) ([]string, error) {
+	if tx == nil {
+		return nil, ErrNoTx
+	}
+	if len(envs) == 0 {
+		return nil, nil
+	}
+	now := time.Now()
+	rows := make([]Row, len(envs))
+	encoded := make([]Envelope, len(envs))
+	for i, env := range envs {
+		row, env, err := encode(env, now)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: envelope %d of %d: %w", i, len(envs), err)
+		}
+		rows[i], encoded[i] = row, env
+	}
+	if err := o.write(ctx, tx, rows, encoded); err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(encoded))
+	for i, env := range encoded {
+		ids[i] = env.ID
+	}
+	return ids, nil
+}
+
+// write inserts the rows of validated envelopes through tx, leased to this
+// instance unless the hot path is off, and registers their hand-over to
+// the dispatcher after commit.
+func (o *Outbox) write(ctx context.Context, tx TxContext, rows []Row, envs []Envelope) error {
+	owner, lease := o.cfg.InstanceID, o.cfg.Lease
+	if o.cfg.DisableHotPath {
+		owner, lease = "", 0 // nothing here will deliver them: leave them free
+	}
+	written := time.Now() // before the INSERT: never later than the lease's start
+	if bi, ok := o.store.(BatchInserter); ok && len(rows) > 1 {
+		if err := bi.InsertBatch(ctx, tx, rows, owner, lease); err != nil {
+			return fmt.Errorf("outbox: insert %d events (first %s): %w", len(rows), rows[0].ID, err)
+		}
+	} else {
+		for i := range rows {
+			if err := o.store.Insert(ctx, tx, &rows[i], owner, lease); err != nil {
+				return fmt.Errorf("outbox: insert event %s: %w", rows[i].ID, err)
+			}
+		}
+	}
+	for _, env := range envs {
+		o.m.Published(env.Type)
+	}
+	if !o.cfg.DisableHotPath {
+		tx.AfterCommit(func() {
+			for _, env := range envs {
+				o.enqueueHot(env, written)
+			}
+		})
+	}
+	return nil
 }
 
 // enqueueHot hands a committed event to the dispatcher. It never blocks: a
@@ -304,6 +369,16 @@ func Publish(ctx context.Context, env Envelope) (string, error) {
 		return "", ErrNoOutbox
 	}
 	return o.Publish(ctx, env)
+}
+
+// PublishAll is Publish for several events at once (see Outbox.PublishAll),
+// with the outbox found the same way.
+func PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
+	o := FromContext(ctx)
+	if o == nil {
+		return nil, ErrNoOutbox
+	}
+	return o.PublishAll(ctx, envs...)
 }
 
 // --- in-flight set ---

@@ -172,6 +172,14 @@ type DeadLetterStore interface {
 	Replay(ctx context.Context, ids []string) (int, error)
 }
 
+// BatchInserter is implemented by stores that write several rows in one
+// statement. PublishAll uses it; without it, it inserts row by row.
+type BatchInserter interface {
+	// InsertBatch is Insert for rows, in order, all or none (it runs in
+	// the caller's transaction).
+	InsertBatch(ctx context.Context, exec Execer, rows []Row, owner string, lease time.Duration) error
+}
+
 // Cleaner is implemented by stores that can delete delivered rows.
 type Cleaner interface {
 	// Cleanup deletes up to limit DONE rows (and DEAD rows too if

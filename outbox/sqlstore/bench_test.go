@@ -128,3 +128,48 @@ func benchDrain(b *testing.B, name string, batch int) {
 	ob.Close(ctx)
 	producer.Close(ctx)
 }
+
+// BenchmarkPublishTen measures a transaction that publishes ten events,
+// one Publish at a time or in one PublishAll; one op is one transaction
+// (hot path off: only the writes are measured).
+func BenchmarkPublishTen(b *testing.B) {
+	for _, name := range []string{"sqlite", "mysql", "postgres"} {
+		for _, all := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/PublishAll=%v", name, all), func(b *testing.B) {
+				db := testdb.Open(b, name)
+				ob, err := outbox.New(testdb.Store(b, db), outbox.Config{DisableHotPath: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx := context.Background()
+				envs := make([]outbox.Envelope, 10)
+				for i := range envs {
+					envs[i] = outbox.Envelope{Type: "OrderLine", JSON: []byte(`{"sku":"book","qty":2,"price_cents":1250}`)}
+				}
+				b.ResetTimer()
+				for range b.N {
+					tx, err := outbox.BeginTx(ctx, db.DB, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if all {
+						_, err = ob.PublishAllTx(ctx, tx, envs...)
+					} else {
+						for _, env := range envs {
+							if _, err = ob.PublishTx(ctx, tx, env); err != nil {
+								break
+							}
+						}
+					}
+					if err != nil {
+						tx.Rollback()
+						b.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

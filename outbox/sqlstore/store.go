@@ -44,6 +44,7 @@ var (
 	_ outbox.StatsReader     = (*Store)(nil)
 	_ outbox.DeadLetterStore = (*Store)(nil)
 	_ outbox.Cleaner         = (*Store)(nil)
+	_ outbox.BatchInserter   = (*Store)(nil)
 	_ outbox.Inspector       = (*Store)(nil)
 )
 
@@ -105,16 +106,23 @@ const rowColumns = "id, event_type, aggregate_type, aggregate_id, tenant_id, hea
 
 type queries struct {
 	inspect, insert, claimNew, claimRetry, markRetry, markDead, stats, listDead, cleanup string
+	insertHead, insertValues                                                             string // unbound
 }
 
 func (s *Store) rebind(q string) string { return s.db.Rebind(q) }
 
 func (s *Store) buildQueries() queries {
 	d, t := s.d, s.table
+	// The INSERT's head and one row of its VALUES, unbound: InsertBatch
+	// repeats the row and rebinds the whole.
+	insertHead := `INSERT INTO ` + t + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
+VALUES `
+	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `)`
 	return queries{
-		inspect: s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
-		insert: s.rebind(`INSERT INTO ` + t + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `)`),
+		inspect:      s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
+		insert:       s.rebind(insertHead + insertValues),
+		insertHead:   insertHead,
+		insertValues: insertValues,
 		// One status per SELECT, so that the (status, available_at) index
 		// gives the order and the LIMIT stops the scan: with IN (0, 2) the
 		// database sorts every due row, and a claim costs time in
@@ -155,6 +163,52 @@ func stringArgs(ids []string, prefix ...any) []any {
 // Insert implements outbox.Store. It writes through exec, the caller's
 // transaction.
 func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *outbox.Row, owner string, lease time.Duration) error {
+	_, err := exec.ExecContext(ctx, s.q.insert, s.insertArgs(nil, r, owner, lease)...)
+	return err
+}
+
+// An INSERT of InsertBatch holds at most insertBatchRows rows (11
+// parameters a row stay far below every dialect's limit on bound
+// parameters) and, past its first row, at most insertBatchBytes of
+// payloads and headers (well under MySQL's default max_allowed_packet).
+const (
+	insertBatchRows  = 500
+	insertBatchBytes = 4 << 20
+)
+
+// InsertBatch implements outbox.BatchInserter: multi-row INSERTs through
+// exec, the caller's transaction, of up to 500 rows or 4 MiB each.
+func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []outbox.Row, owner string, lease time.Duration) error {
+	for len(rows) > 0 {
+		n, size := 1, len(rows[0].Payload)+len(rows[0].Headers)
+		for n < len(rows) && n < insertBatchRows {
+			size += len(rows[n].Payload) + len(rows[n].Headers)
+			if size > insertBatchBytes {
+				break
+			}
+			n++
+		}
+		chunk := rows[:n]
+		rows = rows[n:]
+		var sb strings.Builder
+		sb.WriteString(s.q.insertHead)
+		args := make([]any, 0, 11*len(chunk))
+		for i := range chunk {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString(s.q.insertValues)
+			args = s.insertArgs(args, &chunk[i], owner, lease)
+		}
+		if _, err := exec.ExecContext(ctx, s.rebind(sb.String()), args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// insertArgs appends the parameters of one row of the INSERT to args.
+func (s *Store) insertArgs(args []any, r *outbox.Row, owner string, lease time.Duration) []any {
 	var headers any
 	if r.Headers != nil {
 		headers = string(r.Headers)
@@ -167,10 +221,8 @@ func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *outbox.Row, o
 	if owner != "" {
 		lockedBy, leaseArg = owner, lease.Microseconds()
 	}
-	_, err := exec.ExecContext(ctx, s.q.insert,
-		r.ID, r.Type, r.AggregateType, r.AggregateID, r.TenantID, headers, payload, r.PayloadJSON,
+	return append(args, r.ID, r.Type, r.AggregateType, r.AggregateID, r.TenantID, headers, payload, r.PayloadJSON,
 		s.d.timeArg(r.OccurredAt), lockedBy, leaseArg)
-	return err
 }
 
 // Claim implements outbox.Store: one short transaction (READ COMMITTED on

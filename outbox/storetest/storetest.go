@@ -83,6 +83,7 @@ func Run(t *testing.T, h Harness) {
 		{"DeadLettersReplay", testReplay},
 		{"CleanupKeepsUndelivered", testCleanup},
 		{"RetentionCleanup", testRetention},
+		{"PublishAll", testPublishAll},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

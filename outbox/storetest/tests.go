@@ -998,3 +998,87 @@ func testRetention(t *testing.T, e *env) {
 	}
 	e.wantStatus(t, keep, outbox.StatusNew)
 }
+
+// PublishAll writes several events in one call (through BatchInserter when
+// the store has it, in chunks), all or none: an invalid envelope anywhere
+// writes nothing and the error names its index; after commit every event
+// is delivered once, with exactly its bytes.
+func testPublishAll(t *testing.T, e *env) {
+	cfg := fastConfig()
+	cfg.HotQueueSize = 2000
+	ob := e.outbox(t, cfg)
+	ctx := context.Background()
+
+	// All or none.
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ob.PublishAllTx(ctx, tx, outbox.Envelope{Type: typeA, JSON: []byte(payload)}, outbox.Envelope{Type: typeA})
+	var ve *outbox.ValidationError
+	if !errors.As(err, &ve) || ve.Field != "JSON" || !strings.Contains(err.Error(), "envelope 1 of 2") {
+		t.Fatalf("PublishAllTx with an invalid second envelope: %v; want a ValidationError naming envelope 1", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.stats(t); s.New+s.Done+s.Retry+s.Dead != 0 {
+		t.Fatalf("rows after a rejected PublishAll: %+v; want none", s)
+	}
+	if _, err := ob.PublishAll(ctx, outbox.Envelope{Type: typeA, JSON: []byte(payload)}); !errors.Is(err, outbox.ErrNoTx) {
+		t.Fatalf("PublishAll without a transaction: %v; want ErrNoTx", err)
+	}
+
+	// 1,200 events (more than one INSERT), one of them 1 MiB of bytes.
+	const n = 1200
+	envs := make([]outbox.Envelope, n)
+	for i := range envs {
+		envs[i] = outbox.Envelope{Type: typeA, AggregateID: fmt.Sprint(i), JSON: []byte(fmt.Sprintf(`{"n":%d}`, i)), Headers: map[string]string{"n": fmt.Sprint(i)}}
+	}
+	big := make([]byte, outbox.MaxPayloadBytes)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	envs[600] = outbox.Envelope{Type: typeA, AggregateID: "600", Bytes: big}
+	rec := newRecorder(n)
+	ob.OnAll(rec.listen)
+	start(t, ob)
+	tx, err = e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := ob.PublishAll(outbox.ContextWithTx(ctx, tx), envs...)
+	if err != nil {
+		tx.Rollback()
+		t.Fatalf("PublishAll: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != n {
+		t.Fatalf("%d ids for %d events", len(ids), n)
+	}
+	rec.wait(t, wait)
+	closeNow(t, ob)
+	counts, events := rec.snapshot()
+	byID := map[string]outbox.Event{}
+	for _, ev := range events {
+		byID[ev.ID] = ev
+	}
+	for i, id := range ids {
+		ev := byID[id]
+		if counts[id] != 1 || ev.AggregateID != fmt.Sprint(i) {
+			t.Fatalf("event %d (%s): delivered %d times, aggregate %q", i, id, counts[id], ev.AggregateID)
+		}
+		if i == 600 {
+			if !bytes.Equal(ev.Bytes, big) {
+				t.Fatal("the 1 MiB payload was not delivered byte for byte")
+			}
+		} else if string(ev.JSON) != fmt.Sprintf(`{"n":%d}`, i) || ev.Headers["n"] != fmt.Sprint(i) {
+			t.Fatalf("event %d: payload %s headers %v", i, ev.JSON, ev.Headers)
+		}
+	}
+	if s := e.stats(t); s.Done != n {
+		t.Fatalf("after delivery %+v; want %d DONE", s, n)
+	}
+}
