@@ -26,15 +26,7 @@ func BenchmarkPublishCommit(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var delivered atomic.Int64
-			all := make(chan struct{})
-			target := int64(b.N)
-			ob.OnAll(func(context.Context, outbox.Event) error {
-				if delivered.Add(1) == target {
-					close(all)
-				}
-				return nil
-			})
+			waitAll := countDeliveries(ob, b.N)
 			ctx := context.Background()
 			ob.Start(ctx)
 			payload := []byte(`{"order_id":"01HZX","customer":"ada","items":[{"sku":"book","qty":2,"price_cents":1250}],"total_cents":2500,"currency":"EUR"}`)
@@ -45,15 +37,32 @@ func BenchmarkPublishCommit(b *testing.B) {
 					publishOne(b, ctx, db, ob, payload)
 				}
 			})
-			select {
-			case <-all:
-			case <-time.After(time.Minute):
-				b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			waitAll(b, time.Minute)
 			ob.Close(ctx)
 		})
+	}
+}
+
+// countDeliveries counts every delivery of ob. The function it returns
+// waits (at most timeout) until n events were delivered, stops the timer
+// and reports events/s.
+func countDeliveries(ob *outbox.Outbox, n int) func(b *testing.B, timeout time.Duration) {
+	var delivered atomic.Int64
+	all := make(chan struct{})
+	ob.OnAll(func(context.Context, outbox.Event) error {
+		if delivered.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	})
+	return func(b *testing.B, timeout time.Duration) {
+		select {
+		case <-all:
+		case <-time.After(timeout):
+			b.Fatalf("delivered %d of %d", delivered.Load(), n)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
 	}
 }
 
@@ -107,24 +116,10 @@ func benchDrain(b *testing.B, name string, batch int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var delivered atomic.Int64
-	all := make(chan struct{})
-	target := int64(b.N)
-	ob.OnAll(func(context.Context, outbox.Event) error {
-		if delivered.Add(1) == target {
-			close(all)
-		}
-		return nil
-	})
+	waitAll := countDeliveries(ob, b.N)
 	b.ResetTimer()
 	ob.Start(ctx)
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	waitAll(b, 5*time.Minute)
 	ob.Close(ctx)
 	producer.Close(ctx)
 }
