@@ -23,15 +23,15 @@ type cleanStore struct {
 
 type cleanCall struct {
 	at          time.Duration // since the test's start
-	age         time.Duration // now - before
+	age         time.Duration // the olderThan passed
 	limit       int
 	includeDead bool
 }
 
-func (s *cleanStore) Cleanup(_ context.Context, before time.Time, limit int, includeDead bool) (int64, error) {
+func (s *cleanStore) Cleanup(_ context.Context, olderThan time.Duration, limit int, includeDead bool) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls = append(s.calls, cleanCall{time.Since(s.start), time.Since(before), limit, includeDead})
+	s.calls = append(s.calls, cleanCall{time.Since(s.start), olderThan, limit, includeDead})
 	if s.fail != nil {
 		return 0, s.fail
 	}

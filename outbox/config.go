@@ -29,6 +29,7 @@ const (
 	DefaultStatsInterval       = 15 * time.Second
 	DefaultCleanupInterval     = time.Hour
 	DefaultCleanupBatchSize    = 1000
+	DefaultNoListenerDelay     = 5 * time.Second
 )
 
 // Config tunes an Outbox. The zero value means the defaults; durations that
@@ -109,9 +110,9 @@ type Config struct {
 	StatsInterval time.Duration
 
 	// Retention turns on the cleanup of delivered events: every instance
-	// deletes DONE rows older than Retention (by their due time, against
-	// this process's clock: meant for hours or days, where clock skew does
-	// not matter) at Start and then every CleanupInterval, in
+	// deletes DONE rows older than Retention (by their last due time, on
+	// the database's clock, like leases) at Start and then every
+	// CleanupInterval, in
 	// batches of CleanupBatchSize rows. The store must implement Cleaner.
 	// NEW and RETRY rows are never deleted. Zero (the default) keeps every
 	// row; the store's Cleanup can still be called by hand.
@@ -125,6 +126,13 @@ type Config struct {
 	// CleanupBatchSize is the most rows one cleanup statement deletes;
 	// a cleanup repeats it until fewer are left. Defaults to 1000.
 	CleanupBatchSize int
+
+	// NoListenerDelay is how long an event this instance has no listener
+	// for stays away from every poller after this instance gives it back
+	// (an instance never completes an event no listener of its own
+	// accepted; in a rolling deploy, the old version gives the new types
+	// back). No attempt is counted. Defaults to 5s.
+	NoListenerDelay time.Duration
 
 	// InstanceID names this instance as the owner of the events it claims.
 	// It must be unique among the live instances sharing a table. Defaults
@@ -154,6 +162,7 @@ func (c Config) withDefaults() Config {
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
 	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
+	c.NoListenerDelay = cmp.Or(c.NoListenerDelay, DefaultNoListenerDelay)
 	if c.Retry == nil {
 		c.Retry = ExponentialBackoff{Base: DefaultRetryBase, Max: DefaultRetryMax}
 	}
@@ -194,7 +203,7 @@ func (c *Config) validate() error {
 	durations := []struct {
 		name string
 		v    time.Duration
-	}{{"PollInterval", c.PollInterval}, {"PollMaxInterval", c.PollMaxInterval}, {"Lease", c.Lease}, {"CleanupInterval", c.CleanupInterval}}
+	}{{"PollInterval", c.PollInterval}, {"PollMaxInterval", c.PollMaxInterval}, {"Lease", c.Lease}, {"CleanupInterval", c.CleanupInterval}, {"NoListenerDelay", c.NoListenerDelay}}
 	for _, d := range durations {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("outbox: Config.%s is %v; it must be positive, or 0 for the default", d.name, d.v))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -156,8 +157,14 @@ func (o *Outbox) handBack() {
 // at most 500 ids. A failure is logged, not returned: the leases then run
 // out by themselves and the events are delivered later, never lost.
 func (o *Outbox) releaseLeases(ctx context.Context, ids []string, what string) {
+	o.releaseAfter(ctx, ids, 0, what)
+}
+
+// releaseAfter is releaseLeases with the events due again only after
+// delay.
+func (o *Outbox) releaseAfter(ctx context.Context, ids []string, delay time.Duration, what string) {
 	for chunk := range chunks(ids, 500) {
-		if err := o.store.Release(ctx, o.cfg.InstanceID, chunk); err != nil {
+		if err := o.store.Release(ctx, o.cfg.InstanceID, chunk, delay); err != nil {
 			o.log.Error(what, slog.Int("events", len(chunk)), slog.Any("error", err))
 		}
 	}
@@ -224,6 +231,16 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 	}
 	ev := Event{Envelope: it.env, Attempt: it.attempts + 1, Path: it.path}
 	ls := o.listeners.Load().listenersFor(ev.Type)
+	if len(ls) == 0 {
+		// Never mark DONE what no listener here accepted: give it back
+		// for an instance that has a listener (no attempt spent).
+		o.noListener(it.env.ID, it.env.Type)
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		o.releaseAfter(ctx, []string{it.env.ID}, o.cfg.NoListenerDelay, "hand back an event with no listener here")
+		cancel()
+		o.inflight.release(it.env.ID)
+		return
+	}
 	var err error
 	for i, l := range ls {
 		if err = o.call(ctx, l, ev); err != nil {
@@ -239,9 +256,6 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 		return
 	}
 	if err == nil {
-		if len(ls) == 0 {
-			o.log.Warn("no listener for event type; marked done", slog.String("event_id", ev.ID), slog.String("event_type", string(ev.Type)))
-		}
 		o.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
 		o.doneCh <- it // the completer releases it after the write
 		return
@@ -259,30 +273,50 @@ func (e *ListenerError) Error() string { return fmt.Sprintf("listener %d: %v", e
 func (e *ListenerError) Unwrap() error { return e.Err }
 
 func (o *Outbox) fail(it *item, err error, took time.Duration) {
-	defer o.inflight.release(it.env.ID)
 	failures := it.attempts + 1
-	text := truncateError(err.Error())
+	text := errorText(err.Error())
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	attrs := []any{slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)),
 		slog.Int("attempt", failures), slog.String("path", string(it.path)), slog.String("error", text)}
-	var held bool
-	var werr error
-	if o.cfg.Classify(err) == Dead || failures >= o.cfg.MaxAttempts {
-		o.m.Dispatched(it.env.Type, it.path, OutcomeDead, took)
-		held, werr = retryStore(ctx, func() (bool, error) { return o.store.MarkDead(ctx, o.cfg.InstanceID, it.env.ID, text) })
-		o.log.Error("event is dead: delivery failed for the last time", attrs...)
-	} else {
-		o.m.Dispatched(it.env.Type, it.path, OutcomeRetry, took)
-		delay := o.cfg.Retry.Delay(failures)
-		held, werr = retryStore(ctx, func() (bool, error) {
+	dead := o.cfg.Classify(err) == Dead || failures >= o.cfg.MaxAttempts
+	var delay time.Duration
+	write := func(text string) (bool, error) {
+		return retryStore(ctx, func() (bool, error) {
+			if dead {
+				return o.store.MarkDead(ctx, o.cfg.InstanceID, it.env.ID, text)
+			}
 			return o.store.MarkRetry(ctx, o.cfg.InstanceID, it.env.ID, delay, text)
 		})
+	}
+	if dead {
+		o.m.Dispatched(it.env.Type, it.path, OutcomeDead, took)
+		o.log.Error("event is dead: delivery failed for the last time", attrs...)
+	} else {
+		delay = o.cfg.Retry.Delay(failures)
+		o.m.Dispatched(it.env.Type, it.path, OutcomeRetry, took)
 		o.log.Warn("delivery failed; will retry", append(attrs, slog.Duration("retry_in", delay))...)
+	}
+	// The event leaves this instance's hands with the write that gives up
+	// its lease: from then on a claim (here too) may take it again, and
+	// must find it free in the in-flight set. Until the write, the live
+	// lease keeps every claim off it.
+	o.inflight.release(it.env.ID)
+	held, werr := write(text)
+	if werr != nil && ctx.Err() == nil {
+		// The database refused the outcome itself (the text, a column, a
+		// trigger): record the attempt with a text it cannot refuse, so
+		// that attempts still advance and the event reaches DEAD rather
+		// than being delivered again every lease.
+		o.log.Error("record failed delivery; recording it without the error text", slog.String("event_id", it.env.ID), slog.Any("error", werr))
+		held, werr = write(errorText("outbox: the listener's error could not be stored: " + werr.Error()))
+		if werr != nil {
+			held, werr = write("outbox: the listener's error could not be stored")
+		}
 	}
 	switch {
 	case werr != nil:
-		o.log.Error("record failed delivery", slog.String("event_id", it.env.ID), slog.Any("error", werr))
+		o.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", werr))
 	case !held:
 		o.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
 	}
@@ -338,7 +372,13 @@ func safeCall(ctx context.Context, l Listener, ev Event) (err error) {
 	return l(ctx, ev)
 }
 
-func truncateError(s string) string {
+// errorText makes a listener's error storable on every supported database:
+// valid UTF-8 (MySQL and PostgreSQL reject invalid bytes), no NUL
+// (PostgreSQL rejects it), at most MaxErrorChars characters.
+func errorText(s string) string {
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	}
 	if utf8.RuneCountInString(s) <= MaxErrorChars {
 		return s
 	}
@@ -489,6 +529,10 @@ func (o *Outbox) sample(ctx context.Context) {
 				continue
 			}
 			o.m.Backlog(s)
+			if s.Unknown > 0 {
+				o.log.Warn("rows with a status this engine does not know: they are never delivered; inspect them (SELECT status, COUNT(*) … GROUP BY status) and fix or delete them",
+					slog.Int64("rows", s.Unknown))
+			}
 		}
 	}
 }
@@ -524,10 +568,9 @@ func (o *Outbox) cleanupLoop(ctx context.Context) {
 
 // cleanup runs one cleanup: batches until fewer than a batch is left.
 func (o *Outbox) cleanup(ctx context.Context, c Cleaner) {
-	before := time.Now().Add(-o.cfg.Retention)
 	var total int64
 	for ctx.Err() == nil {
-		n, err := c.Cleanup(ctx, before, o.cfg.CleanupBatchSize, o.cfg.CleanupDead)
+		n, err := c.Cleanup(ctx, o.cfg.Retention, o.cfg.CleanupBatchSize, o.cfg.CleanupDead)
 		total += n
 		o.m.Cleaned(n)
 		if err != nil {
@@ -542,6 +585,6 @@ func (o *Outbox) cleanup(ctx context.Context, c Cleaner) {
 	}
 	if total > 0 {
 		o.log.Info("cleanup deleted delivered events", slog.Int64("deleted", total),
-			slog.Time("before", before), slog.Bool("dead_too", o.cfg.CleanupDead))
+			slog.Duration("older_than", o.cfg.Retention), slog.Bool("dead_too", o.cfg.CleanupDead))
 	}
 }

@@ -47,6 +47,11 @@ const (
 	MaxAggregateIDLen = 128
 	// MaxTenantIDLen is the longest tenant id accepted.
 	MaxTenantIDLen = 64
+	// MaxHeadersBytes is the most bytes the headers may take once encoded
+	// as a JSON object (keys, values, quotes and escapes): what every
+	// supported database stores in the headers column (a MySQL TEXT holds
+	// 65,535 bytes).
+	MaxHeadersBytes = 65535
 )
 
 // Envelope is one event as published by business code and as received by
@@ -69,7 +74,8 @@ type Envelope struct {
 	// TenantID is carried through untouched for multi-tenant services.
 	TenantID string
 	// Headers are string metadata (trace ids, content types). Keys must be
-	// HTTP-style tokens; values must not contain CR, LF or NUL.
+	// HTTP-style tokens; values must not contain CR, LF or NUL; encoded as
+	// a JSON object they take at most MaxHeadersBytes.
 	Headers map[string]string
 	// JSON is the payload as a JSON document. It must be valid JSON.
 	JSON json.RawMessage
@@ -264,6 +270,9 @@ func encode(env Envelope, now time.Time) (Row, Envelope, error) {
 		if err != nil {
 			return Row{}, Envelope{}, invalid("Headers", "cannot be encoded")
 		}
+		if len(h) > MaxHeadersBytes {
+			return Row{}, Envelope{}, invalid("Headers", "%d bytes encoded as JSON, over the limit of %d bytes (MaxHeadersBytes); move large metadata into the payload", len(h), MaxHeadersBytes)
+		}
 		row.Headers = h
 	}
 	return row, env, nil
@@ -282,6 +291,9 @@ func (e *DecodeError) Error() string {
 
 // decode turns a stored row back into an Envelope.
 func decode(r *Row) (Envelope, error) {
+	if r.ReadError != nil {
+		return Envelope{}, &DecodeError{ID: r.ID, Reason: r.ReadError.Error()}
+	}
 	if r.Type == "" {
 		return Envelope{}, &DecodeError{ID: r.ID, Reason: "event type is empty"}
 	}

@@ -255,11 +255,11 @@ func TestHooks(t *testing.T) {
 
 func TestTruncateError(t *testing.T) {
 	s := strings.Repeat("é", MaxErrorChars+10)
-	got := truncateError(s)
+	got := errorText(s)
 	if n := len([]rune(got)); n != MaxErrorChars || !strings.HasPrefix(s, got) {
 		t.Fatalf("truncated to %d characters", n)
 	}
-	if truncateError("short") != "short" {
+	if errorText("short") != "short" {
 		t.Fatal("short error changed")
 	}
 }

@@ -58,6 +58,11 @@ type Metrics interface {
 	LeasesReclaimed(n int)
 	// Cleaned counts rows deleted by the cleanup (Config.Retention).
 	Cleaned(n int64)
+	// NoListener counts an event this instance claimed or was handed but
+	// has no listener for: it went back to the table, attempts unchanged,
+	// for an instance that has one (a rolling deploy, a listener
+	// registered late).
+	NoListener(t EventType)
 }
 
 // NopMetrics discards every measurement.
@@ -74,5 +79,6 @@ func (NopMetrics) QueueCapacities(int, int)                           {}
 func (NopMetrics) Cleaned(int64)                                      {}
 func (NopMetrics) Backlog(Stats)                                      {}
 func (NopMetrics) LeasesReclaimed(int)                                {}
+func (NopMetrics) NoListener(EventType)                               {}
 
 var _ Metrics = NopMetrics{}

@@ -53,6 +53,9 @@ type Outbox struct {
 	regMu     sync.Mutex
 	listeners atomic.Pointer[registry]
 
+	noListenerMu  sync.Mutex
+	noListenerLog map[EventType]time.Time // last warning per type
+
 	hot, cold chan *item
 	inflight  inflightSet
 	doneCh    chan *item
@@ -110,6 +113,8 @@ func New(store Store, cfg Config) (*Outbox, error) {
 		coldSpace: make(chan struct{}, 1),
 		closeDone: make(chan struct{}),
 		draining:  make(chan struct{}),
+
+		noListenerLog: map[EventType]time.Time{},
 	}
 	o.listeners.Store(&registry{byType: map[EventType][]Listener{}})
 	return o, nil
@@ -157,6 +162,9 @@ func (o *Outbox) OnAll(l Listener) {
 	old := o.listeners.Load()
 	o.listeners.Store(&registry{byType: old.byType, all: append(append([]Listener(nil), old.all...), l)})
 }
+
+// has reports whether some listener takes events of type t.
+func (r *registry) has(t EventType) bool { return len(r.all) > 0 || len(r.byType[t]) > 0 }
 
 func (r *registry) listenersFor(t EventType) []Listener {
 	typed := r.byType[t]
@@ -239,35 +247,59 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 	return ids, nil
 }
 
-// write inserts the rows of validated envelopes through tx, leased to this
-// instance unless the hot path is off, and registers their hand-over to
-// the dispatcher after commit.
+// write inserts the rows of validated envelopes through tx and registers
+// the hand-over to the dispatcher after commit of those this instance will
+// deliver itself. Only those are written leased to this instance: an event
+// whose type has no listener here, or published with the hot path off or
+// through a closed outbox, is written free, so that any instance's poller
+// can take it at once.
 func (o *Outbox) write(ctx context.Context, tx TxContext, rows []Row, envs []Envelope) error {
-	owner, lease := o.cfg.InstanceID, o.cfg.Lease
-	if o.cfg.DisableHotPath {
-		owner, lease = "", 0 // nothing here will deliver them: leave them free
+	o.mu.RLock()
+	closed := o.closed
+	o.mu.RUnlock()
+	hot := !o.cfg.DisableHotPath && !closed
+	reg := o.listeners.Load()
+	var mine []Envelope
+	var mineRows, freeRows []Row
+	for i, env := range envs {
+		if hot && reg.has(env.Type) {
+			mine = append(mine, env)
+			mineRows = append(mineRows, rows[i])
+		} else {
+			freeRows = append(freeRows, rows[i])
+		}
 	}
 	written := time.Now() // before the INSERT: never later than the lease's start
-	if bi, ok := o.store.(BatchInserter); ok && len(rows) > 1 {
-		if err := bi.InsertBatch(ctx, tx, rows, owner, lease); err != nil {
-			return fmt.Errorf("outbox: insert %d events (first %s): %w", len(rows), rows[0].ID, err)
-		}
-	} else {
-		for i := range rows {
-			if err := o.store.Insert(ctx, tx, &rows[i], owner, lease); err != nil {
-				return fmt.Errorf("outbox: insert event %s: %w", rows[i].ID, err)
-			}
-		}
+	if err := o.insert(ctx, tx, mineRows, o.cfg.InstanceID, o.cfg.Lease); err != nil {
+		return err
+	}
+	if err := o.insert(ctx, tx, freeRows, "", 0); err != nil {
+		return err
 	}
 	for _, env := range envs {
 		o.m.Published(env.Type)
 	}
-	if !o.cfg.DisableHotPath {
+	if len(mine) > 0 {
 		tx.AfterCommit(func() {
-			for _, env := range envs {
+			for _, env := range mine {
 				o.enqueueHot(env, written)
 			}
 		})
+	}
+	return nil
+}
+
+func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []Row, owner string, lease time.Duration) error {
+	if bi, ok := o.store.(BatchInserter); ok && len(rows) > 1 {
+		if err := bi.InsertBatch(ctx, tx, rows, owner, lease); err != nil {
+			return fmt.Errorf("outbox: insert %d events (first %s): %w", len(rows), rows[0].ID, err)
+		}
+		return nil
+	}
+	for i := range rows {
+		if err := o.store.Insert(ctx, tx, &rows[i], owner, lease); err != nil {
+			return fmt.Errorf("outbox: insert event %s: %w", rows[i].ID, err)
+		}
 	}
 	return nil
 }
@@ -286,7 +318,10 @@ func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
 	if o.closed {
-		o.log.Debug("outbox closed; event left to the poller", slog.String("event_id", env.ID))
+		// The row is leased to this instance, which will not deliver it:
+		// give it back so that another instance takes it at once instead
+		// of after the lease.
+		o.handBackLate(env.ID)
 		return
 	}
 	if age := it.since.Sub(written); age > o.cfg.Lease/2 {
@@ -321,6 +356,36 @@ func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 		o.log.Warn("hot queue full; event left to the poller",
 			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(o.hot)))
 		o.wakePoller()
+	}
+}
+
+// handBackLate releases the lease of an event committed after Close
+// began, unless this instance still has it in hand.
+func (o *Outbox) handBackLate(id string) {
+	if o.inflight.has(id) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	o.releaseLeases(ctx, []string{id}, "release an event committed after close")
+	o.log.Debug("outbox closed; event committed after close handed back to the table", slog.String("event_id", id))
+}
+
+// noListener counts an event this instance has no listener for and logs
+// it at most once a minute per event type.
+func (o *Outbox) noListener(id string, t EventType) {
+	o.m.NoListener(t)
+	now := time.Now()
+	o.noListenerMu.Lock()
+	last, seen := o.noListenerLog[t]
+	log := !seen || now.Sub(last) >= time.Minute
+	if log {
+		o.noListenerLog[t] = now
+	}
+	o.noListenerMu.Unlock()
+	if log {
+		o.log.Warn("no listener here for this event type: handed back for an instance that has one (logged once a minute per type)",
+			slog.String("event_id", id), slog.String("event_type", string(t)), slog.Duration("retry_in", o.cfg.NoListenerDelay))
 	}
 }
 

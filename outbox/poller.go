@@ -86,6 +86,13 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	if limit <= 0 {
 		return 0, 0, nil
 	}
+	// A claim that has started runs to its end even if Close cancels ctx:
+	// a COMMIT cancelled on the way may still have succeeded on the
+	// server, and rows leased to this instance but in none of its queues
+	// would wait out a whole lease. What it took goes to the cold queue,
+	// which Close drains or hands back.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
 	rows, err := o.store.Claim(ctx, ClaimRequest{
 		Owner:      o.cfg.InstanceID,
 		Limit:      limit,
@@ -97,7 +104,8 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	}
 	now := time.Now()
 	reclaimed := 0
-	var unqueued []string
+	reg := o.listeners.Load()
+	var unqueued, unhandled []string
 	for i := range rows {
 		r := &rows[i]
 		if r.PrevOwner != "" && r.PrevOwner != o.cfg.InstanceID {
@@ -108,8 +116,16 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 			o.bury(ctx, r, err)
 			continue
 		}
+		if !reg.has(env.Type) {
+			o.noListener(r.ID, env.Type)
+			unhandled = append(unhandled, r.ID)
+			continue
+		}
 		if !o.inflight.acquire(r.ID) {
-			continue // already queued or running here
+			// Queued or running here: the claim could take it only if
+			// its lease had run out (renewals failing), and it is still
+			// this instance's to finish.
+			continue
 		}
 		since := now
 		if !r.CreatedAt.IsZero() {
@@ -124,6 +140,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 		}
 	}
 	o.releaseLeases(ctx, unqueued, "release unqueued events")
+	o.releaseAfter(ctx, unhandled, o.cfg.NoListenerDelay, "hand back events with no listener here")
 	if queued > 0 {
 		o.m.ColdEnqueued(queued)
 	}
@@ -163,9 +180,10 @@ func (o *Outbox) bury(ctx context.Context, r *Row, cause error) {
 	if errors.As(cause, &de) {
 		reason = de.Error()
 	}
+	reason = errorText(reason)
 	o.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
 	o.m.Dispatched(EventType(r.Type), PathCold, OutcomeDead, 0)
-	if _, err := o.store.MarkDead(ctx, o.cfg.InstanceID, r.ID, reason); err != nil {
+	if _, err := retryStore(ctx, func() (bool, error) { return o.store.MarkDead(ctx, o.cfg.InstanceID, r.ID, reason) }); err != nil {
 		o.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
 	}
 }

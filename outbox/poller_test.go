@@ -46,7 +46,7 @@ func (s *clockStore) MarkDead(context.Context, string, string, string) (bool, er
 func (s *clockStore) ExtendLeases(_ context.Context, _ string, ids []string, _ time.Duration) (int, error) {
 	return len(ids), nil
 }
-func (s *clockStore) Release(context.Context, string, []string) error { return nil }
+func (s *clockStore) Release(context.Context, string, []string, time.Duration) error { return nil }
 
 func (s *clockStore) times() []time.Duration {
 	s.mu.Lock()
@@ -109,6 +109,8 @@ func TestPollerDrainsBacklogAndSkipsWhenColdQueueFull(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ob.Close(context.Background()) })
+		release := make(chan struct{})
+		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
 		// Not started: nothing drains the cold queue.
 		ctx := context.Background()
 		for _, want := range []int{4, 4, 0} {
@@ -120,8 +122,6 @@ func TestPollerDrainsBacklogAndSkipsWhenColdQueueFull(t *testing.T) {
 		if got := len(st.times()); got != 2 {
 			t.Fatalf("%d claims; the third poll should have skipped the database", got)
 		}
-		release := make(chan struct{})
-		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
 		ob.Start(ctx)
 		// The loop polls at once, finds 2 left (less than a batch), then
 		// backs off.
@@ -144,7 +144,7 @@ type releaseStore struct {
 	released []string
 }
 
-func (s *releaseStore) Release(_ context.Context, _ string, ids []string) error {
+func (s *releaseStore) Release(_ context.Context, _ string, ids []string, _ time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.released = append(s.released, ids...)

@@ -53,6 +53,13 @@ type Row struct {
 	// PrevOwner is the owner whose lease had expired when Claim took the
 	// row, or "" if the row was free or already this owner's.
 	PrevOwner string
+	// ReadError is set by Claim (and Inspect) when some of the row's
+	// stored columns cannot be read: a zero or infinite date, text in a
+	// time column, a flag that is neither 0 nor 1. It names each column and
+	// why, never the payload. The engine marks such a row DEAD with this
+	// text instead of failing the claim, so one damaged row never stops
+	// the others; the fields it names hold zero values.
+	ReadError error
 }
 
 // ClaimRequest says which due rows Claim may take and for how long.
@@ -69,6 +76,7 @@ type ClaimRequest struct {
 
 // Store persists events. The engine calls Insert inside the caller's
 // transaction and everything else on its own short transactions.
+// Implementations must be safe for concurrent use.
 //
 // Every write that follows a claim (MarkDone, MarkRetry, MarkDead,
 // ExtendLeases, Release) must change a row only while owner still holds it,
@@ -87,7 +95,10 @@ type Store interface {
 	// Claim takes up to req.Limit rows that are NEW or RETRY, due, older
 	// than req.SkipRecent and not held by a live lease (not even one of
 	// req.Owner's), and leases them to req.Owner. Two concurrent Claims
-	// never return the same row.
+	// never return the same row. A row some of whose columns cannot be
+	// read is returned with Row.ReadError set, never as an error of the
+	// whole claim. If Claim returns an error, it has leased nothing to
+	// req.Owner (a commit whose outcome is unknown is undone with Release).
 	Claim(ctx context.Context, req ClaimRequest) ([]Row, error)
 
 	// MarkDone sets the rows owner holds among ids to DONE and returns how
@@ -96,7 +107,8 @@ type Store interface {
 
 	// MarkRetry counts a failed attempt, stores errText and makes the row
 	// due again after delay, releasing the lease. It reports whether owner
-	// still held the row.
+	// still held the row. The engine passes an errText that every database
+	// can store: valid UTF-8, no NUL, at most MaxErrorChars characters.
 	MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error)
 
 	// MarkDead counts a failed attempt, stores errText and sets the row to
@@ -107,9 +119,10 @@ type Store interface {
 	// how many rows owner still held.
 	ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error)
 
-	// Release gives up owner's lease on ids, leaving them due at once for
-	// any instance.
-	Release(ctx context.Context, owner string, ids []string) error
+	// Release gives up owner's lease on ids without counting an attempt:
+	// they are due again for any instance at once (delay 0) or after
+	// delay. Rows owner does not hold are left alone.
+	Release(ctx context.Context, owner string, ids []string, delay time.Duration) error
 }
 
 // ErrNotFound is returned by Inspector.Inspect for an id with no row.
@@ -134,6 +147,10 @@ type Inspector interface {
 // oldest undelivered event.
 type Stats struct {
 	New, Retry, Done, Dead int64
+	// Unknown counts rows whose status is none of the above (written by
+	// hand or by a newer version): the engine never claims them, and
+	// reports them when it samples the table.
+	Unknown int64
 	// OldestPending is the age of the oldest NEW or RETRY row on the
 	// database's clock, or 0 if there is none.
 	OldestPending time.Duration
@@ -183,7 +200,8 @@ type BatchInserter interface {
 // Cleaner is implemented by stores that can delete delivered rows.
 type Cleaner interface {
 	// Cleanup deletes up to limit DONE rows (and DEAD rows too if
-	// includeDead) created before before, and returns how many it deleted.
+	// includeDead) last due more than olderThan ago on the database's
+	// clock (olderThan ≤ 0: all of them), and returns how many it deleted.
 	// It never deletes NEW or RETRY rows.
-	Cleanup(ctx context.Context, before time.Time, limit int, includeDead bool) (int64, error)
+	Cleanup(ctx context.Context, olderThan time.Duration, limit int, includeDead bool) (int64, error)
 }

@@ -119,6 +119,8 @@ type Metrics struct {
 	dead             prometheus.Gauge
 	leasesReclaimed  prometheus.Counter
 	cleaned          prometheus.Counter
+	noListener       *prometheus.CounterVec
+	unknownStatus    prometheus.Gauge
 
 	// Children resolved once, so that the hot path does no label lookup.
 	dispatchedBy map[outbox.Path]map[outbox.Outcome]prometheus.Counter
@@ -185,6 +187,9 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		dead:            gauge("dead_events", "Dead letters (DEAD rows) in the outbox table, waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
 		leasesReclaimed: counter("leases_reclaimed_total", "Events taken over from an instance whose lease had expired."),
 		cleaned:         counter("cleaned_rows_total", "Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention."),
+		noListener: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "no_listener_total", ConstLabels: cl,
+			Help: "Events this instance had no listener for, by event type: handed back to the table (no attempt spent) for an instance that has one."}, []string{"event_type"}),
+		unknownStatus: gauge("unknown_status_events", "Rows whose status the engine does not know (never delivered; written by hand or by a newer version); sampled every Config.StatsInterval."),
 
 		dispatchedBy: map[outbox.Path]map[outbox.Outcome]prometheus.Counter{},
 		durationBy:   map[outbox.Path]map[outbox.Outcome]prometheus.Observer{},
@@ -204,7 +209,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
-		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned}
+		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
@@ -281,7 +286,11 @@ func (m *Metrics) Backlog(s outbox.Stats) {
 	m.pending.Set(float64(s.Pending()))
 	m.oldestPending.Set(s.OldestPending.Seconds())
 	m.dead.Set(float64(s.Dead))
+	m.unknownStatus.Set(float64(s.Unknown))
 }
+
+// NoListener implements outbox.Metrics.
+func (m *Metrics) NoListener(t outbox.EventType) { m.noListener.WithLabelValues(string(t)).Inc() }
 
 // Cleaned implements outbox.Metrics.
 func (m *Metrics) Cleaned(n int64) { m.cleaned.Add(float64(n)) }

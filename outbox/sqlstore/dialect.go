@@ -23,10 +23,21 @@ type Dialect struct {
 	quote func(string) string
 	// timeArg converts a time to a bound value for a time column.
 	timeArg func(time.Time) any
-	// isolation is set on the claim's transaction.
+	// readCommitted is set on the claim's transaction.
 	readCommitted bool
+	// writeTx runs each of the engine's other writes in a READ COMMITTED
+	// transaction of its own (MySQL/MariaDB, whose default REPEATABLE READ
+	// would take gap locks that block the application's INSERTs).
+	writeTx bool
+	// byID follows the table name in UPDATEs that name their rows by
+	// primary key: with many ids in IN (…), MySQL's optimizer may prefer
+	// the status index and lock every row it scans.
+	byID string
 	// migrationLock and migrationUnlock serialise Migrate across processes.
 	migrationLock, migrationUnlock string
+	// lockTimeout: migrationLock takes a timeout in seconds and answers 1
+	// when it got the lock (MySQL's GET_LOCK).
+	lockTimeout bool
 }
 
 // Name returns the dialect's name: "mysql", "postgres" or "sqlite".
@@ -48,7 +59,10 @@ var (
 		quote:           func(s string) string { return "`" + s + "`" },
 		timeArg:         func(t time.Time) any { return t.UTC() },
 		readCommitted:   true,
-		migrationLock:   "SELECT GET_LOCK(?, 60)",
+		writeTx:         true,
+		byID:            " FORCE INDEX (PRIMARY)",
+		migrationLock:   "SELECT GET_LOCK(?, ?)",
+		lockTimeout:     true,
 		migrationUnlock: "SELECT RELEASE_LOCK(?)",
 	}
 	// Postgres is PostgreSQL 12+: claims use FOR UPDATE SKIP LOCKED, times

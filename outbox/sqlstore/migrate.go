@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/txoutbox/txoutbox/migrations"
 )
@@ -70,8 +72,8 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 	defer conn.Close()
 	lockName := "txoutbox_migrate_" + s.name
 	if s.d.migrationLock != "" {
-		if _, err := conn.ExecContext(ctx, s.rebind(s.d.migrationLock), lockName); err != nil {
-			return fmt.Errorf("sqlstore: migrate: lock: %w", err)
+		if err := s.lockMigration(ctx, conn, lockName); err != nil {
+			return err
 		}
 		defer func() {
 			_, uerr := conn.ExecContext(context.WithoutCancel(ctx), s.rebind(s.d.migrationUnlock), lockName)
@@ -112,6 +114,35 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 		if _, err := conn.ExecContext(ctx, s.rebind(`INSERT INTO `+versions+` (version, name) VALUES (?, ?)`), m.Version, m.Name); err != nil {
 			return fmt.Errorf("sqlstore: migrate: record %s: %w", m.Name, err)
 		}
+	}
+	return nil
+}
+
+// lockMigration takes the migration lock on conn. MySQL's GET_LOCK waits
+// until ctx's deadline (60 s without one) and answers 0 on a timeout and
+// NULL on an error, which must not be taken for success; PostgreSQL's
+// advisory lock waits until ctx ends.
+func (s *Store) lockMigration(ctx context.Context, conn *sql.Conn, name string) error {
+	if !s.d.lockTimeout {
+		if _, err := conn.ExecContext(ctx, s.rebind(s.d.migrationLock), name); err != nil {
+			return fmt.Errorf("sqlstore: migrate: waiting for the migration lock %q (another instance is migrating the table): %w", name, err)
+		}
+		return nil
+	}
+	wait := 60 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	secs := max(0, int(wait.Seconds()))
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, s.rebind(s.d.migrationLock), name, secs).Scan(&got); err != nil {
+		return fmt.Errorf("sqlstore: migrate: take the migration lock %q: %w", name, err)
+	}
+	switch {
+	case !got.Valid:
+		return fmt.Errorf("sqlstore: migrate: take the migration lock %q: GET_LOCK failed (NULL); nothing was migrated", name)
+	case got.Int64 != 1:
+		return fmt.Errorf("sqlstore: migrate: the migration lock %q is held by another session (an instance migrating, or a stuck session: see SELECT IS_USED_LOCK(%q)); gave up after %ds, nothing was migrated", name, name, secs)
 	}
 	return nil
 }

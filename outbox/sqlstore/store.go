@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"strings"
 	"time"
@@ -102,11 +103,12 @@ func (s *Store) Dialect() *Dialect { return s.d }
 // Table returns the quoted table name.
 func (s *Store) Table() string { return s.table }
 
-const rowColumns = "id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by"
-
 type queries struct {
 	inspect, insert, claimNew, claimRetry, markRetry, markDead, stats, listDead, cleanup string
 	insertHead, insertValues                                                             string // unbound
+	// update is "UPDATE <table>" with the dialect's hint to look rows up by
+	// primary key (see Dialect.byID).
+	update string
 }
 
 func (s *Store) rebind(q string) string { return s.db.Rebind(q) }
@@ -118,7 +120,9 @@ func (s *Store) buildQueries() queries {
 	insertHead := `INSERT INTO ` + t + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
 VALUES `
 	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `)`
+	update := `UPDATE ` + t + d.byID
 	return queries{
+		update:       update,
 		inspect:      s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
 		insert:       s.rebind(insertHead + insertValues),
 		insertHead:   insertHead,
@@ -136,13 +140,13 @@ ORDER BY available_at LIMIT ?` + d.lock),
 WHERE status = 2 AND available_at <= ` + d.now + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
 ORDER BY available_at LIMIT ?` + d.lock),
-		markRetry: s.rebind(`UPDATE ` + t + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
+		markRetry: s.rebind(update + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
-		markDead: s.rebind(`UPDATE ` + t + ` SET status = 3, attempts = attempts + 1, done_at = ` + d.now + `, last_error = ?, locked_by = NULL, locked_until = NULL
+		markDead: s.rebind(update + ` SET status = 3, attempts = attempts + 1, done_at = ` + d.now + `, last_error = ?, locked_by = NULL, locked_until = NULL
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		stats:    `SELECT status, COUNT(*) FROM ` + t + ` GROUP BY status`,
 		listDead: s.rebind(`SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, attempts, COALESCE(last_error, ''), created_at FROM ` + t + ` WHERE status = 3 AND id > ? ORDER BY id LIMIT ?`),
-		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ? ORDER BY available_at LIMIT ?`),
+		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` ORDER BY available_at LIMIT ?`),
 	}
 }
 
@@ -272,11 +276,20 @@ func (s *Store) claimOnce(ctx context.Context, req outbox.ClaimRequest) (_ []out
 	for i := range out {
 		ids[i] = out[i].ID
 	}
-	q := s.rebind(`UPDATE ` + s.table + ` SET locked_by = ?, locked_until = ` + s.d.nowPlus + ` WHERE id IN ` + in(len(ids)))
+	q := s.rebind(s.q.update + ` SET locked_by = ?, locked_until = ` + s.d.nowPlus + ` WHERE id IN ` + in(len(ids)))
 	if _, err := tx.ExecContext(ctx, q, stringArgs(ids, req.Owner, req.Lease.Microseconds())...); err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: lease: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
+		// A COMMIT that failed on the way back (a cancelled context, a
+		// dropped connection) may still have succeeded on the server: hand
+		// the rows back, so that they are not leased to an instance that
+		// never saw them.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if rerr := s.Release(rctx, req.Owner, ids, 0); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release after a failed commit: %w", rerr))
+		}
 		return nil, fmt.Errorf("sqlstore: claim: commit: %w", err)
 	}
 	return out, nil
@@ -312,20 +325,6 @@ func rollback(tx *sqlx.Tx) error {
 	return nil
 }
 
-func scanRow(rs interface{ Scan(...any) error }, extra ...any) (outbox.Row, error) {
-	var r outbox.Row
-	var occurred, created dbTime
-	var owner sql.NullString
-	var status int
-	dest := append([]any{&r.ID, &r.Type, &r.AggregateType, &r.AggregateID, &r.TenantID, &r.Headers, &r.Payload,
-		&r.PayloadJSON, &occurred, &status, &r.Attempts, &created, &owner}, extra...)
-	if err := rs.Scan(dest...); err != nil {
-		return r, err
-	}
-	r.OccurredAt, r.CreatedAt, r.Status, r.PrevOwner = occurred.Time, created.Time, outbox.Status(status), owner.String
-	return r, nil
-}
-
 // Inspect implements outbox.Inspector.
 func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	var rec outbox.Record
@@ -346,7 +345,7 @@ func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, 
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	q := s.rebind(`UPDATE ` + s.table + ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL
+	q := s.rebind(s.q.update + ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL
 WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
 	return s.execCount(ctx, q, stringArgs(ids, owner)...)
 }
@@ -368,24 +367,41 @@ func (s *Store) ExtendLeases(ctx context.Context, owner string, ids []string, le
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	q := s.rebind(`UPDATE ` + s.table + ` SET locked_until = ` + s.d.nowPlus + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
+	q := s.rebind(s.q.update + ` SET locked_until = ` + s.d.nowPlus + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
 	return s.execCount(ctx, q, stringArgs(ids, lease.Microseconds(), owner)...)
 }
 
 // Release implements outbox.Store.
-func (s *Store) Release(ctx context.Context, owner string, ids []string) error {
+func (s *Store) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	q := s.rebind(`UPDATE ` + s.table + ` SET locked_by = NULL, locked_until = NULL WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
+	if delay > 0 {
+		q := s.rebind(s.q.update + ` SET locked_by = NULL, locked_until = NULL, available_at = ` + s.d.nowPlus + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
+		_, err := s.execCount(ctx, q, stringArgs(ids, delay.Microseconds(), owner)...)
+		return err
+	}
+	q := s.rebind(s.q.update + ` SET locked_by = NULL, locked_until = NULL WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(len(ids)))
 	_, err := s.execCount(ctx, q, stringArgs(ids, owner)...)
 	return err
 }
 
+// execCount runs one of the engine's own writes and returns the number of
+// rows it changed. On MySQL/MariaDB it runs in a READ COMMITTED transaction
+// of its own: at the server's default REPEATABLE READ, an UPDATE takes
+// next-key locks on every index record it scans, and a batched write could
+// block the application's INSERTs for seconds. Deadlocks, lock-wait
+// timeouts and a busy database are retried.
 func (s *Store) execCount(ctx context.Context, q string, args ...any) (int, error) {
 	var n int64
 	err := s.retry(ctx, func() error {
-		res, err := s.db.ExecContext(ctx, q, args...)
+		var res sql.Result
+		var err error
+		if s.d.writeTx {
+			res, err = s.execReadCommitted(ctx, q, args...)
+		} else {
+			res, err = s.db.ExecContext(ctx, q, args...)
+		}
 		if err != nil {
 			return err
 		}
@@ -395,15 +411,28 @@ func (s *Store) execCount(ctx context.Context, q string, args ...any) (int, erro
 	return int(n), err
 }
 
+func (s *Store) execReadCommitted(ctx context.Context, q string, args ...any) (_ sql.Result, err error) {
+	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return nil, errors.Join(err, rollback(tx))
+	}
+	return res, tx.Commit()
+}
+
 // retry runs f again after a deadlock, a lock-wait timeout or a busy
-// database, up to three times.
+// database, up to five times, waiting 5, 10, 20, 40 and 80 ms (±50 %, so
+// that the two sides of a deadlock do not collide again).
 func (s *Store) retry(ctx context.Context, f func() error) error {
 	var err error
-	for attempt := range 4 {
-		if err = f(); err == nil || !retryable(err) || ctx.Err() != nil {
+	for attempt := range 6 {
+		if err = f(); err == nil || !retryable(err) || ctx.Err() != nil || attempt == 5 {
 			return err
 		}
-		t := time.NewTimer(time.Duration(5<<attempt) * time.Millisecond)
+		t := time.NewTimer(time.Duration(float64(int(5)<<attempt) * (0.5 + rand.Float64()) * float64(time.Millisecond)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -455,6 +484,8 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 			st.Retry = n
 		case outbox.StatusDead:
 			st.Dead = n
+		default:
+			st.Unknown += n
 		}
 	}
 	if err := rs.Err(); err != nil {
@@ -498,19 +529,20 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	q := s.rebind(`UPDATE ` + s.table + ` SET status = 0, attempts = 0, available_at = ` + s.d.now + `, done_at = NULL, locked_by = NULL, locked_until = NULL
+	q := s.rebind(s.q.update + ` SET status = 0, attempts = 0, available_at = ` + s.d.now + `, done_at = NULL, locked_by = NULL, locked_until = NULL
 WHERE status = 3 AND id IN ` + in(len(ids)))
 	return s.execCount(ctx, q, stringArgs(ids)...)
 }
 
 // Cleanup implements outbox.Cleaner. It selects the ids first and deletes
-// them by primary key, so each call locks at most limit rows.
-func (s *Store) Cleanup(ctx context.Context, before time.Time, limit int, includeDead bool) (int64, error) {
+// them by primary key, so each call locks at most limit rows. The age is
+// measured on the database's clock.
+func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int, includeDead bool) (int64, error) {
 	dead := int(outbox.StatusDone)
 	if includeDead {
 		dead = int(outbox.StatusDead)
 	}
-	rs, err := s.db.QueryContext(ctx, s.q.cleanup, int(outbox.StatusDone), dead, s.d.timeArg(before), limit)
+	rs, err := s.db.QueryContext(ctx, s.q.cleanup, int(outbox.StatusDone), dead, olderThan.Microseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("sqlstore: cleanup: %w", err)
 	}

@@ -84,6 +84,12 @@ func Run(t *testing.T, h Harness) {
 		{"CleanupKeepsUndelivered", testCleanup},
 		{"RetentionCleanup", testRetention},
 		{"PublishAll", testPublishAll},
+		{"NeverCompletesWithoutListener", testNeverCompletesWithoutListener},
+		{"CloseDuringClaimStrandsNothing", testCloseDuringClaim},
+		{"CommitAfterCloseIsHandedBack", testCommitAfterClose},
+		{"UnstorableErrorTextStillCounts", testUnstorableErrorText},
+		{"ReclaimWhileFinishing", testReclaimWhileFinishing},
+		{"LargestHeaders", testLargestHeaders},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -293,6 +299,7 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 type counting struct {
 	outbox.NopMetrics
 	published, hotEnqueued, hotDropped, coldEnqueued, reclaimed atomic.Int64
+	noListener                                                  atomic.Int64
 	outcomes                                                    sync.Map   // outbox.Outcome -> *atomic.Int64
 	cleanedCh                                                   chan int64 // each Cleaned call, if not nil
 }
@@ -303,11 +310,12 @@ func (c *counting) Cleaned(n int64) {
 	}
 }
 
-func (c *counting) Published(outbox.EventType) { c.published.Add(1) }
-func (c *counting) HotEnqueued()               { c.hotEnqueued.Add(1) }
-func (c *counting) HotDropped()                { c.hotDropped.Add(1) }
-func (c *counting) ColdEnqueued(n int)         { c.coldEnqueued.Add(int64(n)) }
-func (c *counting) LeasesReclaimed(n int)      { c.reclaimed.Add(int64(n)) }
+func (c *counting) Published(outbox.EventType)  { c.published.Add(1) }
+func (c *counting) NoListener(outbox.EventType) { c.noListener.Add(1) }
+func (c *counting) HotEnqueued()                { c.hotEnqueued.Add(1) }
+func (c *counting) HotDropped()                 { c.hotDropped.Add(1) }
+func (c *counting) ColdEnqueued(n int)          { c.coldEnqueued.Add(int64(n)) }
+func (c *counting) LeasesReclaimed(n int)       { c.reclaimed.Add(int64(n)) }
 func (c *counting) Dispatched(_ outbox.EventType, _ outbox.Path, o outbox.Outcome, _ time.Duration) {
 	v, _ := c.outcomes.LoadOrStore(o, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)

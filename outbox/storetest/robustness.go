@@ -1,0 +1,345 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// hookedStore wraps a store to observe or disturb single calls. Nil hooks
+// pass through.
+type hookedStore struct {
+	outbox.Store
+	claim     func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error)
+	markRetry func(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error)
+	markDead  func(ctx context.Context, owner, id string, errText string) (bool, error)
+}
+
+func (s *hookedStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+	if s.claim != nil {
+		return s.claim(ctx, req)
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *hookedStore) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
+	if s.markRetry != nil {
+		return s.markRetry(ctx, owner, id, delay, errText)
+	}
+	return s.Store.MarkRetry(ctx, owner, id, delay, errText)
+}
+
+func (s *hookedStore) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
+	if s.markDead != nil {
+		return s.markDead(ctx, owner, id, errText)
+	}
+	return s.Store.MarkDead(ctx, owner, id, errText)
+}
+
+// outboxOn is e.outbox over another store (a wrapper of e.store).
+func (e *env) outboxOn(t *testing.T, st outbox.Store, cfg outbox.Config) *outbox.Outbox {
+	t.Helper()
+	inner := e.store
+	e.store = st
+	defer func() { e.store = inner }()
+	return e.outbox(t, cfg)
+}
+
+// An instance never marks DONE an event that no listener of its own
+// accepted: two instances with different listeners share the table
+// (a rolling deploy), each event is delivered by the instance that has
+// its listener, none is completed by the other. A listener registered
+// after Start gets the events published before it.
+func testNeverCompletesWithoutListener(t *testing.T, e *env) {
+	var obs [2]*outbox.Outbox
+	var recs [2]*recorder
+	var ms [2]*counting
+	types := [2]outbox.EventType{typeA, typeB}
+	const rounds, perRound = 5, 10
+	want := rounds * perRound / 2 // of each type, from both instances together
+	for i := range obs {
+		cfg := fastConfig()
+		cfg.NoListenerDelay = 20 * time.Millisecond
+		ms[i] = &counting{}
+		cfg.Metrics = ms[i]
+		obs[i] = e.outbox(t, cfg)
+		recs[i] = newRecorder(want)
+		rec, other := recs[i], types[1-i]
+		obs[i].On(types[i], func(ctx context.Context, ev outbox.Event) error {
+			if ev.Type == other {
+				t.Errorf("instance %d got an event of type %s it has no listener for", i, ev.Type)
+			}
+			return rec.listen(ctx, ev)
+		})
+		start(t, obs[i])
+	}
+	var ids [2][]string
+	for r := range rounds {
+		for k := range perRound {
+			ob := obs[(r+k)%2] // each instance publishes both types
+			typ := types[k%2]
+			id := e.publish(t, ob, outbox.Envelope{Type: typ, JSON: []byte(payload)})
+			ids[k%2] = append(ids[k%2], id)
+		}
+	}
+	for i := range recs {
+		recs[i].wait(t, wait)
+	}
+	for i := range obs {
+		closeNow(t, obs[i])
+	}
+	for i, rec := range recs {
+		counts, _ := rec.snapshot()
+		for _, id := range ids[i] {
+			if counts[id] == 0 {
+				t.Errorf("event %s of type %s never delivered", id, types[i])
+			}
+			e.wantStatus(t, id, outbox.StatusDone)
+		}
+	}
+	if n := strings.Count(e.logs.String(), "no listener here"); n > 2*len(types) {
+		t.Errorf("%d 'no listener' warnings; want at most one per type per instance per minute", n)
+	}
+
+	// On after Start: the event waits for the listener instead of being
+	// completed without one.
+	cfg := fastConfig()
+	cfg.NoListenerDelay = 20 * time.Millisecond
+	m := &counting{}
+	cfg.Metrics = m
+	late := e.outbox(t, cfg)
+	start(t, late)
+	id := e.publish(t, late, outbox.Envelope{Type: "Late", JSON: []byte(payload)})
+	for m.noListener.Load() == 0 { // the poller has seen it and handed it back
+		if _, err := late.Poll(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := e.wantStatus(t, id, outbox.StatusNew)
+	if rec.Attempts != 0 {
+		t.Fatalf("attempts %d after a hand-back; want 0", rec.Attempts)
+	}
+	got := make(chan outbox.Event, 1)
+	late.On("Late", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
+	if ev := recv(t, got, "the late listener's event"); ev.ID != id || ev.Attempt != 1 {
+		t.Fatalf("late listener got %s attempt %d; want %s attempt 1", ev.ID, ev.Attempt, id)
+	}
+}
+
+// Close while a claim is in flight never leaves rows leased to the closed
+// instance: a claim that started finishes, and what it took is handed
+// back.
+func testCloseDuringClaim(t *testing.T, e *env) {
+	const rows, closes = 20, 300
+	free := e.outbox(t, outbox.Config{DisableHotPath: true})
+	ids := e.publishMany(t, free, typeA, rows)
+	stranded := 0
+	for i := range closes {
+		claiming := make(chan struct{}, 1)
+		st := &hookedStore{Store: e.store}
+		st.claim = func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+			select {
+			case claiming <- struct{}{}:
+			default:
+			}
+			return e.store.Claim(ctx, req)
+		}
+		cfg := fastConfig()
+		cfg.StatsInterval = -1
+		cfg.InstanceID = fmt.Sprintf("closer-%d", i)
+		ob := e.outboxOn(t, st, cfg)
+		ob.OnAll(func(ctx context.Context, _ outbox.Event) error { <-ctx.Done(); return ctx.Err() })
+		start(t, ob)
+		<-claiming
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // hand back at once, do not drain
+		if err := ob.Close(ctx); err != nil {
+			t.Fatalf("Close %d: %v", i, err)
+		}
+		for _, id := range ids {
+			if rec := e.inspect(t, id); rec.Owner == cfg.InstanceID {
+				stranded++
+			}
+		}
+	}
+	if stranded > 0 {
+		t.Fatalf("%d rows left leased to a closed instance over %d Close calls racing claims; want 0", stranded, closes)
+	}
+	for _, id := range ids {
+		if rec := e.wantStatus(t, id, outbox.StatusNew); rec.Attempts != 0 {
+			t.Fatalf("event %s: %d attempts after cancelled deliveries; want 0", id, rec.Attempts)
+		}
+	}
+}
+
+// An event committed after its outbox was closed, or published through a
+// closed outbox, is delivered by another instance at once, not after the
+// publisher's lease.
+func testCommitAfterClose(t *testing.T, e *env) {
+	cfg := fastConfig()
+	cfg.Lease = time.Minute // what the events would wait without the fix
+	closing := e.outbox(t, cfg)
+	closing.OnAll(func(context.Context, outbox.Event) error {
+		t.Error("the closed instance delivered")
+		return nil
+	})
+	start(t, closing)
+	ctx := context.Background()
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committedLate, err := closing.PublishTx(ctx, tx, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+	if err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	closeNow(t, closing)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	afterClose := e.publish(t, closing, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+	for _, id := range []string{committedLate, afterClose} {
+		if rec := e.inspect(t, id); rec.Owner != "" {
+			t.Errorf("event %s still leased to %q after its outbox closed", id, rec.Owner)
+		}
+	}
+	rec := newRecorder(2)
+	other := e.outbox(t, fastConfig())
+	other.OnAll(rec.listen)
+	start(t, other)
+	rec.wait(t, 5*time.Second) // far less than the minute-long lease
+}
+
+// A listener error the database cannot store as it is (invalid UTF-8, a
+// NUL byte) is made storable: the attempts advance and the event goes DEAD
+// after MaxAttempts with a readable last_error, instead of being delivered
+// again every lease. An outcome write the database refuses outright is
+// recorded without the text.
+func testUnstorableErrorText(t *testing.T, e *env) {
+	for _, tc := range []struct{ name, text string }{
+		{"invalid UTF-8", "bad bytes \xff\xfe\xc3 from the broker"},
+		{"NUL", "bad bytes \x00 from the broker"},
+		{"refused", "refuse-me: bad bytes from the broker"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &hookedStore{Store: e.store}
+			refuse := func(text string) error {
+				if strings.Contains(text, "refuse-me") {
+					return errors.New("storetest: the database refuses this text")
+				}
+				return nil
+			}
+			st.markRetry = func(ctx context.Context, owner, id string, delay time.Duration, text string) (bool, error) {
+				if err := refuse(text); err != nil {
+					return false, err
+				}
+				return e.store.MarkRetry(ctx, owner, id, delay, text)
+			}
+			cfg := fastConfig()
+			cfg.MaxAttempts = 3
+			ob := e.outboxOn(t, st, cfg)
+			var calls atomic.Int64
+			ob.OnAll(func(context.Context, outbox.Event) error {
+				calls.Add(1)
+				return errors.New(tc.text)
+			})
+			dead := make(chan struct{})
+			var once sync.Once
+			st.markDead = func(ctx context.Context, owner, id, text string) (bool, error) {
+				if err := refuse(text); err != nil {
+					return false, err
+				}
+				defer once.Do(func() { close(dead) })
+				return e.store.MarkDead(ctx, owner, id, text)
+			}
+			start(t, ob)
+			id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+			recv(t, dead, "the event going DEAD")
+			closeNow(t, ob)
+			rec := e.wantStatus(t, id, outbox.StatusDead)
+			if rec.Attempts != 3 || calls.Load() != 3 {
+				t.Fatalf("attempts %d, listener calls %d; want 3 and 3", rec.Attempts, calls.Load())
+			}
+			if !utf8.ValidString(rec.LastError) || strings.ContainsRune(rec.LastError, 0) || !strings.Contains(rec.LastError, "bad bytes") && !strings.Contains(rec.LastError, "could not be stored") {
+				t.Fatalf("last_error %q: want readable text", rec.LastError)
+			}
+		})
+	}
+}
+
+// A row claimed again while its previous attempt is still finishing on
+// this instance (the retry written, the worker not yet done) is queued,
+// not skipped with its new lease left to expire.
+func testReclaimWhileFinishing(t *testing.T, e *env) {
+	written, proceed := make(chan struct{}), make(chan struct{})
+	st := &hookedStore{Store: e.store}
+	st.markRetry = func(ctx context.Context, owner, id string, delay time.Duration, text string) (bool, error) {
+		ok, err := e.store.MarkRetry(ctx, owner, id, delay, text)
+		close(written)
+		<-proceed
+		return ok, err
+	}
+	cfg := fastConfig()
+	cfg.DisablePoller = true
+	cfg.SkipRecent = -1
+	cfg.Retry = outbox.RetryFunc(func(int) time.Duration { return 0 }) // due again at once
+	ob := e.outboxOn(t, st, cfg)
+	second := make(chan outbox.Event, 1)
+	var calls atomic.Int64
+	ob.OnAll(func(_ context.Context, ev outbox.Event) error {
+		if calls.Add(1) == 1 {
+			return errors.New("first attempt fails")
+		}
+		second <- ev
+		return nil
+	})
+	start(t, ob)
+	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+	recv(t, written, "the retry write")
+	n, err := ob.Poll(context.Background())
+	close(proceed)
+	if err != nil || n != 1 {
+		t.Fatalf("Poll while the first attempt finishes = %d, %v; want the event queued (1)", n, err)
+	}
+	if ev := recv(t, second, "the second attempt"); ev.ID != id || ev.Attempt != 2 {
+		t.Fatalf("second delivery %s attempt %d", ev.ID, ev.Attempt)
+	}
+	closeNow(t, ob)
+	e.wantStatus(t, id, outbox.StatusDone)
+}
+
+// The largest headers Publish accepts are stored and delivered byte-exact
+// on every database; one byte more is refused with an error naming the
+// limit.
+func testLargestHeaders(t *testing.T, e *env) {
+	ob := e.outbox(t, fastConfig())
+	got := make(chan outbox.Event, 1)
+	ob.OnAll(func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
+	start(t, ob)
+	// {"k":"vvv…"} is 8 bytes plus the value.
+	value := strings.Repeat("v", outbox.MaxHeadersBytes-8)
+	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": value}})
+	if ev := recv(t, got, "the event with the largest headers"); ev.ID != id || ev.Headers["k"] != value {
+		t.Fatalf("headers did not round-trip (%d bytes)", len(ev.Headers["k"]))
+	}
+	ctx := context.Background()
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	_, err = ob.PublishTx(ctx, tx, outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": value + "v"}})
+	var ve *outbox.ValidationError
+	if !errors.As(err, &ve) || ve.Field != "Headers" || !strings.Contains(err.Error(), fmt.Sprint(outbox.MaxHeadersBytes)) {
+		t.Fatalf("headers one byte over the limit: %v; want a ValidationError naming the limit", err)
+	}
+}
