@@ -159,6 +159,11 @@ func testCloseDuringClaim(t *testing.T, e *env) {
 		ob.OnAll(func(ctx context.Context, _ outbox.Event) error { <-ctx.Done(); return ctx.Err() })
 		start(t, ob)
 		<-claiming
+		// Land the cancellation anywhere in the claim: at BEGIN, in the
+		// SELECT, in the UPDATE or in the COMMIT (a claim takes a few
+		// milliseconds). The spread is the fault injected, not a wait for
+		// something to happen.
+		time.Sleep(time.Duration(i%16) * 250 * time.Microsecond)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // hand back at once, do not drain
 		if err := ob.Close(ctx); err != nil {
