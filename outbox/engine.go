@@ -319,6 +319,8 @@ func (o *Outbox) fail(it *item, err error, took time.Duration) {
 		o.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", werr))
 	case !held:
 		o.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
+	case !dead:
+		o.scheduleRetryWake(time.Now().Add(delay))
 	}
 }
 

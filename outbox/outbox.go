@@ -59,9 +59,10 @@ type Outbox struct {
 	hot, cold chan *item
 	inflight  inflightSet
 	doneCh    chan *item
-	dropped   chan string   // ids dropped from a full hot queue, for the poller to release
-	nudge     chan struct{} // wakes the poller; capacity 1
-	coldSpace chan struct{} // a worker took a cold item; capacity 1
+	dropped   chan string    // ids dropped from a full hot queue, for the poller to release
+	nudge     chan struct{}  // wakes the poller; capacity 1
+	retryDue  chan time.Time // due times of retries scheduled here, for the poller
+	coldSpace chan struct{}  // a worker took a cold item; capacity 1
 
 	mu        sync.RWMutex // guards the state below; RLock on the hot path
 	started   bool
@@ -110,6 +111,7 @@ func New(store Store, cfg Config) (*Outbox, error) {
 		doneCh:    make(chan *item, 4*cfg.CompletionBatchSize),
 		dropped:   make(chan string, max(10*cfg.HotQueueSize, 10000)),
 		nudge:     make(chan struct{}, 1),
+		retryDue:  make(chan time.Time, 1024),
 		coldSpace: make(chan struct{}, 1),
 		closeDone: make(chan struct{}),
 		draining:  make(chan struct{}),

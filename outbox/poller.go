@@ -1,21 +1,36 @@
 package outbox
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"log/slog"
 	"time"
 )
 
+// retryWakeMargin is added to a retry's due time before the poller wakes
+// for it, so that the database's clock has surely passed the row's
+// available_at.
+const retryWakeMargin = 2 * time.Millisecond
+
+// maxRetryWakes bounds the due times the poller keeps; past it, retries
+// wait for the regular poll.
+const maxRetryWakes = 10000
+
 // pollLoop runs the poller until ctx is done: once at start (to pick up
 // what a previous run left), then every PollInterval, doubling the wait up
 // to PollMaxInterval while it finds nothing. A full batch is followed by
 // another poll as soon as the cold queue has room; a hot-queue overflow
-// wakes it early.
+// wakes it early; and it wakes when a retry this instance scheduled falls
+// due, so that retries follow Config.Retry instead of the poll interval.
 func (o *Outbox) pollLoop(ctx context.Context) {
 	wait := time.Duration(0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var dues timeHeap
+	dueTimer := time.NewTimer(time.Hour)
+	dueTimer.Stop()
+	defer dueTimer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -23,6 +38,22 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		case <-timer.C:
 		case <-o.nudge:
 			wait = 0
+		case due := <-o.retryDue:
+			if len(dues) < maxRetryWakes {
+				heap.Push(&dues, due)
+				if dues[0].Equal(due) {
+					dueTimer.Reset(time.Until(due) + retryWakeMargin)
+				}
+			}
+			continue
+		case <-dueTimer.C:
+			now := time.Now()
+			for len(dues) > 0 && !dues[0].After(now) {
+				heap.Pop(&dues)
+			}
+			if len(dues) > 0 {
+				dueTimer.Reset(time.Until(dues[0]) + retryWakeMargin)
+			}
 		}
 		// While the cold queue is (nearly) full, skip cycles: wait for a
 		// worker to make room, checking again every PollInterval. Events
@@ -62,6 +93,30 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 			wait = min(max(o.cfg.PollInterval, 2*wait), o.cfg.PollMaxInterval)
 		}
 		timer.Reset(wait)
+	}
+}
+
+// timeHeap is a min-heap of due times.
+type timeHeap []time.Time
+
+func (h timeHeap) Len() int           { return len(h) }
+func (h timeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h timeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *timeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}
+
+// scheduleRetryWake asks the poller to poll when a retry falls due. It
+// never blocks: if the poller is behind, the retry waits for a regular
+// poll.
+func (o *Outbox) scheduleRetryWake(due time.Time) {
+	select {
+	case o.retryDue <- due:
+	default:
 	}
 }
 

@@ -305,4 +305,3 @@ func TestCleanupAgeOnDatabaseClock(t *testing.T) {
 		})
 	}
 }
-

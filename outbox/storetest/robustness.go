@@ -348,3 +348,25 @@ func testLargestHeaders(t *testing.T, e *env) {
 		t.Fatalf("headers one byte over the limit: %v; want a ValidationError naming the limit", err)
 	}
 }
+
+// A retry runs at its back-off, not at the next poll: with the default
+// 5 s poll interval and retry policy (200 ms ×0.5–1.5), the second attempt
+// comes within a second of the first.
+func testRetryRunsOnTime(t *testing.T, e *env) {
+	ob := e.outbox(t, outbox.Config{SkipRecent: -1})
+	attempts := make(chan time.Time, 2)
+	ob.OnAll(func(_ context.Context, ev outbox.Event) error {
+		attempts <- time.Now()
+		if ev.Attempt == 1 {
+			return errors.New("first attempt fails")
+		}
+		return nil
+	})
+	start(t, ob)
+	e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+	first := recv(t, attempts, "the first attempt")
+	second := recv(t, attempts, "the second attempt")
+	if gap := second.Sub(first); gap > time.Second {
+		t.Fatalf("second attempt %v after the first; want the back-off (≤ 300ms), within 1s", gap)
+	}
+}

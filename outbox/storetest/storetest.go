@@ -90,6 +90,7 @@ func Run(t *testing.T, h Harness) {
 		{"UnstorableErrorTextStillCounts", testUnstorableErrorText},
 		{"ReclaimWhileFinishing", testReclaimWhileFinishing},
 		{"LargestHeaders", testLargestHeaders},
+		{"RetryRunsOnTime", testRetryRunsOnTime},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

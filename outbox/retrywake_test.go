@@ -1,0 +1,99 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// dueStore is a Store holding rows with due times on the (fake) clock:
+// Claim takes free rows that are due, MarkRetry makes a row due again
+// after its delay. It exists to test when the engine retries; the real
+// stores are tested by outbox/storetest.
+type dueStore struct {
+	clockStore
+	mu   sync.Mutex
+	rows map[string]*dueRow
+}
+
+type dueRow struct {
+	due              time.Time
+	leased, finished bool
+	attempts         int
+}
+
+func (s *dueStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Row
+	for id, r := range s.rows {
+		if len(out) < req.Limit && !r.leased && !r.finished && !r.due.After(time.Now()) {
+			r.leased = true
+			out = append(out, Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts})
+		}
+	}
+	return out, nil
+}
+
+func (s *dueStore) MarkRetry(_ context.Context, _ string, id string, delay time.Duration, _ string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.rows[id]
+	r.due, r.leased = time.Now().Add(delay), false
+	r.attempts++
+	return true, nil
+}
+
+func (s *dueStore) MarkDone(_ context.Context, _ string, ids []string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		s.rows[id].finished = true
+	}
+	return len(ids), nil
+}
+
+// A retry runs at its back-off, not at the next poll: with a 5 s poll
+// interval, attempts 2, 3 and 4 come 200, 400 and 800 ms after the failure
+// before them, within a few milliseconds.
+func TestRetriesRunOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &dueStore{rows: map[string]*dueRow{"e1": {due: time.Now()}}}
+		ob, err := New(st, Config{
+			PollInterval: 5 * time.Second, StatsInterval: -1, CompletionLinger: -1,
+			Retry: RetryFunc(func(n int) time.Duration { return 200 * time.Millisecond << (n - 1) }),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var at []time.Time
+		done := make(chan struct{})
+		ob.OnAll(func(_ context.Context, ev Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			at = append(at, time.Now())
+			if ev.Attempt < 4 {
+				return errors.New("downstream failed")
+			}
+			close(done)
+			return nil
+		})
+		if err := ob.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if err := ob.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i < len(at); i++ {
+			want := 200 * time.Millisecond << (i - 1)
+			if got := at[i].Sub(at[i-1]); got < want || got > want+50*time.Millisecond {
+				t.Errorf("attempt %d came %v after attempt %d; want %v (+50ms at most)", i+1, got, i, want)
+			}
+		}
+	})
+}
