@@ -53,6 +53,8 @@ type Outbox struct {
 	regMu     sync.Mutex
 	listeners atomic.Pointer[registry]
 
+	warnedUnstarted atomic.Bool // "published before Start" was logged
+
 	noListenerMu  sync.Mutex
 	noListenerLog map[EventType]time.Time // last warning per type
 
@@ -325,6 +327,10 @@ func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 		// of after the lease.
 		o.handBackLate(env.ID)
 		return
+	}
+	if !o.started && o.warnedUnstarted.CompareAndSwap(false, true) {
+		o.log.Warn("events are published but the outbox is not started: they wait in memory until Start (call ob.Start(ctx) at startup)",
+			slog.String("event_id", env.ID))
 	}
 	if age := it.since.Sub(written); age > o.cfg.Lease/2 {
 		// Not released early either: this instance's poller may already

@@ -1,8 +1,15 @@
 package sqlstore
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 )
 
 // Dialect is what differs between databases: the SQL for "now", for time
@@ -21,6 +28,16 @@ type Dialect struct {
 	lock string
 	// quote quotes an identifier.
 	quote func(string) string
+	// bind is sqlx's placeholder style for the dialect.
+	bind int
+	// retryable reports a transient error worth retrying: a deadlock, a
+	// lock-wait timeout, a busy database.
+	retryable func(error) bool
+	// missingTable reports an error saying the table does not exist.
+	missingTable func(error) bool
+	// checkConn, if set, checks at Migrate that the connection is set up
+	// for concurrent use.
+	checkConn func(ctx context.Context, conn *sql.Conn) error
 	// timeArg converts a time to a bound value for a time column.
 	timeArg func(time.Time) any
 	// readCommitted is set on the claim's transaction.
@@ -57,6 +74,9 @@ var (
 		nowMinus:        "(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
 		lock:            " FOR UPDATE SKIP LOCKED",
 		quote:           func(s string) string { return "`" + s + "`" },
+		bind:            sqlx.QUESTION,
+		retryable:       func(err error) bool { return mysqlErr(err, 1213, 1205) }, // deadlock, lock wait timeout
+		missingTable:    func(err error) bool { return mysqlErr(err, 1146) },
 		timeArg:         func(t time.Time) any { return t.UTC() },
 		readCommitted:   true,
 		writeTx:         true,
@@ -74,6 +94,9 @@ var (
 		nowMinus:        "(clock_timestamp() - ? * INTERVAL '1 microsecond')",
 		lock:            " FOR UPDATE SKIP LOCKED",
 		quote:           func(s string) string { return `"` + s + `"` },
+		bind:            sqlx.DOLLAR,
+		retryable:       func(err error) bool { return sqlState(err, "40001", "40P01", "55P03") },
+		missingTable:    func(err error) bool { return sqlState(err, "42P01") },
 		timeArg:         func(t time.Time) any { return t.UTC() },
 		readCommitted:   true,
 		migrationLock:   "SELECT pg_advisory_lock(hashtext(?))",
@@ -88,9 +111,64 @@ var (
 		nowPlus:  "(" + sqliteNow + " + ?)",
 		nowMinus: "(" + sqliteNow + " - ?)",
 		quote:    func(s string) string { return `"` + s + `"` },
-		timeArg:  func(t time.Time) any { return t.UnixMicro() },
+		bind:     sqlx.QUESTION,
+		retryable: func(err error) bool {
+			c, ok := sqliteCode(err)
+			return ok && (c == 5 || c == 6) // SQLITE_BUSY, SQLITE_LOCKED
+		},
+		missingTable: func(err error) bool { return err != nil && strings.Contains(err.Error(), "no such table") },
+		checkConn:    checkSQLite,
+		timeArg:      func(t time.Time) any { return t.UnixMicro() },
 	}
 )
+
+func mysqlErr(err error, numbers ...uint16) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	for _, n := range numbers {
+		if me.Number == n {
+			return true
+		}
+	}
+	return false
+}
+
+func sqlState(err error, states ...string) bool {
+	var pe interface{ SQLState() string }
+	if !errors.As(err, &pe) {
+		return false
+	}
+	for _, s := range states {
+		if pe.SQLState() == s {
+			return true
+		}
+	}
+	return false
+}
+
+func sqliteCode(err error) (int, bool) {
+	var se interface{ Code() int }
+	if !errors.As(err, &se) {
+		return 0, false
+	}
+	return se.Code() & 0xff, true
+}
+
+// checkSQLite refuses a SQLite database opened without a busy timeout:
+// every transaction that meets another writer would then fail at once with
+// SQLITE_BUSY ("database is locked") instead of waiting its turn.
+func checkSQLite(ctx context.Context, conn *sql.Conn) error {
+	var timeout int
+	if err := conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&timeout); err != nil {
+		return fmt.Errorf("sqlstore: check the SQLite connection: %w", err)
+	}
+	if timeout == 0 {
+		return errors.New("sqlstore: SQLite is open without a busy timeout, so concurrent transactions fail with \"database is locked\" (SQLITE_BUSY); open it with sqlx.Open(\"sqlite\", sqlstore.SQLiteDSN(path)), which sets a busy timeout, WAL and immediate transactions")
+	}
+	return nil
+}
 
 const sqliteNow = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
 

@@ -70,6 +70,11 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 		return fmt.Errorf("sqlstore: migrate: %w", err)
 	}
 	defer conn.Close()
+	if s.d.checkConn != nil {
+		if err := s.d.checkConn(ctx, conn); err != nil {
+			return err
+		}
+	}
 	lockName := "txoutbox_migrate_" + s.name
 	if s.d.migrationLock != "" {
 		if err := s.lockMigration(ctx, conn, lockName); err != nil {

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -111,7 +110,17 @@ type queries struct {
 	update string
 }
 
-func (s *Store) rebind(q string) string { return s.db.Rebind(q) }
+// rebind writes q's placeholders the dialect's way (not the driver name's:
+// a wrapped driver such as "otel-pgx" is unknown to sqlx).
+func (s *Store) rebind(q string) string { return sqlx.Rebind(s.d.bind, q) }
+
+// explain adds what to do to an error of the table itself.
+func (s *Store) explain(err error) error {
+	if err != nil && s.d.missingTable(err) {
+		return fmt.Errorf("%w (the outbox table %s does not exist: call Store.Migrate at start, or apply the SQL in migrations/%s)", err, s.table, s.d.name)
+	}
+	return err
+}
 
 func (s *Store) buildQueries() queries {
 	d, t := s.d, s.table
@@ -168,7 +177,7 @@ func stringArgs(ids []string, prefix ...any) []any {
 // transaction.
 func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *outbox.Row, owner string, lease time.Duration) error {
 	_, err := exec.ExecContext(ctx, s.q.insert, s.insertArgs(nil, r, owner, lease)...)
-	return err
+	return s.explain(err)
 }
 
 // An INSERT of InsertBatch holds at most insertBatchRows rows (11
@@ -205,7 +214,7 @@ func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []outb
 			args = s.insertArgs(args, &chunk[i], owner, lease)
 		}
 		if _, err := exec.ExecContext(ctx, s.rebind(sb.String()), args...); err != nil {
-			return err
+			return s.explain(err)
 		}
 	}
 	return nil
@@ -243,7 +252,7 @@ func (s *Store) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Ro
 		rows, err = s.claimOnce(ctx, req)
 		return err
 	})
-	return rows, err
+	return rows, s.explain(err)
 }
 
 func (s *Store) claimOnce(ctx context.Context, req outbox.ClaimRequest) (_ []outbox.Row, err error) {
@@ -429,7 +438,7 @@ func (s *Store) execReadCommitted(ctx context.Context, q string, args ...any) (_
 func (s *Store) retry(ctx context.Context, f func() error) error {
 	var err error
 	for attempt := range 6 {
-		if err = f(); err == nil || !retryable(err) || ctx.Err() != nil || attempt == 5 {
+		if err = f(); err == nil || !s.d.retryable(err) || ctx.Err() != nil || attempt == 5 {
 			return err
 		}
 		t := time.NewTimer(time.Duration(float64(int(5)<<attempt) * (0.5 + rand.Float64()) * float64(time.Millisecond)))
@@ -441,24 +450,6 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 		}
 	}
 	return err
-}
-
-func retryable(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number == 1213 || me.Number == 1205 // deadlock, lock wait timeout
-	}
-	var pe interface{ SQLState() string }
-	if errors.As(err, &pe) {
-		st := pe.SQLState()
-		return st == "40001" || st == "40P01" || st == "55P03"
-	}
-	var se interface{ Code() int }
-	if errors.As(err, &se) {
-		c := se.Code() & 0xff
-		return c == 5 || c == 6 // SQLITE_BUSY, SQLITE_LOCKED
-	}
-	return false
 }
 
 // Stats implements outbox.StatsReader.
