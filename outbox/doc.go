@@ -3,30 +3,30 @@
 // transaction commits, delivers them to listeners at least once.
 //
 // It depends on the standard library and github.com/oklog/ulid/v2 only.
-// Storage is behind the Store interface (outbox/sqlstore implements it for
+// Storage is behind the [Store] interface (outbox/sqlstore implements it for
 // MySQL/MariaDB, PostgreSQL and SQLite); HTTP request transactions come
 // from txmw (database/sql, sqlx) or the GORM and ent adapters.
 //
 // # Publishing
 //
 // Business code publishes inside a transaction. The transaction is an
-// outbox.TxContext: something to execute the insert through, plus hooks
+// [TxContext]: something to execute the insert through, plus hooks
 // that run after commit or after rollback. Middleware puts it in the
 // request's context, so handlers write
 //
 //	outbox.Publish(r.Context(), outbox.Envelope{Type: OrderPlaced, JSON: body})
 //
-// and code that holds the transaction itself calls ob.PublishTx(ctx, tx,
-// env). Publish validates the envelope (a type, exactly one payload of at
+// and code that holds the transaction itself calls [Outbox.PublishTx].
+// [Publish] validates the [Envelope] (a type, exactly one payload of at
 // most 1 MiB, valid JSON if JSON, token header keys, no CR/LF/NUL in header
-// values), gives it a ULID that grows monotonically within the process,
+// values, headers of at most [MaxHeadersBytes] encoded), gives it a ULID that grows monotonically within the process,
 // copies the payload once and inserts the row (status NEW) through the
-// transaction. Without a transaction it fails with ErrNoTx and writes
-// nothing. A rolled-back transaction leaves no row and runs no listener.
+// transaction. Without a transaction it fails with [ErrNoTx] and writes
+// nothing; an invalid envelope fails with a [*ValidationError]. A rolled-back transaction leaves no row and runs no listener.
 //
 // A unit of work that emits several events publishes them together with
-// PublishAll (or PublishAllTx): all are validated first, then written in
-// as few multi-row INSERTs as the store allows (BatchInserter). Ten events
+// [PublishAll] (or [Outbox.PublishAllTx]): all are validated first, then
+// written in as few multi-row INSERTs as the store allows ([BatchInserter]). Ten events
 // in one transaction on MariaDB: 0.78 ms instead of 2.1 ms one by one
 // (BenchmarkPublishTen).
 //
@@ -34,18 +34,30 @@
 //
 // After a successful commit the event goes to a bounded in-memory hot
 // queue; a pool of workers runs the listeners of its type in registration
-// order, then those registered with OnAll. When all succeed the event is
-// marked DONE (in batched UPDATEs); when one fails the event is retried
-// with exponential back-off and jitter, and goes DEAD after MaxAttempts or
-// at once for errors wrapped with Permanent. Panics are recovered and count
-// as failures; each listener call is bounded by ListenerTimeout.
+// order ([Outbox.On]), then those registered with [Outbox.OnAll]. When all
+// succeed the event is marked DONE (in batched UPDATEs); when one fails the
+// event is retried after [Config.Retry]'s back-off (exponential with
+// jitter; the instance wakes its poller when the retry falls due, so the
+// schedule does not wait for the next poll), and goes DEAD after
+// [Config.MaxAttempts], or at once for errors wrapped with [Permanent].
+// Panics are recovered and count as failures; each listener call is bounded
+// by [Config.ListenerTimeout]. An error text the database could not store
+// (invalid UTF-8, NUL) is cleaned before it is written.
+//
+// An instance never marks DONE an event that none of its own listeners
+// accepted: an event of a type it has no listener for is written free for
+// any instance and, when it claims one anyway, handed back untouched for
+// [Config.NoListenerDelay] (a rolling deploy, a listener registered after
+// Start).
 //
 // If the hot queue is full, Publish still succeeds: the event stays in the
 // table and the poller delivers it. The poller also picks up retries and
 // the events of instances that died. It polls every PollInterval, backs off
 // while idle, polls again at once while it finds full batches, and never
 // uses an id cursor: ids are not in commit order, so a late commit is
-// still found.
+// still found. A row the store cannot read (a damaged date, a flag that is
+// neither 0 nor 1: [Row.ReadError]) goes DEAD with a reason naming the
+// column; it never stops the claim of the others.
 //
 // # Many instances
 //
@@ -57,7 +69,7 @@
 // however slow the listener. Every DONE, RETRY or DEAD write succeeds only
 // while the writer still owns the row: a worker whose lease expired and was
 // taken over changes nothing. The events of a dead instance are taken over
-// when its leases run out (Config.Lease, 30 s by default).
+// when its leases run out ([Config.Lease], 30 s by default).
 //
 // Delivery is at least once: a listener can see an event again (after a
 // crash between the listener and the DONE write, or after a lease expired)
@@ -71,22 +83,27 @@
 // the last completions and waits for every goroutine. Both are safe to
 // call twice; Close works without Start. Cancelling Start's context stops
 // the engine without draining: to drain on shutdown, give Start a context
-// that outlives the signal (context.WithoutCancel) and call Close.
+// that outlives the signal (context.WithoutCancel) and call Close. An
+// event committed after Close began is handed back to the table at once,
+// for another instance; a claim already running when Close began finishes,
+// and what it took is handed back.
 //
 // # Retention
 //
-// Delivered rows stay in the table until deleted. With Config.Retention
-// set, every instance deletes DONE rows older than it at Start and every
-// CleanupInterval (DEAD rows too with CleanupDead), through the store's
-// Cleaner; NEW and RETRY rows are never deleted.
+// Delivered rows stay in the table until deleted. With [Config.Retention]
+// set, every instance deletes DONE rows older than it (on the database's
+// clock) at Start and every CleanupInterval (DEAD rows too with
+// CleanupDead), through the store's [Cleaner]; NEW and RETRY rows are never
+// deleted.
 //
 // # Observability
 //
 // Logs go to Config.Logger (log/slog) and never contain payloads or header
-// values. Measurements go to Config.Metrics; the package
+// values. Measurements go to [Config.Metrics] ([Metrics]); the package
 // github.com/txoutbox/txoutbox/prom exports them to Prometheus. Stores may
-// implement StatsReader (backlog), DeadLetterStore (list, replay),
-// Cleaner (delete delivered rows) and Inspector (look one event up).
+// implement [StatsReader] (backlog, and rows of a status the engine does
+// not know), [DeadLetterStore] (list, replay), [Cleaner] (delete delivered
+// rows) and [Inspector] (look one event up).
 //
 // # Defaults
 //
