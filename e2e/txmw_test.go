@@ -513,7 +513,7 @@ func TestConcurrentPosts(t *testing.T) {
 			var seenMu sync.Mutex
 			seen := map[string]bool{}
 			allDelivered := make(chan struct{})
-			f.ob.On(itemCreated, func(ctx context.Context, ev outbox.Event) error {
+			f.ob.Handle("listener-1", func(ctx context.Context, ev outbox.Event) error {
 				seenMu.Lock()
 				defer seenMu.Unlock()
 				if !seen[ev.ID] {
@@ -523,7 +523,8 @@ func TestConcurrentPosts(t *testing.T) {
 					}
 				}
 				return nil
-			})
+			}, itemCreated)
+
 			if err := f.ob.Start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -579,7 +580,7 @@ func TestHotListenerSeesRow(t *testing.T) {
 			err   error
 		}
 		got := make(chan seen, 1)
-		f.ob.On(itemCreated, func(ctx context.Context, ev outbox.Event) error {
+		f.ob.Handle("listener-2", func(ctx context.Context, ev outbox.Event) error {
 			var n int
 			err := f.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+f.items+" WHERE id = ?", ev.AggregateID)
 			select {
@@ -587,7 +588,8 @@ func TestHotListenerSeesRow(t *testing.T) {
 			default:
 			}
 			return nil
-		})
+		}, itemCreated)
+
 		if err := f.ob.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -30,6 +30,7 @@ const (
 	DefaultCleanupInterval     = time.Hour
 	DefaultCleanupBatchSize    = 1000
 	DefaultNoListenerDelay     = 5 * time.Second
+	DefaultSubscriptionExpiry  = 24 * time.Hour
 )
 
 // Config tunes an Outbox. The zero value means the defaults; durations that
@@ -134,6 +135,14 @@ type Config struct {
 	// back). No attempt is counted. Defaults to 5s.
 	NoListenerDelay time.Duration
 
+	// SubscriptionExpiry is how long a subscription that no running
+	// instance registers any more is still owed events: instances record
+	// their subscriptions in the database when they start and every
+	// PollInterval, and an event is complete only once every subscription
+	// registered within this window has it. A subscription removed from
+	// the code stops being owed new events after it. Defaults to 24h.
+	SubscriptionExpiry time.Duration
+
 	// InstanceID names this instance as the owner of the events it claims.
 	// It must be unique among the live instances sharing a table. Defaults
 	// to host name, process id and a random suffix.
@@ -163,6 +172,7 @@ func (c Config) withDefaults() Config {
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
 	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
 	c.NoListenerDelay = cmp.Or(c.NoListenerDelay, DefaultNoListenerDelay)
+	c.SubscriptionExpiry = cmp.Or(c.SubscriptionExpiry, DefaultSubscriptionExpiry)
 	if c.Retry == nil {
 		c.Retry = ExponentialBackoff{Base: DefaultRetryBase, Max: DefaultRetryMax}
 	}
@@ -203,7 +213,7 @@ func (c *Config) validate() error {
 	durations := []struct {
 		name string
 		v    time.Duration
-	}{{"PollInterval", c.PollInterval}, {"PollMaxInterval", c.PollMaxInterval}, {"Lease", c.Lease}, {"CleanupInterval", c.CleanupInterval}, {"NoListenerDelay", c.NoListenerDelay}}
+	}{{"PollInterval", c.PollInterval}, {"PollMaxInterval", c.PollMaxInterval}, {"Lease", c.Lease}, {"CleanupInterval", c.CleanupInterval}, {"NoListenerDelay", c.NoListenerDelay}, {"SubscriptionExpiry", c.SubscriptionExpiry}}
 	for _, d := range durations {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("outbox: Config.%s is %v; it must be positive, or 0 for the default", d.name, d.v))
@@ -270,10 +280,11 @@ func jitter(d time.Duration) time.Duration {
 type Decision int
 
 const (
-	// Retry schedules another attempt, unless MaxAttempts is reached.
-	Retry Decision = iota
-	// Dead gives up on the event at once.
-	Dead
+	// DecisionRetry schedules another attempt, unless MaxAttempts is
+	// reached.
+	DecisionRetry Decision = iota
+	// DecisionDead gives up on the event at once.
+	DecisionDead
 )
 
 // Classifier decides, from a listener's error, whether to retry.
@@ -284,9 +295,9 @@ type Classifier func(err error) Decision
 func DefaultClassifier(err error) Decision {
 	var p *permanentError
 	if errors.As(err, &p) {
-		return Dead
+		return DecisionDead
 	}
-	return Retry
+	return DecisionRetry
 }
 
 type permanentError struct{ err error }

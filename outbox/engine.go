@@ -2,10 +2,8 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -31,13 +29,23 @@ func (o *Outbox) Start(ctx context.Context) error {
 	if o.started {
 		return nil
 	}
+	if err := o.syncRegistry(ctx); err != nil {
+		return fmt.Errorf("outbox: Start: register the subscriptions: %w", err)
+	}
 	o.started = true
 	o.m.QueueCapacities(cap(o.hot), cap(o.cold))
 	runCtx, cancel := context.WithCancel(ctx)
 	o.cancelRun = cancel
+	for _, s := range o.subs.Load().local {
+		if s.Batch != nil {
+			s.batch = newBatcher(o, s)
+			o.batchers.Go(func() { s.batch.run(runCtx) })
+		}
+	}
 	for range o.cfg.Workers {
 		o.workers.Go(func() { o.work(runCtx) })
 	}
+	o.background.Go(func() { o.registryLoop(runCtx) })
 	o.completer.Go(o.complete)
 	o.background.Go(func() { o.renewLeases(runCtx) })
 	o.background.Go(func() { o.sample(runCtx) })
@@ -96,6 +104,22 @@ func (o *Outbox) Close(ctx context.Context) error {
 		o.cancelRun()
 		<-workersDone
 	}
+	// Batch subscriptions get nothing new now: flush what they hold. An
+	// outcome cut by the cancellation puts its item back in a queue,
+	// which handBack then empties.
+	for _, s := range o.subs.Load().local {
+		if s.batch != nil {
+			close(s.batch.in)
+		}
+	}
+	batchersDone := make(chan struct{})
+	go func() { o.batchers.Wait(); close(batchersDone) }()
+	select {
+	case <-batchersDone:
+	case <-ctx.Done():
+		o.cancelRun()
+		<-batchersDone
+	}
 	o.handBack()
 	close(o.doneCh)
 	o.completer.Wait()
@@ -129,28 +153,47 @@ func (o *Outbox) Close(ctx context.Context) error {
 // handBack empties the queues and releases the leases of what was in them.
 func (o *Outbox) handBack() {
 	var ids []string
+	var keys []DeliveryKey
+	var items []*item
 	for {
+		var it *item
 		select {
-		case it := <-o.hot:
-			ids = append(ids, it.env.ID)
-			continue
-		case it := <-o.cold:
-			ids = append(ids, it.env.ID)
-			continue
+		case it = <-o.hot:
+		case it = <-o.cold:
 		default:
 		}
-		break
+		if it == nil {
+			break
+		}
+		items = append(items, it)
+		if it.sub == nil {
+			ids = append(ids, it.env.ID)
+		} else {
+			keys = append(keys, DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+		}
 	}
-	if len(ids) == 0 {
+	if len(items) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	o.releaseLeases(ctx, ids, "release leases on close")
-	for _, id := range ids {
-		o.inflight.release(id)
+	o.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
+	for _, it := range items {
+		o.inflight.release(it.key())
 	}
-	o.log.Info("handed queued events back to the database", slog.Int("events", len(ids)))
+	o.log.Info("handed queued events back to the database", slog.Int("events", len(items)))
+}
+
+// releaseDeliveries is releaseAfter for deliveries.
+func (o *Outbox) releaseDeliveries(ctx context.Context, keys []DeliveryKey, delay time.Duration, what string) {
+	for len(keys) > 0 {
+		n := min(500, len(keys))
+		if err := o.dstore.ReleaseDeliveries(ctx, o.cfg.InstanceID, keys[:n], delay); err != nil {
+			o.log.Error(what, slog.Int("deliveries", n), slog.Any("error", err))
+		}
+		keys = keys[n:]
+	}
 }
 
 // releaseLeases gives up this instance's leases on ids, in statements of
@@ -219,159 +262,8 @@ func (o *Outbox) requeue(it *item) {
 	select {
 	case q <- it:
 	default:
-		o.inflight.release(it.env.ID)
+		o.inflight.release(it.key())
 	}
-}
-
-// process runs the listeners of one event and records the outcome.
-func (o *Outbox) process(ctx context.Context, it *item) {
-	start := time.Now()
-	if it.attempts == 0 {
-		o.m.Latency(it.path, start.Sub(it.since))
-	}
-	ev := Event{Envelope: it.env, Attempt: it.attempts + 1, Path: it.path}
-	ls := o.listeners.Load().listenersFor(ev.Type)
-	if len(ls) == 0 {
-		// Never mark DONE what no listener here accepted: give it back
-		// for an instance that has a listener (no attempt spent).
-		o.noListener(it.env.ID, it.env.Type)
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		o.releaseAfter(ctx, []string{it.env.ID}, o.cfg.NoListenerDelay, "hand back an event with no listener here")
-		cancel()
-		o.inflight.release(it.env.ID)
-		return
-	}
-	var err error
-	for i, l := range ls {
-		if err = o.call(ctx, l, ev); err != nil {
-			err = &ListenerError{Index: i, Err: err}
-			break
-		}
-	}
-	took := time.Since(start)
-	if err != nil && ctx.Err() != nil {
-		// Shutdown cancelled the listener: not the event's fault. Hand it
-		// back without counting an attempt.
-		o.requeue(it)
-		return
-	}
-	if err == nil {
-		o.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
-		o.doneCh <- it // the completer releases it after the write
-		return
-	}
-	o.fail(it, err, took)
-}
-
-// ListenerError reports the listener that failed an attempt.
-type ListenerError struct {
-	Index int // the listener's position among those run for the event
-	Err   error
-}
-
-func (e *ListenerError) Error() string { return fmt.Sprintf("listener %d: %v", e.Index, e.Err) }
-func (e *ListenerError) Unwrap() error { return e.Err }
-
-func (o *Outbox) fail(it *item, err error, took time.Duration) {
-	failures := it.attempts + 1
-	text := errorText(err.Error())
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	attrs := []any{slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)),
-		slog.Int("attempt", failures), slog.String("path", string(it.path)), slog.String("error", text)}
-	dead := o.cfg.Classify(err) == Dead || failures >= o.cfg.MaxAttempts
-	var delay time.Duration
-	write := func(text string) (bool, error) {
-		return retryStore(ctx, func() (bool, error) {
-			if dead {
-				return o.store.MarkDead(ctx, o.cfg.InstanceID, it.env.ID, text)
-			}
-			return o.store.MarkRetry(ctx, o.cfg.InstanceID, it.env.ID, delay, text)
-		})
-	}
-	if dead {
-		o.m.Dispatched(it.env.Type, it.path, OutcomeDead, took)
-		o.log.Error("event is dead: delivery failed for the last time", attrs...)
-	} else {
-		delay = o.cfg.Retry.Delay(failures)
-		o.m.Dispatched(it.env.Type, it.path, OutcomeRetry, took)
-		o.log.Warn("delivery failed; will retry", append(attrs, slog.Duration("retry_in", delay))...)
-	}
-	// The event leaves this instance's hands with the write that gives up
-	// its lease: from then on a claim (here too) may take it again, and
-	// must find it free in the in-flight set. Until the write, the live
-	// lease keeps every claim off it.
-	o.inflight.release(it.env.ID)
-	held, werr := write(text)
-	if werr != nil && ctx.Err() == nil {
-		// The database refused the outcome itself (the text, a column, a
-		// trigger): record the attempt with a text it cannot refuse, so
-		// that attempts still advance and the event reaches DEAD rather
-		// than being delivered again every lease.
-		o.log.Error("record failed delivery; recording it without the error text", slog.String("event_id", it.env.ID), slog.Any("error", werr))
-		held, werr = write(errorText("outbox: the listener's error could not be stored: " + werr.Error()))
-		if werr != nil {
-			held, werr = write("outbox: the listener's error could not be stored")
-		}
-	}
-	switch {
-	case werr != nil:
-		o.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", werr))
-	case !held:
-		o.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
-	case !dead:
-		o.scheduleRetryWake(time.Now().Add(delay))
-	}
-}
-
-// call runs one listener with a timeout, containing panics. A listener that
-// ignores its cancelled context is abandoned: the worker moves on, and Close
-// waits for the abandoned call.
-func (o *Outbox) call(ctx context.Context, l Listener, ev Event) error {
-	if o.cfg.ListenerTimeout < 0 {
-		return safeCall(ctx, l, ev)
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.cfg.ListenerTimeout)
-	defer cancel()
-	done := make(chan error, 1)
-	o.stragglers.Add(1)
-	o.running.Add(1)
-	go func() {
-		defer o.stragglers.Done()
-		defer o.running.Add(-1) // runs before Done: see Close
-		done <- safeCall(ctx, l, ev)
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		select {
-		case err := <-done:
-			return err
-		default:
-		}
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("outbox: listener did not return within %v: %w", o.cfg.ListenerTimeout, ctx.Err())
-		}
-		return fmt.Errorf("outbox: listener cancelled: %w", ctx.Err())
-	}
-}
-
-// PanicError is the error of a listener that panicked.
-type PanicError struct {
-	Value any
-	Stack []byte
-}
-
-func (e *PanicError) Error() string { return fmt.Sprintf("outbox: listener panicked: %v", e.Value) }
-
-func safeCall(ctx context.Context, l Listener, ev Event) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return l(ctx, ev)
 }
 
 // errorText makes a listener's error storable on every supported database:
@@ -422,6 +314,7 @@ func retryStore[T any](ctx context.Context, f func() (T, error)) (T, error) {
 func (o *Outbox) complete() {
 	batch := make([]*item, 0, o.cfg.CompletionBatchSize)
 	ids := make([]string, 0, o.cfg.CompletionBatchSize)
+	var keys []DeliveryKey
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	for it := range o.doneCh {
@@ -457,13 +350,36 @@ func (o *Outbox) complete() {
 		}
 		linger.Stop()
 		ids = ids[:0]
+		keys = keys[:0]
 		for _, it := range batch {
-			ids = append(ids, it.env.ID)
+			if it.sub == nil {
+				ids = append(ids, it.env.ID)
+			} else {
+				keys = append(keys, DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+			}
 		}
-		o.markDone(ids)
-		for _, id := range ids {
-			o.inflight.release(id)
+		if len(ids) > 0 {
+			o.markDone(ids)
 		}
+		if len(keys) > 0 {
+			o.completeDeliveries(keys)
+		}
+		for _, it := range batch {
+			o.inflight.release(it.key())
+		}
+	}
+}
+
+func (o *Outbox) completeDeliveries(keys []DeliveryKey) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	n, err := retryStore(ctx, func() (int, error) { return o.dstore.CompleteDeliveries(ctx, o.cfg.InstanceID, keys) })
+	if err != nil {
+		o.log.Error("mark deliveries done; they will be delivered again", slog.Int("deliveries", len(keys)), slog.Any("error", err))
+		return
+	}
+	if n < len(keys) {
+		o.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("deliveries", len(keys)-n))
 	}
 }
 
@@ -493,7 +409,24 @@ func (o *Outbox) renewLeases(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids := o.inflight.snapshot()
+		var ids []string
+		var keys []DeliveryKey
+		for _, k := range o.inflight.snapshot() {
+			if dk, ok := parseDeliveryKey(k); ok {
+				keys = append(keys, dk)
+			} else {
+				ids = append(ids, k)
+			}
+		}
+		for len(keys) > 0 {
+			n := min(500, len(keys))
+			wctx, cancel := context.WithTimeout(ctx, o.cfg.Lease/3)
+			if _, err := o.dstore.ExtendDeliveryLeases(wctx, o.cfg.InstanceID, keys[:n], o.cfg.Lease); err != nil && ctx.Err() == nil {
+				o.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
+			}
+			cancel()
+			keys = keys[n:]
+		}
 		for chunk := range chunks(ids, 500) {
 			wctx, cancel := context.WithTimeout(ctx, o.cfg.Lease/3)
 			if _, err := o.store.ExtendLeases(wctx, o.cfg.InstanceID, chunk, o.cfg.Lease); err != nil && ctx.Err() == nil {

@@ -214,7 +214,7 @@ func TestConfigDefaults(t *testing.T) {
 	if c.InstanceID == "" || c.Logger == nil || c.Metrics == nil || c.Classify == nil {
 		t.Fatalf("unset defaults: %+v", c)
 	}
-	if DefaultClassifier(errors.New("x")) != Retry || DefaultClassifier(Permanent(errors.New("x"))) != Dead {
+	if DefaultClassifier(errors.New("x")) != DecisionRetry || DefaultClassifier(Permanent(errors.New("x"))) != DecisionDead {
 		t.Fatal("DefaultClassifier")
 	}
 	if Permanent(nil) != nil {

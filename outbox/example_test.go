@@ -38,11 +38,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	delivered := make(chan struct{})
-	ob.On(OrderPlaced, func(ctx context.Context, ev outbox.Event) error {
+	ob.Handle("log", func(ctx context.Context, ev outbox.Event) error {
 		fmt.Printf("%s %s (attempt %d, %s path)\n", ev.Type, ev.JSON, ev.Attempt, ev.Path)
 		close(delivered)
 		return nil
-	})
+	}, OrderPlaced)
+
 	ob.Start(ctx)
 	defer ob.Close(ctx)
 

@@ -63,6 +63,10 @@ type Metrics interface {
 	// for an instance that has one (a rolling deploy, a listener
 	// registered late).
 	NoListener(t EventType)
+	// Circuit reports a change of a subscription's circuit on this
+	// instance: CircuitOpen when its destination is unavailable (events
+	// wait without spending attempts), CircuitClosed when it is back.
+	Circuit(subscription string, s CircuitState)
 }
 
 // NopMetrics discards every measurement.
@@ -80,5 +84,6 @@ func (NopMetrics) Cleaned(int64)                                      {}
 func (NopMetrics) Backlog(Stats)                                      {}
 func (NopMetrics) LeasesReclaimed(int)                                {}
 func (NopMetrics) NoListener(EventType)                               {}
+func (NopMetrics) Circuit(string, CircuitState)                       {}
 
 var _ Metrics = NopMetrics{}

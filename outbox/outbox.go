@@ -21,25 +21,18 @@ var (
 	ErrClosed = errors.New("outbox: closed")
 )
 
-// Event is what a listener receives: the published envelope plus delivery
+// Event is what a handler receives: the published envelope plus delivery
 // facts.
 type Event struct {
 	Envelope
-	// Attempt is 1 on the first delivery and grows with each retry.
+	// Attempt is 1 on the first delivery and grows with each retry (of
+	// this subscription).
 	Attempt int
 	// Path says whether the event came on the hot path or from the poller.
 	Path Path
+	// Subscription is the name of the subscription being delivered to.
+	Subscription string
 }
-
-// Listener reacts to events: it sends them to a broker, updates a cache,
-// calls a service. It must honour ctx, which is cancelled after
-// Config.ListenerTimeout. An error makes the attempt fail (see Permanent);
-// a panic is recovered and counts as an error.
-//
-// Delivery is at least once: a listener may see an event again, with the
-// same ID, and must be idempotent. Listeners must not modify the payload or
-// headers, which other listeners of the same event share.
-type Listener func(ctx context.Context, ev Event) error
 
 // Outbox is the engine: it writes events through the caller's transaction
 // and, after commit, delivers them to listeners, with a poller that catches
@@ -50,8 +43,9 @@ type Outbox struct {
 	log   *slog.Logger
 	m     Metrics
 
-	regMu     sync.Mutex
-	listeners atomic.Pointer[registry]
+	dstore DeliveryStore
+	regMu  sync.Mutex // serialises changes of subs
+	subs   atomic.Pointer[registry]
 
 	warnedUnstarted atomic.Bool // "published before Start" was logged
 
@@ -77,16 +71,10 @@ type Outbox struct {
 	workers    sync.WaitGroup
 	poller     sync.WaitGroup
 	completer  sync.WaitGroup
+	batchers   sync.WaitGroup
 	background sync.WaitGroup // lease renewer, sampler
 	stragglers sync.WaitGroup // listener calls, including those abandoned after their timeout
 	running    atomic.Int64   // listener calls not yet returned
-}
-
-type item struct {
-	env      Envelope
-	path     Path
-	attempts int       // failed attempts before this one
-	since    time.Time // commit (hot) or insert (cold) time
 }
 
 // New returns an Outbox over store. It does not start delivering until
@@ -101,9 +89,14 @@ func New(store Store, cfg Config) (*Outbox, error) {
 	if _, ok := store.(Cleaner); cfg.Retention > 0 && !ok {
 		return nil, fmt.Errorf("outbox: Config.Retention is set but the store (%T) cannot delete rows: it does not implement outbox.Cleaner", store)
 	}
+	ds, ok := store.(DeliveryStore)
+	if !ok {
+		return nil, fmt.Errorf("outbox: New: the store (%T) keeps no per-subscription delivery state: it must implement outbox.DeliveryStore (sqlstore and outboxtest do)", store)
+	}
 	cfg = cfg.withDefaults()
 	o := &Outbox{
 		store:     store,
+		dstore:    ds,
 		cfg:       cfg,
 		log:       cfg.Logger.With(slog.String("component", "outbox"), slog.String("instance", cfg.InstanceID)),
 		m:         cfg.Metrics,
@@ -120,7 +113,9 @@ func New(store Store, cfg Config) (*Outbox, error) {
 
 		noListenerLog: map[EventType]time.Time{},
 	}
-	o.listeners.Store(&registry{byType: map[EventType][]Listener{}})
+	reg := &registry{byName: map[string]*subscription{}}
+	reg.index()
+	o.subs.Store(reg)
 	return o, nil
 }
 
@@ -129,57 +124,6 @@ func (o *Outbox) InstanceID() string { return o.cfg.InstanceID }
 
 // Config returns the configuration in force, defaults filled in.
 func (o *Outbox) Config() Config { return o.cfg }
-
-// --- listeners ---
-
-type registry struct {
-	byType map[EventType][]Listener
-	all    []Listener
-}
-
-// On registers l for events of type t. Listeners of a type run in
-// registration order, before the listeners registered with OnAll. It may be
-// called at any time, also after Start.
-func (o *Outbox) On(t EventType, l Listener) {
-	if t == "" || l == nil {
-		panic("outbox: On needs an event type and a non-nil listener")
-	}
-	o.regMu.Lock()
-	defer o.regMu.Unlock()
-	old := o.listeners.Load()
-	next := &registry{byType: make(map[EventType][]Listener, len(old.byType)+1), all: old.all}
-	for k, v := range old.byType {
-		next.byType[k] = v
-	}
-	next.byType[t] = append(append([]Listener(nil), old.byType[t]...), l)
-	o.listeners.Store(next)
-}
-
-// OnAll registers l for events of every type (auditing, logging, a broker
-// that routes by type). It runs after the listeners of the event's type.
-func (o *Outbox) OnAll(l Listener) {
-	if l == nil {
-		panic("outbox: OnAll needs a non-nil listener")
-	}
-	o.regMu.Lock()
-	defer o.regMu.Unlock()
-	old := o.listeners.Load()
-	o.listeners.Store(&registry{byType: old.byType, all: append(append([]Listener(nil), old.all...), l)})
-}
-
-// has reports whether some listener takes events of type t.
-func (r *registry) has(t EventType) bool { return len(r.all) > 0 || len(r.byType[t]) > 0 }
-
-func (r *registry) listenersFor(t EventType) []Listener {
-	typed := r.byType[t]
-	if len(r.all) == 0 {
-		return typed
-	}
-	if len(typed) == 0 {
-		return r.all
-	}
-	return append(append(make([]Listener, 0, len(typed)+len(r.all)), typed...), r.all...)
-}
 
 // --- publishing ---
 
@@ -254,7 +198,7 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 // write inserts the rows of validated envelopes through tx and registers
 // the hand-over to the dispatcher after commit of those this instance will
 // deliver itself. Only those are written leased to this instance: an event
-// whose type has no listener here, or published with the hot path off or
+// whose type no subscription here takes, or published with the hot path off or
 // through a closed outbox, is written free, so that any instance's poller
 // can take it at once.
 func (o *Outbox) write(ctx context.Context, tx TxContext, rows []Row, envs []Envelope) error {
@@ -262,7 +206,7 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []Row, envs []Env
 	closed := o.closed
 	o.mu.RUnlock()
 	hot := !o.cfg.DisableHotPath && !closed
-	reg := o.listeners.Load()
+	reg := o.subs.Load()
 	var mine []Envelope
 	var mineRows, freeRows []Row
 	for i, env := range envs {

@@ -159,7 +159,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	}
 	now := time.Now()
 	reclaimed := 0
-	reg := o.listeners.Load()
+	reg := o.subs.Load()
 	var unqueued, unhandled []string
 	for i := range rows {
 		r := &rows[i]
@@ -176,24 +176,51 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 			unhandled = append(unhandled, r.ID)
 			continue
 		}
-		if !o.inflight.acquire(r.ID) {
-			// Queued or running here: the claim could take it only if
-			// its lease had run out (renewals failing), and it is still
-			// this instance's to finish.
-			continue
-		}
-		since := now
-		if !r.CreatedAt.IsZero() {
-			since = r.CreatedAt
-		}
-		select {
-		case o.cold <- &item{env: env, path: PathCold, attempts: r.Attempts, since: since}:
+		switch o.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
+		case offerQueued:
 			queued++
-		default:
-			o.inflight.release(r.ID)
+		case offerFull:
 			unqueued = append(unqueued, r.ID)
 		}
 	}
+	// The deliveries of split events, for this instance's subscriptions
+	// that are neither paused nor waiting for their circuit.
+	var unqueuedDeliveries []DeliveryKey
+	if room := limit - len(rows); room > 0 {
+		if names := reg.claimable(); len(names) > 0 {
+			ds, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
+				Owner:      o.cfg.InstanceID,
+				Limit:      room,
+				Lease:      o.cfg.Lease,
+				SkipRecent: -1,
+			}, names)
+			if err != nil {
+				o.log.Error("claim deliveries", slog.Any("error", err))
+			}
+			for i := range ds {
+				d := &ds[i]
+				key := DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+				if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
+					reclaimed++
+				}
+				s := reg.byName[d.Subscription]
+				env, err := decode(&d.Row)
+				if err != nil || s == nil {
+					// An event that cannot be read was buried when it was
+					// claimed as a whole; a delivery of it would be too.
+					unqueuedDeliveries = append(unqueuedDeliveries, key)
+					continue
+				}
+				switch o.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
+				case offerQueued:
+					queued++
+				case offerFull:
+					unqueuedDeliveries = append(unqueuedDeliveries, key)
+				}
+			}
+		}
+	}
+	o.releaseDeliveries(ctx, unqueuedDeliveries, 0, "release unqueued deliveries")
 	o.releaseLeases(ctx, unqueued, "release unqueued events")
 	o.releaseAfter(ctx, unhandled, o.cfg.NoListenerDelay, "hand back events with no listener here")
 	if queued > 0 {
@@ -204,6 +231,38 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 		o.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
 	}
 	return queued, limit, nil
+}
+
+func createdOr(r *Row, now time.Time) time.Time {
+	if r.CreatedAt.IsZero() {
+		return now
+	}
+	return r.CreatedAt
+}
+
+type offerResult int8
+
+const (
+	offerQueued offerResult = iota
+	offerInHand             // queued or running here already
+	offerFull               // the cold queue is full
+)
+
+// offerCold puts a claimed item in the cold queue unless it is in hand
+// here already (the claim could take it only if its lease had run out
+// while renewals failed, and it is still this instance's to finish) or
+// the queue is full.
+func (o *Outbox) offerCold(it *item) offerResult {
+	if !o.inflight.acquire(it.key()) {
+		return offerInHand
+	}
+	select {
+	case o.cold <- it:
+		return offerQueued
+	default:
+		o.inflight.release(it.key())
+		return offerFull
+	}
 }
 
 // releaseDropped releases the leases of events dropped from the full hot

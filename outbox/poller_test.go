@@ -15,6 +15,7 @@ func TestMain(m *testing.M) { leakMain(m) }
 // rows from a fixed supply. It exists to test the poller's timing; the
 // real stores are tested by outbox/storetest.
 type clockStore struct {
+	nopDeliveries
 	mu     sync.Mutex
 	claims []time.Duration
 	start  time.Time
@@ -65,7 +66,7 @@ func TestPollerIdleBackoff(t *testing.T) {
 		}
 		t.Cleanup(func() { ob.Close(context.Background()) })
 		release := make(chan struct{})
-		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
+		ob.Handle("all", func(context.Context, Event) error { <-release; return nil })
 		ob.Start(context.Background())
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
@@ -110,7 +111,7 @@ func TestPollerDrainsBacklogAndSkipsWhenColdQueueFull(t *testing.T) {
 		}
 		t.Cleanup(func() { ob.Close(context.Background()) })
 		release := make(chan struct{})
-		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
+		ob.Handle("all", func(context.Context, Event) error { <-release; return nil })
 		// Not started: nothing drains the cold queue.
 		ctx := context.Background()
 		for _, want := range []int{4, 4, 0} {
@@ -170,7 +171,7 @@ func TestPollerReleasesDroppedWhileColdQueueFull(t *testing.T) {
 		}
 		release := make(chan struct{})
 		t.Cleanup(func() { close(release); ob.Close(context.Background()) })
-		ob.OnAll(func(context.Context, Event) error { <-release; return nil })
+		ob.Handle("all", func(context.Context, Event) error { <-release; return nil })
 		// Fill the cold queue (not started yet, so nothing takes from it).
 		if n, err := ob.Poll(context.Background()); n != 2 || err != nil {
 			t.Fatalf("Poll = %d, %v; want 2", n, err)

@@ -22,6 +22,7 @@ type dueStore struct {
 type dueRow struct {
 	due              time.Time
 	leased, finished bool
+	split            bool
 	attempts         int
 }
 
@@ -30,7 +31,7 @@ func (s *dueStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
 	defer s.mu.Unlock()
 	var out []Row
 	for id, r := range s.rows {
-		if len(out) < req.Limit && !r.leased && !r.finished && !r.due.After(time.Now()) {
+		if len(out) < req.Limit && !r.split && !r.leased && !r.finished && !r.due.After(time.Now()) {
 			r.leased = true
 			out = append(out, Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts})
 		}
@@ -38,13 +39,41 @@ func (s *dueStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
 	return out, nil
 }
 
-func (s *dueStore) MarkRetry(_ context.Context, _ string, id string, delay time.Duration, _ string) (bool, error) {
+// Split and FailDelivery keep one delivery per event: the test has one
+// subscription.
+func (s *dueStore) Split(_ context.Context, _ string, id string, ws []DeliveryWrite) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.rows[id]
-	r.due, r.leased = time.Now().Add(delay), false
-	r.attempts++
+	r.split = true
+	r.due, r.leased, r.attempts = time.Now().Add(ws[0].Delay), false, ws[0].Attempts
 	return true, nil
+}
+
+func (s *dueStore) FailDelivery(_ context.Context, _ string, k DeliveryKey, w DeliveryWrite) (bool, error) {
+	return s.Split(context.Background(), "", k.EventID, []DeliveryWrite{w})
+}
+
+func (s *dueStore) ClaimDeliveries(_ context.Context, req ClaimRequest, subs []string) ([]Delivery, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Delivery
+	for id, r := range s.rows {
+		if len(out) < req.Limit && r.split && !r.leased && !r.finished && !r.due.After(time.Now()) {
+			r.leased = true
+			out = append(out, Delivery{Row: Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts}, Subscription: subs[0]})
+		}
+	}
+	return out, nil
+}
+
+func (s *dueStore) CompleteDeliveries(_ context.Context, _ string, keys []DeliveryKey) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		s.rows[k.EventID].finished = true
+	}
+	return len(keys), nil
 }
 
 func (s *dueStore) MarkDone(_ context.Context, _ string, ids []string) (int, error) {
@@ -72,7 +101,7 @@ func TestRetriesRunOnTime(t *testing.T) {
 		var mu sync.Mutex
 		var at []time.Time
 		done := make(chan struct{})
-		ob.OnAll(func(_ context.Context, ev Event) error {
+		ob.Handle("all", func(_ context.Context, ev Event) error {
 			mu.Lock()
 			defer mu.Unlock()
 			at = append(at, time.Now())
@@ -82,6 +111,7 @@ func TestRetriesRunOnTime(t *testing.T) {
 			close(done)
 			return nil
 		})
+
 		if err := ob.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}

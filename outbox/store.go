@@ -135,6 +135,20 @@ type Record struct {
 	Owner string
 	// LastError is the error of the last failed attempt, or "".
 	LastError string
+	// Deliveries is the state of each subscription that did not deliver
+	// the event at the first try (Status is then StatusSplit), in
+	// subscription name order.
+	Deliveries []DeliveryRecord
+}
+
+// DeliveryRecord is the stored state of one subscription's delivery of an
+// event.
+type DeliveryRecord struct {
+	Subscription string
+	Status       Status
+	Attempts     int
+	Owner        string
+	LastError    string
 }
 
 // Inspector is implemented by stores that can look up one event by id, for
@@ -147,6 +161,9 @@ type Inspector interface {
 // oldest undelivered event.
 type Stats struct {
 	New, Retry, Done, Dead int64
+	// Split counts events whose delivery state is kept per subscription
+	// (some subscriptions owe them still, or gave up): see DeliveryStore.
+	Split int64
 	// Unknown counts rows whose status is none of the above (written by
 	// hand or by a newer version): the engine never claims them, and
 	// reports them when it samples the table.
@@ -168,7 +185,11 @@ type StatsReader interface {
 // DeadLetter is a row in status DEAD, as listed for operators. It has no
 // payload: listings are not the place for personal data.
 type DeadLetter struct {
-	ID            string
+	ID string
+	// Subscription is the subscription that gave up, or "" when the event
+	// as a whole is dead (it could not be read, or it failed before it
+	// was split per subscription).
+	Subscription  string
 	Type          string
 	AggregateType string
 	AggregateID   string
@@ -181,11 +202,14 @@ type DeadLetter struct {
 // DeadLetterStore is implemented by stores that can list and replay dead
 // letters.
 type DeadLetterStore interface {
-	// ListDead returns up to limit DEAD rows with ids greater than after,
-	// in id order.
+	// ListDead returns up to limit dead letters (DEAD events and the dead
+	// deliveries of split events) with ids greater than after, in id
+	// order; the dead deliveries of one event are never split across two
+	// pages.
 	ListDead(ctx context.Context, after string, limit int) ([]DeadLetter, error)
-	// Replay makes the given DEAD rows NEW again with zero attempts, due
-	// at once, and returns how many it changed.
+	// Replay makes the given DEAD rows, and the dead deliveries of the
+	// given events, due again at once with zero attempts, and returns how
+	// many it changed. A delivery that succeeded is not run again.
 	Replay(ctx context.Context, ids []string) (int, error)
 }
 

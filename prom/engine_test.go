@@ -35,8 +35,8 @@ func TestEngineReportsThroughPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	delivered := make(chan string, 3)
-	ob.On("Good", func(ctx context.Context, ev outbox.Event) error { delivered <- "good/" + string(ev.Path); return nil })
-	ob.On("Bad", func(ctx context.Context, ev outbox.Event) error { delivered <- "bad"; return errors.New("boom") })
+	ob.Handle("good", func(ctx context.Context, ev outbox.Event) error { delivered <- "good/" + string(ev.Path); return nil }, "Good")
+	ob.Handle("bad", func(ctx context.Context, ev outbox.Event) error { delivered <- "bad"; return errors.New("boom") }, "Bad")
 	if err := ob.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func Example() {
 		panic(err)
 	}
 	delivered := make(chan struct{})
-	ob.On("OrderPlaced", func(ctx context.Context, ev outbox.Event) error { close(delivered); return nil })
+	ob.Handle("notify", func(ctx context.Context, ev outbox.Event) error { close(delivered); return nil }, "OrderPlaced")
 	ob.Start(ctx)
 
 	tx, err := outbox.BeginTx(ctx, db.DB, nil)

@@ -121,6 +121,7 @@ type Metrics struct {
 	cleaned          prometheus.Counter
 	noListener       *prometheus.CounterVec
 	unknownStatus    prometheus.Gauge
+	circuitOpen      *prometheus.GaugeVec
 
 	// Children resolved once, so that the hot path does no label lookup.
 	dispatchedBy map[outbox.Path]map[outbox.Outcome]prometheus.Counter
@@ -189,6 +190,8 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		cleaned:         counter("cleaned_rows_total", "Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention."),
 		noListener: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "no_listener_total", ConstLabels: cl,
 			Help: "Events this instance had no listener for, by event type: handed back to the table (no attempt spent) for an instance that has one."}, []string{"event_type"}),
+		circuitOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "circuit_open", ConstLabels: cl,
+			Help: "1 while a subscription's circuit is open on this instance (its destination is unavailable: events wait without spending attempts), else 0."}, []string{"subscription"}),
 		unknownStatus: gauge("unknown_status_events", "Rows whose status the engine does not know (never delivered; written by hand or by a newer version); sampled every Config.StatsInterval."),
 
 		dispatchedBy: map[outbox.Path]map[outbox.Outcome]prometheus.Counter{},
@@ -209,7 +212,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
-		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus}
+		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus, m.circuitOpen}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
@@ -291,6 +294,15 @@ func (m *Metrics) Backlog(s outbox.Stats) {
 
 // NoListener implements outbox.Metrics.
 func (m *Metrics) NoListener(t outbox.EventType) { m.noListener.WithLabelValues(string(t)).Inc() }
+
+// Circuit implements outbox.Metrics.
+func (m *Metrics) Circuit(sub string, s outbox.CircuitState) {
+	v := 0.0
+	if s != outbox.CircuitClosed {
+		v = 1
+	}
+	m.circuitOpen.WithLabelValues(sub).Set(v)
+}
 
 // Cleaned implements outbox.Metrics.
 func (m *Metrics) Cleaned(n int64) { m.cleaned.Add(float64(n)) }

@@ -35,10 +35,11 @@ func Example() {
 	}
 	ob, _ := outbox.New(store, outbox.Config{})
 	delivered := make(chan string, 1)
-	ob.On("order.placed", func(ctx context.Context, ev outbox.Event) error {
+	ob.Handle("log", func(ctx context.Context, ev outbox.Event) error {
 		delivered <- ev.AggregateID
 		return nil
-	})
+	}, "order.placed")
+
 	ob.Start(ctx)
 	defer ob.Close(ctx)
 

@@ -35,10 +35,11 @@ func setupExample(ctx context.Context, dir string) (*ent.Client, *outbox.Outbox,
 	}
 	ob, _ := outbox.New(store, outbox.Config{})
 	delivered := make(chan outbox.Event, 1)
-	ob.On("order.placed", func(ctx context.Context, ev outbox.Event) error {
-		delivered <- ev // a real listener sends to a broker
+	ob.Handle("notify", func(ctx context.Context, ev outbox.Event) error {
+		delivered <- ev
 		return nil
-	})
+	}, "order.placed")
+
 	ob.Start(ctx)
 	return client, ob, delivered
 }

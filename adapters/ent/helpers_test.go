@@ -83,7 +83,7 @@ func setup(t *testing.T, name string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob.OnAll(rec.listen)
+	ob.Handle("all", rec.listen)
 	if err := ob.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

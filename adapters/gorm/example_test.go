@@ -40,10 +40,11 @@ func Example() {
 	store.Migrate(ctx)
 	ob, _ := outbox.New(store, outbox.Config{})
 	delivered := make(chan outbox.Event, 1)
-	ob.On("order.placed", func(ctx context.Context, ev outbox.Event) error {
-		delivered <- ev // a real listener sends to a broker
+	ob.Handle("notify", func(ctx context.Context, ev outbox.Event) error {
+		delivered <- ev
 		return nil
-	})
+	}, "order.placed")
+
 	ob.Start(ctx)
 	defer ob.Close(ctx)
 
@@ -77,10 +78,11 @@ func ExampleTransactional() {
 	store.Migrate(ctx)
 	ob, _ := outbox.New(store, outbox.Config{})
 	delivered := make(chan outbox.Event, 1)
-	ob.On("order.placed", func(ctx context.Context, ev outbox.Event) error {
+	ob.Handle("audit", func(ctx context.Context, ev outbox.Event) error {
 		delivered <- ev
 		return nil
-	})
+	}, "order.placed")
+
 	ob.Start(ctx)
 	defer ob.Close(ctx)
 

@@ -81,7 +81,7 @@ func setup(t testing.TB, name string, cfg gorm.Config) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob.OnAll(rec.listen)
+	ob.Handle("all", rec.listen)
 	ctx := context.Background()
 	if err := ob.Start(ctx); err != nil {
 		t.Fatal(err)

@@ -148,7 +148,7 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 		// Order times are UTC with the microseconds every database keeps.
 		now: func() time.Time { return clock().UTC().Truncate(time.Microsecond) }}
 	a.model.register(ob)
-	ob.OnAll(logDelivered(log))
+	ob.Handle("log", logDelivered(log))
 	a.handler = a.router()
 	return a, nil
 }

@@ -14,7 +14,7 @@ import (
 // logDelivered is a listener for every event: one structured log line per
 // delivery. It logs ids and types, never the payload, which may hold
 // personal data.
-func logDelivered(log *slog.Logger) outbox.Listener {
+func logDelivered(log *slog.Logger) outbox.Handler {
 	return func(ctx context.Context, ev outbox.Event) error {
 		log.LogAttrs(ctx, slog.LevelInfo, "event delivered",
 			slog.String("event_id", ev.ID),
@@ -45,23 +45,24 @@ func newReadModel() *readModel {
 
 // register subscribes the read model to the order events.
 func (m *readModel) register(ob *outbox.Outbox) {
-	ob.On(OrderPlaced, func(ctx context.Context, ev outbox.Event) error {
-		var p orderPlaced
-		if err := json.Unmarshal(ev.JSON, &p); err != nil {
-			// No retry can fix a payload this program cannot read.
-			return outbox.Permanent(fmt.Errorf("restapi: OrderPlaced %s: payload is not an order", ev.ID))
+	ob.Handle("read-model", func(ctx context.Context, ev outbox.Event) error {
+		switch ev.Type {
+		case OrderPlaced:
+			var p orderPlaced
+			if err := json.Unmarshal(ev.JSON, &p); err != nil {
+				return outbox.Permanent(fmt.Errorf("restapi: OrderPlaced %s: payload is not an order", ev.ID))
+			}
+			m.apply(ev, 1, p.TotalCents)
+		case OrderCancelled:
+			var p orderCancelled
+			if err := json.Unmarshal(ev.JSON, &p); err != nil {
+				return outbox.Permanent(fmt.Errorf("restapi: OrderCancelled %s: payload is not a cancellation", ev.ID))
+			}
+			m.apply(ev, -1, -p.TotalCents)
 		}
-		m.apply(ev, 1, p.TotalCents)
 		return nil
-	})
-	ob.On(OrderCancelled, func(ctx context.Context, ev outbox.Event) error {
-		var p orderCancelled
-		if err := json.Unmarshal(ev.JSON, &p); err != nil {
-			return outbox.Permanent(fmt.Errorf("restapi: OrderCancelled %s: payload is not a cancellation", ev.ID))
-		}
-		m.apply(ev, -1, -p.TotalCents)
-		return nil
-	})
+	}, OrderPlaced, OrderCancelled)
+
 }
 
 func (m *readModel) apply(ev outbox.Event, orders, cents int64) {

@@ -33,10 +33,12 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob.On(OrderPlaced, func(ctx context.Context, ev outbox.Event) error {
+	// A subscription: a stable name (the database tracks its deliveries),
+	// a handler, the event types it takes.
+	ob.Handle("log", func(ctx context.Context, ev outbox.Event) error {
 		log.Printf("deliver %s %s %s", ev.Type, ev.ID, ev.JSON) // to Kafka, NATS, a webhook…
 		return nil                                              // an error retries with back-off
-	})
+	}, OrderPlaced)
 	ob.Start(ctx)
 	defer ob.Close(ctx) // drains the queues, waits for every goroutine
 

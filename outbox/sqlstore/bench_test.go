@@ -49,12 +49,13 @@ func BenchmarkPublishCommit(b *testing.B) {
 func countDeliveries(ob *outbox.Outbox, n int) func(b *testing.B, timeout time.Duration) {
 	var delivered atomic.Int64
 	all := make(chan struct{})
-	ob.OnAll(func(context.Context, outbox.Event) error {
+	ob.Handle("all", func(context.Context, outbox.Event) error {
 		if delivered.Add(1) == int64(n) {
 			close(all)
 		}
 		return nil
 	})
+
 	return func(b *testing.B, timeout time.Duration) {
 		select {
 		case <-all:

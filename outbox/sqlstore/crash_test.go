@@ -83,7 +83,7 @@ func TestCrashRecovery(t *testing.T) {
 			var mu sync.Mutex
 			seen := map[string]int{}
 			all := make(chan struct{})
-			ob.OnAll(func(_ context.Context, ev outbox.Event) error {
+			ob.Handle("all", func(_ context.Context, ev outbox.Event) error {
 				mu.Lock()
 				defer mu.Unlock()
 				seen[ev.ID]++
@@ -92,6 +92,7 @@ func TestCrashRecovery(t *testing.T) {
 				}
 				return nil
 			})
+
 			ob.Start(context.Background())
 			select {
 			case <-all:
@@ -133,10 +134,11 @@ func TestCrashChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	ob.OnAll(func(ctx context.Context, _ outbox.Event) error {
+	ob.Handle("all", func(ctx context.Context, _ outbox.Event) error {
 		once.Do(func() { fmt.Println("DELIVERING") })
-		select {} // stuck until killed
+		select {}
 	})
+
 	ctx := context.Background()
 	for i := range crashEvents {
 		tx, err := outbox.BeginTx(ctx, db.DB, nil)

@@ -43,7 +43,8 @@ func (s *Store) Migrations() ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		sqlText := strings.NewReplacer("{{table}}", s.table, "{{name}}", s.name).Replace(string(b))
+		sqlText := strings.NewReplacer("{{table}}", s.table, "{{name}}", s.name,
+			"{{subscriptions}}", s.SubscriptionsTable(), "{{deliveries}}", s.DeliveriesTable()).Replace(string(b))
 		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(base, ".sql"), SQL: sqlText})
 	}
 	return out, nil

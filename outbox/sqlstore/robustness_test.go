@@ -167,7 +167,7 @@ func TestPoisonRowsDoNotStopThePoller(t *testing.T) {
 			}
 			var delivered atomic.Int64
 			all := make(chan struct{})
-			ob.OnAll(func(_ context.Context, ev outbox.Event) error {
+			ob.Handle("all", func(_ context.Context, ev outbox.Event) error {
 				if ev.Type == "Poison" {
 					t.Errorf("a damaged row was delivered: %s", ev.ID)
 				}
@@ -176,6 +176,7 @@ func TestPoisonRowsDoNotStopThePoller(t *testing.T) {
 				}
 				return nil
 			})
+
 			if err := ob.Start(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -49,7 +49,7 @@ func TestWrappedDriverNameUsesDialectPlaceholders(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make(chan string, 1)
-	ob.OnAll(func(_ context.Context, ev outbox.Event) error { got <- ev.ID; return nil })
+	ob.Handle("all", func(_ context.Context, ev outbox.Event) error { got <- ev.ID; return nil })
 	tx, err := outbox.BeginTx(ctx, db.DB, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestPublishBeforeStartWarnsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob.OnAll(func(context.Context, outbox.Event) error { return nil })
+	ob.Handle("all", func(context.Context, outbox.Event) error { return nil })
 	ctx := context.Background()
 	for range 3 {
 		tx, err := outbox.BeginTx(ctx, db.DB, nil)

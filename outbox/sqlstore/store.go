@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -377,6 +378,11 @@ func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	}
 	rec.Row, rec.Owner = r, r.PrevOwner
 	rec.PrevOwner = ""
+	if rec.Status == outbox.StatusSplit {
+		if rec.Deliveries, err = s.inspectDeliveries(ctx, id); err != nil {
+			return rec, fmt.Errorf("sqlstore: inspect %s: %w", id, err)
+		}
+	}
 	return rec, nil
 }
 
@@ -503,6 +509,8 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 			st.Retry = n
 		case outbox.StatusDead:
 			st.Dead = n
+		case outbox.StatusSplit:
+			st.Split = n
 		default:
 			st.Unknown += n
 		}
@@ -525,7 +533,45 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 
 // ListDead implements outbox.DeadLetterStore.
 func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox.DeadLetter, error) {
-	rs, err := s.db.QueryContext(ctx, s.q.listDead, after, limit)
+	out, err := s.listDead(ctx, s.q.listDead, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	// The dead deliveries of split events, merged in id order; the page
+	// ends after a whole event.
+	q := s.rebind(`SELECT e.id, d.subscription, e.event_type, e.aggregate_type, e.aggregate_id, e.tenant_id, d.attempts, COALESCE(d.last_error, ''), e.created_at
+FROM ` + s.DeliveriesTable() + ` d JOIN ` + s.table + ` e ON e.id = d.event_id
+WHERE d.status = 3 AND d.event_id > ? ORDER BY d.event_id, d.subscription LIMIT ?`)
+	more, err := s.listDead(ctx, q, after, limit+1)
+	if err != nil {
+		return nil, s.explainSubs(err)
+	}
+	out = append(out, more...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	if len(out) > limit {
+		cut := limit
+		for cut < len(out) && out[cut].ID == out[cut-1].ID {
+			cut++
+		}
+		last := out[cut-1].ID
+		if cut == len(out) && len(more) > limit && more[len(more)-1].ID == last {
+			// The deliveries query stopped inside this event: leave it
+			// whole to the next page, unless it is all there is.
+			for cut > 0 && out[cut-1].ID == last {
+				cut--
+			}
+			if cut == 0 {
+				cut = len(out)
+			}
+		}
+		out = out[:cut]
+	}
+	return out, nil
+}
+
+func (s *Store) listDead(ctx context.Context, q, after string, limit int) ([]outbox.DeadLetter, error) {
+	split := strings.Contains(q, "subscription")
+	rs, err := s.db.QueryContext(ctx, q, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
 	}
@@ -534,11 +580,35 @@ func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox
 	for rs.Next() {
 		var dl outbox.DeadLetter
 		var created dbTime
-		if err := rs.Scan(&dl.ID, &dl.Type, &dl.AggregateType, &dl.AggregateID, &dl.TenantID, &dl.Attempts, &dl.LastError, &created); err != nil {
+		dest := []any{&dl.ID, &dl.Type, &dl.AggregateType, &dl.AggregateID, &dl.TenantID, &dl.Attempts, &dl.LastError, &created}
+		if split {
+			dest = append([]any{&dl.ID, &dl.Subscription}, dest[1:]...)
+		}
+		if err := rs.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
 		}
 		dl.CreatedAt = created.Time
 		out = append(out, dl)
+	}
+	return out, rs.Err()
+}
+
+// inspectDeliveries returns the deliveries of a split event.
+func (s *Store) inspectDeliveries(ctx context.Context, id string) ([]outbox.DeliveryRecord, error) {
+	rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT subscription, status, attempts, COALESCE(locked_by, ''), COALESCE(last_error, '') FROM `+s.DeliveriesTable()+` WHERE event_id = ? ORDER BY subscription`), id)
+	if err != nil {
+		return nil, s.explainSubs(err)
+	}
+	defer rs.Close()
+	var out []outbox.DeliveryRecord
+	for rs.Next() {
+		var d outbox.DeliveryRecord
+		var status int
+		if err := rs.Scan(&d.Subscription, &status, &d.Attempts, &d.Owner, &d.LastError); err != nil {
+			return nil, err
+		}
+		d.Status = outbox.Status(status)
+		out = append(out, d)
 	}
 	return out, rs.Err()
 }
@@ -548,8 +618,14 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	q := s.replaySQL(len(ids))
-	return s.execCount(ctx, q, stringArgs(ids)...)
+	n, err := s.execCount(ctx, s.replaySQL(len(ids)), stringArgs(ids)...)
+	if err != nil {
+		return n, err
+	}
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET status = 0, attempts = 0, available_at = ` + s.d.now + `, done_at = NULL, locked_by = NULL, locked_until = NULL
+WHERE status = 3 AND event_id IN ` + in(len(ids)))
+	m, err := s.execCount(ctx, q, stringArgs(ids)...)
+	return n + m, s.explainSubs(err)
 }
 
 // Cleanup implements outbox.Cleaner. It selects the ids first and deletes
@@ -560,9 +636,17 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 	if includeDead {
 		dead = int(outbox.StatusDead)
 	}
-	rs, err := s.db.QueryContext(ctx, s.q.cleanup, int(outbox.StatusDone), dead, olderThan.Microseconds(), limit)
+	q, args := s.q.cleanup, []any{int(outbox.StatusDone), dead, olderThan.Microseconds(), limit}
+	if includeDead {
+		// Split events too, once none of their deliveries is pending and
+		// the last one ended before the cut-off.
+		q = s.rebind(`SELECT id FROM ` + s.table + ` WHERE (status IN (1, 3) OR (status = 4 AND id NOT IN (SELECT event_id FROM ` + s.DeliveriesTable() + `
+  WHERE status IN (0, 2) OR done_at >= ` + s.d.nowMinus + `))) AND available_at < ` + s.d.nowMinus + ` ORDER BY available_at LIMIT ?`)
+		args = []any{olderThan.Microseconds(), olderThan.Microseconds(), limit}
+	}
+	rs, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: cleanup: %w", err)
+		return 0, fmt.Errorf("sqlstore: cleanup: %w", s.explainSubs(err))
 	}
 	var ids []string
 	for rs.Next() {
@@ -579,11 +663,20 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 	var total int64
 	for len(ids) > 0 {
 		k := min(len(ids), 500)
-		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE status IN (?, ?) AND id IN ` + in(k))
-		n, err := s.execCount(ctx, q, stringArgs(ids[:k], int(outbox.StatusDone), dead)...)
+		split := int(outbox.StatusDone)
+		if includeDead {
+			split = int(outbox.StatusSplit) // selected only when finished
+		}
+		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE status IN (?, ?, ?) AND id IN ` + in(k))
+		n, err := s.execCount(ctx, q, stringArgs(ids[:k], int(outbox.StatusDone), dead, split)...)
 		total += int64(n)
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: cleanup: %w", err)
+		}
+		// The deliveries of split events that became DONE go with them.
+		dq := s.rebind(`DELETE FROM ` + s.DeliveriesTable() + ` WHERE event_id IN ` + in(k) + ` AND event_id NOT IN (SELECT id FROM ` + s.table + ` WHERE id IN ` + in(k) + `)`)
+		if _, err := s.execCount(ctx, dq, append(stringArgs(ids[:k]), stringArgs(ids[:k])...)...); err != nil {
+			return total, fmt.Errorf("sqlstore: cleanup of deliveries: %w", err)
 		}
 		ids = ids[k:]
 	}

@@ -18,9 +18,15 @@ import (
 // pass through.
 type hookedStore struct {
 	outbox.Store
-	claim     func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error)
-	markRetry func(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error)
-	markDead  func(ctx context.Context, owner, id string, errText string) (bool, error)
+	outbox.DeliveryStore
+	claim func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error)
+	// record wraps the writes of failed deliveries (Split and
+	// FailDelivery): write performs the real one.
+	record func(ctx context.Context, ws []outbox.DeliveryWrite, write func() (bool, error)) (bool, error)
+}
+
+func hooked(st outbox.Store) *hookedStore {
+	return &hookedStore{Store: st, DeliveryStore: st.(outbox.DeliveryStore)}
 }
 
 func (s *hookedStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
@@ -30,18 +36,20 @@ func (s *hookedStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]out
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *hookedStore) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
-	if s.markRetry != nil {
-		return s.markRetry(ctx, owner, id, delay, errText)
+func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []outbox.DeliveryWrite) (bool, error) {
+	write := func() (bool, error) { return s.DeliveryStore.Split(ctx, owner, id, ws) }
+	if s.record != nil {
+		return s.record(ctx, ws, write)
 	}
-	return s.Store.MarkRetry(ctx, owner, id, delay, errText)
+	return write()
 }
 
-func (s *hookedStore) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
-	if s.markDead != nil {
-		return s.markDead(ctx, owner, id, errText)
+func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+	write := func() (bool, error) { return s.DeliveryStore.FailDelivery(ctx, owner, k, w) }
+	if s.record != nil {
+		return s.record(ctx, []outbox.DeliveryWrite{w}, write)
 	}
-	return s.Store.MarkDead(ctx, owner, id, errText)
+	return write()
 }
 
 // outboxOn is e.outbox over another store (a wrapper of e.store).
@@ -56,8 +64,9 @@ func (e *env) outboxOn(t *testing.T, st outbox.Store, cfg outbox.Config) *outbox
 // An instance never marks DONE an event that no listener of its own
 // accepted: two instances with different listeners share the table
 // (a rolling deploy), each event is delivered by the instance that has
-// its listener, none is completed by the other. A listener registered
-// after Start gets the events published before it.
+// its listener, none is completed by the other. An event no running
+// instance has a subscription for waits, attempts unchanged, for the
+// instance deployed with one.
 func testNeverCompletesWithoutListener(t *testing.T, e *env) {
 	var obs [2]*outbox.Outbox
 	var recs [2]*recorder
@@ -73,12 +82,13 @@ func testNeverCompletesWithoutListener(t *testing.T, e *env) {
 		obs[i] = e.outbox(t, cfg)
 		recs[i] = newRecorder(want)
 		rec, other := recs[i], types[1-i]
-		obs[i].On(types[i], func(ctx context.Context, ev outbox.Event) error {
+		obs[i].Handle("listener-"+string(types[i]), func(ctx context.Context, ev outbox.Event) error {
 			if ev.Type == other {
 				t.Errorf("instance %d got an event of type %s it has no listener for", i, ev.Type)
 			}
 			return rec.listen(ctx, ev)
-		})
+		}, types[i])
+
 		start(t, obs[i])
 	}
 	var ids [2][]string
@@ -109,8 +119,8 @@ func testNeverCompletesWithoutListener(t *testing.T, e *env) {
 		t.Errorf("%d 'no listener' warnings; want at most one per type per instance per minute", n)
 	}
 
-	// On after Start: the event waits for the listener instead of being
-	// completed without one.
+	// A type no instance takes yet: the event waits for the instance that
+	// brings the subscription instead of being completed without one.
 	cfg := fastConfig()
 	cfg.NoListenerDelay = 20 * time.Millisecond
 	m := &counting{}
@@ -127,8 +137,13 @@ func testNeverCompletesWithoutListener(t *testing.T, e *env) {
 	if rec.Attempts != 0 {
 		t.Fatalf("attempts %d after a hand-back; want 0", rec.Attempts)
 	}
+	if err := late.Subscribe(outbox.Subscription{Name: "late", Types: []outbox.EventType{"Late"}, Handler: func(context.Context, outbox.Event) error { return nil }}); !errors.Is(err, outbox.ErrStarted) {
+		t.Fatalf("Subscribe after Start: %v; want ErrStarted", err)
+	}
 	got := make(chan outbox.Event, 1)
-	late.On("Late", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
+	next := e.outbox(t, fastConfig())
+	next.Handle("late", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil }, "Late")
+	start(t, next)
 	if ev := recv(t, got, "the late listener's event"); ev.ID != id || ev.Attempt != 1 {
 		t.Fatalf("late listener got %s attempt %d; want %s attempt 1", ev.ID, ev.Attempt, id)
 	}
@@ -144,7 +159,7 @@ func testCloseDuringClaim(t *testing.T, e *env) {
 	stranded := 0
 	for i := range closes {
 		claiming := make(chan struct{}, 1)
-		st := &hookedStore{Store: e.store}
+		st := hooked(e.store)
 		st.claim = func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
 			select {
 			case claiming <- struct{}{}:
@@ -156,7 +171,7 @@ func testCloseDuringClaim(t *testing.T, e *env) {
 		cfg.StatsInterval = -1
 		cfg.InstanceID = fmt.Sprintf("closer-%d", i)
 		ob := e.outboxOn(t, st, cfg)
-		ob.OnAll(func(ctx context.Context, _ outbox.Event) error { <-ctx.Done(); return ctx.Err() })
+		ob.Handle("all", func(ctx context.Context, _ outbox.Event) error { <-ctx.Done(); return ctx.Err() })
 		start(t, ob)
 		<-claiming
 		// Land the cancellation anywhere in the claim: at BEGIN, in the
@@ -192,10 +207,11 @@ func testCommitAfterClose(t *testing.T, e *env) {
 	cfg := fastConfig()
 	cfg.Lease = time.Minute // what the events would wait without the fix
 	closing := e.outbox(t, cfg)
-	closing.OnAll(func(context.Context, outbox.Event) error {
+	closing.Handle("all", func(context.Context, outbox.Event) error {
 		t.Error("the closed instance delivered")
 		return nil
 	})
+
 	start(t, closing)
 	ctx := context.Background()
 	tx, err := e.begin(ctx)
@@ -219,7 +235,7 @@ func testCommitAfterClose(t *testing.T, e *env) {
 	}
 	rec := newRecorder(2)
 	other := e.outbox(t, fastConfig())
-	other.OnAll(rec.listen)
+	other.Handle("all", rec.listen)
 	start(t, other)
 	rec.wait(t, 5*time.Second) // far less than the minute-long lease
 }
@@ -236,35 +252,32 @@ func testUnstorableErrorText(t *testing.T, e *env) {
 		{"refused", "refuse-me: bad bytes from the broker"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := &hookedStore{Store: e.store}
+			st := hooked(e.store)
 			refuse := func(text string) error {
 				if strings.Contains(text, "refuse-me") {
 					return errors.New("storetest: the database refuses this text")
 				}
 				return nil
 			}
-			st.markRetry = func(ctx context.Context, owner, id string, delay time.Duration, text string) (bool, error) {
-				if err := refuse(text); err != nil {
-					return false, err
-				}
-				return e.store.MarkRetry(ctx, owner, id, delay, text)
-			}
 			cfg := fastConfig()
 			cfg.MaxAttempts = 3
 			ob := e.outboxOn(t, st, cfg)
 			var calls atomic.Int64
-			ob.OnAll(func(context.Context, outbox.Event) error {
+			ob.Handle("all", func(context.Context, outbox.Event) error {
 				calls.Add(1)
 				return errors.New(tc.text)
 			})
+
 			dead := make(chan struct{})
 			var once sync.Once
-			st.markDead = func(ctx context.Context, owner, id, text string) (bool, error) {
-				if err := refuse(text); err != nil {
+			st.record = func(ctx context.Context, ws []outbox.DeliveryWrite, write func() (bool, error)) (bool, error) {
+				if err := refuse(ws[0].Error); err != nil {
 					return false, err
 				}
-				defer once.Do(func() { close(dead) })
-				return e.store.MarkDead(ctx, owner, id, text)
+				if ws[0].Status == outbox.StatusDead {
+					defer once.Do(func() { close(dead) })
+				}
+				return write()
 			}
 			start(t, ob)
 			id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
@@ -286,9 +299,9 @@ func testUnstorableErrorText(t *testing.T, e *env) {
 // not skipped with its new lease left to expire.
 func testReclaimWhileFinishing(t *testing.T, e *env) {
 	written, proceed := make(chan struct{}), make(chan struct{})
-	st := &hookedStore{Store: e.store}
-	st.markRetry = func(ctx context.Context, owner, id string, delay time.Duration, text string) (bool, error) {
-		ok, err := e.store.MarkRetry(ctx, owner, id, delay, text)
+	st := hooked(e.store)
+	st.record = func(ctx context.Context, _ []outbox.DeliveryWrite, write func() (bool, error)) (bool, error) {
+		ok, err := write()
 		close(written)
 		<-proceed
 		return ok, err
@@ -300,13 +313,14 @@ func testReclaimWhileFinishing(t *testing.T, e *env) {
 	ob := e.outboxOn(t, st, cfg)
 	second := make(chan outbox.Event, 1)
 	var calls atomic.Int64
-	ob.OnAll(func(_ context.Context, ev outbox.Event) error {
+	ob.Handle("all", func(_ context.Context, ev outbox.Event) error {
 		if calls.Add(1) == 1 {
 			return errors.New("first attempt fails")
 		}
 		second <- ev
 		return nil
 	})
+
 	start(t, ob)
 	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	recv(t, written, "the retry write")
@@ -328,7 +342,7 @@ func testReclaimWhileFinishing(t *testing.T, e *env) {
 func testLargestHeaders(t *testing.T, e *env) {
 	ob := e.outbox(t, fastConfig())
 	got := make(chan outbox.Event, 1)
-	ob.OnAll(func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
+	ob.Handle("all", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
 	start(t, ob)
 	// {"k":"vvv…"} is 8 bytes plus the value.
 	value := strings.Repeat("v", outbox.MaxHeadersBytes-8)
@@ -355,13 +369,14 @@ func testLargestHeaders(t *testing.T, e *env) {
 func testRetryRunsOnTime(t *testing.T, e *env) {
 	ob := e.outbox(t, outbox.Config{SkipRecent: -1})
 	attempts := make(chan time.Time, 2)
-	ob.OnAll(func(_ context.Context, ev outbox.Event) error {
+	ob.Handle("all", func(_ context.Context, ev outbox.Event) error {
 		attempts <- time.Now()
 		if ev.Attempt == 1 {
 			return errors.New("first attempt fails")
 		}
 		return nil
 	})
+
 	start(t, ob)
 	e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	first := recv(t, attempts, "the first attempt")

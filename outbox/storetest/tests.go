@@ -25,7 +25,7 @@ const (
 func testAtomicity(t *testing.T, e *env) {
 	ob := e.outbox(t, fastConfig())
 	rec := newRecorder(1)
-	ob.OnAll(rec.listen)
+	ob.Handle("all", rec.listen)
 	start(t, ob)
 	ctx := context.Background()
 	tx, err := e.begin(ctx)
@@ -63,7 +63,7 @@ func testCommitHotPath(t *testing.T, e *env) {
 	cfg.Metrics = m
 	ob := e.outbox(t, cfg)
 	got := make(chan outbox.Event, 1)
-	ob.On(typeA, func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
+	ob.Handle("listener-1", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil }, typeA)
 	start(t, ob)
 	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload), AggregateID: "42"})
 	ev := recv(t, got, "hot delivery")
@@ -88,7 +88,7 @@ func testHotQueueFull(t *testing.T, e *env) {
 	ob := e.outbox(t, cfg)
 	const n = 20
 	rec := newRecorder(n)
-	ob.OnAll(rec.listen)
+	ob.Handle("all", rec.listen)
 	// Not started: nothing drains the hot queue, so all but one drop.
 	ids := make([]string, n)
 	for i := range ids {
@@ -128,7 +128,7 @@ func testLateCommitLeftToPoller(t *testing.T, e *env) {
 		m := &counting{}
 		cfg.Metrics = m
 		ob := e.outbox(t, cfg)
-		ob.OnAll(rec.listen)
+		ob.Handle("all", rec.listen)
 		start(t, ob)
 		obs, ms = append(obs, ob), append(ms, m)
 	}
@@ -181,14 +181,15 @@ func testRetryThenDead(t *testing.T, e *env) {
 	var lastEnd atomic.Int64
 	gate := make(chan struct{})       // holds attempt 2 while the row is inspected
 	long := strings.Repeat("é", 5000) // multi-byte: truncation must respect characters
-	ob.On(typeA, func(_ context.Context, ev outbox.Event) error {
+	ob.Handle("listener-2", func(_ context.Context, ev outbox.Event) error {
 		attempts <- attempt{ev.Attempt, time.Now()}
 		if ev.Attempt == 2 {
 			<-gate
 		}
 		lastEnd.Store(time.Now().UnixNano())
 		return errors.New(long)
-	})
+	}, typeA)
+
 	start(t, ob)
 	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	first := recv(t, attempts, "attempt 1")
@@ -201,8 +202,8 @@ func testRetryThenDead(t *testing.T, e *env) {
 		t.Fatalf("attempt 2 started %v after attempt 1 failed; the back-off is %v", gap, backoff)
 	}
 	// While attempt 2 runs, the row shows the first failure.
-	rec := e.inspect(t, id)
-	if rec.Status != outbox.StatusRetry || rec.Attempts != 1 {
+	rec := e.wantStatus(t, id, outbox.StatusRetry)
+	if rec.Attempts != 1 {
 		t.Fatalf("after one failure: status %v attempts %d, want retry 1", rec.Status, rec.Attempts)
 	}
 	if n := len([]rune(rec.LastError)); n > outbox.MaxErrorChars || n < 1000 {
@@ -236,7 +237,7 @@ const (
 func testTyped(t *testing.T, e *env) {
 	ob := e.outbox(t, fastConfig())
 	got := make(chan outbox.Event, 2)
-	ob.On(orderPlaced, func(_ context.Context, ev outbox.Event) error { got <- ev; return nil })
+	ob.Handle("listener-3", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil }, orderPlaced)
 	start(t, ob)
 	when := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
 	e.publish(t, ob, outbox.Envelope{Type: orderPlaced, AggregateType: orderAgg, AggregateID: "o-1", TenantID: "t-1", OccurredAt: when, JSON: []byte(payload)})
@@ -324,11 +325,11 @@ func testPanicAndFailing(t *testing.T, e *env) {
 	ob := e.outbox(t, cfg)
 	const healthy = 100
 	rec := newRecorder(healthy)
-	ob.On("Healthy", rec.listen)
+	ob.Handle("listener-4", rec.listen, "Healthy")
 	var badDone sync.WaitGroup
 	badDone.Add(4) // two attempts each
-	ob.On("Panics", func(context.Context, outbox.Event) error { defer badDone.Done(); panic("listener bug") })
-	ob.On("Fails", func(context.Context, outbox.Event) error { defer badDone.Done(); return errAlwaysFails })
+	ob.Handle("listener-5", func(context.Context, outbox.Event) error { defer badDone.Done(); panic("listener bug") }, "Panics")
+	ob.Handle("listener-6", func(context.Context, outbox.Event) error { defer badDone.Done(); return errAlwaysFails }, "Fails")
 	start(t, ob)
 	panicky := e.publish(t, ob, outbox.Envelope{Type: "Panics", JSON: []byte(payload)})
 	failing := e.publish(t, ob, outbox.Envelope{Type: "Fails", JSON: []byte(payload)})
@@ -358,10 +359,11 @@ func waitGroup(t *testing.T, wg *sync.WaitGroup, what string) {
 func testPermanent(t *testing.T, e *env) {
 	ob := e.outbox(t, fastConfig())
 	called := make(chan struct{}, 5)
-	ob.On(typeA, func(context.Context, outbox.Event) error {
+	ob.Handle("listener-7", func(context.Context, outbox.Event) error {
 		called <- struct{}{}
 		return outbox.Permanent(errors.New("malformed order"))
-	})
+	}, typeA)
+
 	start(t, ob)
 	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	recv(t, called, "the attempt")
@@ -385,14 +387,15 @@ func testListenerTimeout(t *testing.T, e *env) {
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var stuckReturned atomic.Bool
-	ob.On(typeA, func(context.Context, outbox.Event) error {
+	ob.Handle("listener-8", func(context.Context, outbox.Event) error {
 		close(entered)
-		<-release // ignores its context
+		<-release
 		stuckReturned.Store(true)
 		return nil
-	})
+	}, typeA)
+
 	next := make(chan string, 1)
-	ob.On(typeB, func(_ context.Context, ev outbox.Event) error { next <- ev.ID; return nil })
+	ob.Handle("listener-9", func(_ context.Context, ev outbox.Event) error { next <- ev.ID; return nil }, typeB)
 	start(t, ob)
 	stuck := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	recv(t, entered, "the stuck listener to start")
@@ -429,7 +432,7 @@ func testCloseDrains(t *testing.T, e *env) {
 	ob := e.outbox(t, cfg)
 	const n = 300
 	rec := newRecorder(n)
-	ob.OnAll(rec.listen)
+	ob.Handle("all", rec.listen)
 	ids := e.publishMany(t, ob, typeA, n) // queued, not yet started
 	start(t, ob)
 	closeNow(t, ob)
@@ -450,11 +453,12 @@ func testCloseHandsBack(t *testing.T, e *env) {
 	cfg.Workers = 1
 	ob := e.outbox(t, cfg)
 	entered := make(chan struct{}, 1)
-	ob.OnAll(func(ctx context.Context, _ outbox.Event) error {
+	ob.Handle("all", func(ctx context.Context, _ outbox.Event) error {
 		entered <- struct{}{}
 		<-ctx.Done()
 		return ctx.Err()
 	})
+
 	ids := e.publishMany(t, ob, typeA, 10)
 	start(t, ob)
 	recv(t, entered, "the first delivery")
@@ -481,12 +485,13 @@ func testCloseReportsStuckListener(t *testing.T, e *env) {
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
 	returned := make(chan struct{})
-	ob.OnAll(func(context.Context, outbox.Event) error {
+	ob.Handle("all", func(context.Context, outbox.Event) error {
 		defer close(returned)
 		entered <- struct{}{}
-		<-release // ignores its context
+		<-release
 		return nil
 	})
+
 	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	start(t, ob)
 	recv(t, entered, "the delivery")
@@ -508,7 +513,7 @@ func testStartCloseStress(t *testing.T, e *env) {
 		cfg := fastConfig()
 		cfg.HotQueueSize = 8
 		ob := e.outbox(t, cfg)
-		ob.OnAll(func(context.Context, outbox.Event) error { return nil })
+		ob.Handle("all", func(context.Context, outbox.Event) error { return nil })
 		var wg sync.WaitGroup
 		wg.Go(func() { ob.Start(context.Background()) })
 		wg.Go(func() { ob.Start(context.Background()) })
@@ -553,7 +558,7 @@ func testFourInstances(t *testing.T, e *env) {
 		metrics[i] = &counting{}
 		cfg.Metrics = metrics[i]
 		ob := e.outbox(t, cfg)
-		ob.OnAll(rec.listen)
+		ob.Handle("all", rec.listen)
 		instances = append(instances, ob)
 	}
 	for _, ob := range instances {
@@ -589,11 +594,11 @@ func testNoSteal(t *testing.T, e *env) {
 	a := e.outbox(t, cfg)
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	a.OnAll(func(context.Context, outbox.Event) error { close(entered); <-release; return nil })
+	a.Handle("all", func(context.Context, outbox.Event) error { close(entered); <-release; return nil })
 	start(t, a)
 	b := e.outbox(t, fastConfig()) // not started: we poll it by hand
 	var stolen atomic.Int64
-	b.OnAll(func(context.Context, outbox.Event) error { stolen.Add(1); return nil })
+	b.Handle("all", func(context.Context, outbox.Event) error { stolen.Add(1); return nil })
 	id := e.publish(t, a, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	recv(t, entered, "the hot delivery")
 	// b has no skip window at all: a "created more than SkipRecent ago"
@@ -676,7 +681,7 @@ func testTakeover(t *testing.T, e *env) {
 	cfg := fastConfig()
 	cfg.Lease = 300 * time.Millisecond
 	dead := e.outbox(t, cfg) // never started: it "dies" with events in its hot queue
-	dead.OnAll(func(context.Context, outbox.Event) error { t.Error("the dead instance delivered"); return nil })
+	dead.Handle("all", func(context.Context, outbox.Event) error { t.Error("the dead instance delivered"); return nil })
 	ids := make([]string, 5)
 	for i := range ids {
 		ids[i] = e.publish(t, dead, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
@@ -686,7 +691,7 @@ func testTakeover(t *testing.T, e *env) {
 	cfg.Metrics = m
 	survivor := e.outbox(t, cfg)
 	rec := newRecorder(len(ids))
-	survivor.OnAll(rec.listen)
+	survivor.Handle("all", rec.listen)
 	start(t, survivor)
 	rec.wait(t, wait)
 	closeNow(t, survivor)
@@ -708,7 +713,7 @@ func testLateCommit(t *testing.T, e *env) {
 	cfg.DisableHotPath = true
 	ob := e.outbox(t, cfg)
 	got := make(chan string, 2)
-	ob.OnAll(func(_ context.Context, ev outbox.Event) error { got <- ev.ID; return nil })
+	ob.Handle("all", func(_ context.Context, ev outbox.Event) error { got <- ev.ID; return nil })
 	start(t, ob)
 	ctx := context.Background()
 	slow, err := e.begin(ctx)
@@ -744,12 +749,12 @@ func testPayloadRoundTrip(t *testing.T, e *env) {
 	got := make(chan outbox.Event, 6)
 	listen := func(_ context.Context, ev outbox.Event) error { got <- ev; return nil }
 	hot := e.outbox(t, fastConfig())
-	hot.OnAll(listen)
+	hot.Handle("all", listen)
 	start(t, hot)
 	coldCfg := fastConfig()
 	coldCfg.DisableHotPath = true
 	cold := e.outbox(t, coldCfg)
-	cold.OnAll(listen)
+	cold.Handle("all", listen)
 	start(t, cold)
 	want := map[string][]byte{}
 	for _, ob := range []*outbox.Outbox{hot, cold} {
@@ -800,10 +805,11 @@ func testUndecodable(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	ob := e.outbox(t, fastConfig())
-	ob.OnAll(func(context.Context, outbox.Event) error {
+	ob.Handle("all", func(context.Context, outbox.Event) error {
 		t.Error("listener called for an undecodable row")
 		return nil
 	})
+
 	if _, err := ob.Poll(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -822,9 +828,9 @@ func testSentinel(t *testing.T, e *env) {
 	ob := e.outbox(t, cfg)
 	var failures sync.WaitGroup
 	failures.Add(2)
-	ob.On("Fails", func(context.Context, outbox.Event) error { failures.Done(); return errAlwaysFails })
+	ob.Handle("listener-10", func(context.Context, outbox.Event) error { failures.Done(); return errAlwaysFails }, "Fails")
 	rec := newRecorder(5)
-	ob.On(typeA, rec.listen)
+	ob.Handle("listener-11", rec.listen, typeA)
 	headers := map[string]string{"X-Secret": sentinel}
 	body := []byte(`{"email":"` + sentinel + `"}`)
 	for range 5 { // not started: all but the first drop to the poller
@@ -879,13 +885,14 @@ func testReplay(t *testing.T, e *env) {
 	var fail atomic.Bool
 	fail.Store(true)
 	attempts := make(chan outbox.Event, 4)
-	ob.On(typeA, func(_ context.Context, ev outbox.Event) error {
+	ob.Handle("listener-12", func(_ context.Context, ev outbox.Event) error {
 		attempts <- ev
 		if fail.Load() {
 			return errAlwaysFails
 		}
 		return nil
-	})
+	}, typeA)
+
 	start(t, ob)
 	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
 	recv(t, attempts, "the failing attempt")
@@ -924,7 +931,7 @@ func testCleanup(t *testing.T, e *env) {
 	cfg.DisablePoller = true
 	ob := e.outbox(t, cfg)
 	rec := newRecorder(3)
-	ob.On(typeA, rec.listen)
+	ob.Handle("listener-13", rec.listen, typeA)
 	start(t, ob)
 	for range 3 {
 		e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
@@ -953,8 +960,8 @@ func testRetention(t *testing.T, e *env) {
 	cfg.DisablePoller = true
 	ob := e.outbox(t, cfg)
 	rec := newRecorder(3)
-	ob.On(typeA, rec.listen)
-	ob.On(typeB, func(context.Context, outbox.Event) error { return outbox.Permanent(errors.New("no")) })
+	ob.Handle("listener-14", rec.listen, typeA)
+	ob.Handle("listener-15", func(context.Context, outbox.Event) error { return outbox.Permanent(errors.New("no")) }, typeB)
 	start(t, ob)
 	var done []string
 	for range 2 {
@@ -1042,7 +1049,7 @@ func testPublishAll(t *testing.T, e *env) {
 	}
 	envs[600] = outbox.Envelope{Type: typeA, AggregateID: "600", Bytes: big}
 	rec := newRecorder(n)
-	ob.OnAll(rec.listen)
+	ob.Handle("all", rec.listen)
 	start(t, ob)
 	tx, err = e.begin(ctx)
 	if err != nil {

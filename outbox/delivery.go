@@ -1,0 +1,111 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// StatusSplit is the status of an event whose subscriptions did not all
+// succeed at its first delivery: its delivery state is kept per
+// subscription from then on (a Delivery for each subscription that still
+// owes it, or gave up), and the event becomes DONE when the last of them
+// is done.
+const StatusSplit Status = 4
+
+// SubscriptionInfo is what an instance registers about one of its
+// subscriptions.
+type SubscriptionInfo struct {
+	Name string
+	// Types are the event types it takes; nil: every type.
+	Types []EventType
+}
+
+// SubscriptionState is a subscription as the database knows it: from
+// every instance that registered it.
+type SubscriptionState struct {
+	SubscriptionInfo
+	// Paused subscriptions take no events on any instance; their events
+	// wait, attempts unchanged.
+	Paused bool
+	// Idle is the time since an instance last registered it, on the
+	// database's clock.
+	Idle time.Duration
+}
+
+// DeliveryKey names the delivery of one event to one subscription.
+type DeliveryKey struct {
+	EventID      string
+	Subscription string
+}
+
+// DeliveryWrite is the state of one subscription's delivery of an event,
+// as the engine records it when the subscriptions of an event did not all
+// succeed.
+type DeliveryWrite struct {
+	Subscription string
+	// Status is StatusNew (due, no attempt failed: the subscription was
+	// paused, its destination unavailable, or it belongs to another
+	// instance), StatusRetry or StatusDead.
+	Status Status
+	// Attempts is the number of failed attempts so far.
+	Attempts int
+	// Delay is how long from now (on the database's clock) it is due.
+	Delay time.Duration
+	// Error is the last error, storable on every database, or "".
+	Error string
+}
+
+// Delivery is the delivery of an event to one subscription, as claimed
+// from the store: the event's row, with Status and Attempts those of the
+// delivery.
+type Delivery struct {
+	Row
+	Subscription string
+}
+
+// DeliveryStore keeps the delivery state of each subscription. The engine
+// needs it from every store: New fails without it.
+//
+// The common case costs nothing here: an event that every subscription
+// delivered at the first try is completed with Store.MarkDone alone. Only
+// when some did not does the engine call Split, and from then on the
+// event's remaining deliveries are claimed, completed, retried and buried
+// one subscription at a time. Like the Store's writes, every write after a
+// claim changes a delivery only while owner still holds it.
+type DeliveryStore interface {
+	// SyncSubscriptions records subs as registered now (their types as
+	// given) and returns every subscription the database knows, with its
+	// state.
+	SyncSubscriptions(ctx context.Context, subs []SubscriptionInfo) ([]SubscriptionState, error)
+
+	// SetPaused pauses or resumes a subscription for every instance. It
+	// reports whether the subscription is known.
+	SetPaused(ctx context.Context, name string, paused bool) (bool, error)
+
+	// Split records, in one transaction, a delivery for each write and
+	// sets the event to StatusSplit, releasing owner's lease, if owner
+	// still holds the event; it reports whether it did. The deliveries are
+	// free for any instance when due.
+	Split(ctx context.Context, owner, eventID string, writes []DeliveryWrite) (bool, error)
+
+	// ClaimDeliveries is Claim for the deliveries of the given
+	// subscriptions that are NEW or RETRY and due: it leases them to
+	// req.Owner and returns them with their events' rows.
+	ClaimDeliveries(ctx context.Context, req ClaimRequest, subs []string) ([]Delivery, error)
+
+	// CompleteDeliveries marks the deliveries owner holds among keys DONE,
+	// and each of their events DONE once none of its deliveries is left
+	// undone. It returns how many deliveries changed.
+	CompleteDeliveries(ctx context.Context, owner string, keys []DeliveryKey) (int, error)
+
+	// FailDelivery records the outcome w (StatusNew: deferred without an
+	// attempt; StatusRetry; StatusDead) of a delivery owner holds,
+	// releasing the lease, and reports whether owner held it.
+	FailDelivery(ctx context.Context, owner string, key DeliveryKey, w DeliveryWrite) (bool, error)
+
+	// ExtendDeliveryLeases is ExtendLeases for deliveries.
+	ExtendDeliveryLeases(ctx context.Context, owner string, keys []DeliveryKey, lease time.Duration) (int, error)
+
+	// ReleaseDeliveries is Release for deliveries.
+	ReleaseDeliveries(ctx context.Context, owner string, keys []DeliveryKey, delay time.Duration) error
+}

@@ -1,0 +1,34 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// nopDeliveries is a DeliveryStore with no subscriptions of other
+// instances and no deliveries, for the fake stores of the engine's unit
+// tests (which never split an event).
+type nopDeliveries struct{}
+
+func (nopDeliveries) SyncSubscriptions(context.Context, []SubscriptionInfo) ([]SubscriptionState, error) {
+	return nil, nil
+}
+func (nopDeliveries) SetPaused(context.Context, string, bool) (bool, error) { return false, nil }
+func (nopDeliveries) Split(context.Context, string, string, []DeliveryWrite) (bool, error) {
+	return true, nil
+}
+func (nopDeliveries) ClaimDeliveries(context.Context, ClaimRequest, []string) ([]Delivery, error) {
+	return nil, nil
+}
+func (nopDeliveries) CompleteDeliveries(_ context.Context, _ string, keys []DeliveryKey) (int, error) {
+	return len(keys), nil
+}
+func (nopDeliveries) FailDelivery(context.Context, string, DeliveryKey, DeliveryWrite) (bool, error) {
+	return true, nil
+}
+func (nopDeliveries) ExtendDeliveryLeases(_ context.Context, _ string, keys []DeliveryKey, _ time.Duration) (int, error) {
+	return len(keys), nil
+}
+func (nopDeliveries) ReleaseDeliveries(context.Context, string, []DeliveryKey, time.Duration) error {
+	return nil
+}

@@ -1,0 +1,374 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+var _ outbox.DeliveryStore = (*Store)(nil)
+
+// SubscriptionsTable returns the quoted name of the table of
+// subscriptions: the outbox table's name with "_subscriptions" appended.
+func (s *Store) SubscriptionsTable() string { return s.suffixed("_subscriptions") }
+
+// DeliveriesTable returns the quoted name of the table of per-subscription
+// delivery state: the outbox table's name with "_deliveries" appended.
+func (s *Store) DeliveriesTable() string { return s.suffixed("_deliveries") }
+
+func (s *Store) suffixed(suffix string) string {
+	return s.table[:len(s.table)-1] + suffix + s.table[len(s.table)-1:]
+}
+
+// inTx runs f in a transaction of its own, at READ COMMITTED where the
+// dialect has it (so that it takes no gap locks), retrying deadlocks and
+// lock-wait timeouts.
+func (s *Store) inTx(ctx context.Context, f func(tx *sqlx.Tx) error) error {
+	return s.retry(ctx, func() (err error) {
+		opts := &sql.TxOptions{}
+		if s.d.readCommitted {
+			opts.Isolation = sql.LevelReadCommitted
+		}
+		tx, err := s.db.BeginTxx(ctx, opts)
+		if err != nil {
+			return err
+		}
+		if err := f(tx); err != nil {
+			return errors.Join(err, rollback(tx))
+		}
+		return tx.Commit()
+	})
+}
+
+// SyncSubscriptions implements outbox.DeliveryStore.
+func (s *Store) SyncSubscriptions(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outbox.SubscriptionState, error) {
+	t := s.SubscriptionsTable()
+	var upsert string
+	switch s.d.name {
+	case "mysql":
+		upsert = `INSERT INTO ` + t + ` (name, event_types, paused, created_at, seen_at) VALUES (?, ?, 0, ` + s.d.now + `, ` + s.d.now + `)
+ON DUPLICATE KEY UPDATE event_types = VALUES(event_types), seen_at = VALUES(seen_at)`
+	default:
+		upsert = `INSERT INTO ` + t + ` (name, event_types, paused, created_at, seen_at) VALUES (?, ?, ` + s.d.falseValue() + `, ` + s.d.now + `, ` + s.d.now + `)
+ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, seen_at = excluded.seen_at`
+	}
+	upsert = s.rebind(upsert)
+	for _, sub := range subs {
+		var types any
+		if len(sub.Types) > 0 {
+			b, err := json.Marshal(sub.Types)
+			if err != nil {
+				return nil, err
+			}
+			types = string(b)
+		}
+		if err := s.retry(ctx, func() error {
+			_, err := s.db.ExecContext(ctx, upsert, sub.Name, types)
+			return err
+		}); err != nil {
+			return nil, s.explainSubs(fmt.Errorf("sqlstore: register subscription %q: %w", sub.Name, err))
+		}
+	}
+	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, paused, seen_at, `+s.d.now+` FROM `+t+` ORDER BY name`)
+	if err != nil {
+		return nil, s.explainSubs(fmt.Errorf("sqlstore: read subscriptions: %w", err))
+	}
+	defer rs.Close()
+	var out []outbox.SubscriptionState
+	for rs.Next() {
+		var st outbox.SubscriptionState
+		var types sql.NullString
+		var seen, now dbTime
+		if err := rs.Scan(&st.Name, &types, &st.Paused, &seen, &now); err != nil {
+			return nil, fmt.Errorf("sqlstore: read subscriptions: %w", err)
+		}
+		if types.Valid && types.String != "" {
+			if err := json.Unmarshal([]byte(types.String), &st.Types); err != nil {
+				return nil, fmt.Errorf("sqlstore: read subscriptions: %q: event_types is not a JSON array: %w", st.Name, err)
+			}
+		}
+		st.Idle = max(0, now.Sub(seen.Time))
+		out = append(out, st)
+	}
+	return out, rs.Err()
+}
+
+// explainSubs adds what to do when the tables of migration 002 are
+// missing.
+func (s *Store) explainSubs(err error) error {
+	if err != nil && s.d.missingTable(err) {
+		return fmt.Errorf("%w (the tables %s and %s of migration 002 do not exist: call Store.Migrate at start, or apply migrations/%s/002_subscriptions.sql)", err, s.SubscriptionsTable(), s.DeliveriesTable(), s.d.name)
+	}
+	return err
+}
+
+func (d *Dialect) falseValue() string {
+	if d.name == "postgres" {
+		return "FALSE"
+	}
+	return "0"
+}
+
+// SetPaused implements outbox.DeliveryStore.
+func (s *Store) SetPaused(ctx context.Context, name string, paused bool) (bool, error) {
+	t := s.SubscriptionsTable()
+	if _, err := s.execCount(ctx, s.rebind(`UPDATE `+t+` SET paused = ? WHERE name = ?`), paused, name); err != nil {
+		return false, s.explainSubs(fmt.Errorf("sqlstore: pause %q: %w", name, err))
+	}
+	var n int
+	if err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM `+t+` WHERE name = ?`), name).Scan(&n); err != nil {
+		return false, fmt.Errorf("sqlstore: pause %q: %w", name, err)
+	}
+	return n == 1, nil
+}
+
+// keysIn returns "(event_id, subscription) IN ((?, ?), …)" for n keys.
+func keysIn(n int) string {
+	return "(event_id, subscription) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ") + ")"
+}
+
+func keyArgs(keys []outbox.DeliveryKey, prefix ...any) []any {
+	args := make([]any, 0, len(prefix)+2*len(keys))
+	args = append(args, prefix...)
+	for _, k := range keys {
+		args = append(args, k.EventID, k.Subscription)
+	}
+	return args
+}
+
+// Split implements outbox.DeliveryStore.
+func (s *Store) Split(ctx context.Context, owner, eventID string, writes []outbox.DeliveryWrite) (bool, error) {
+	held := false
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		held = false
+		res, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 4, done_at = NULL, locked_by = NULL, locked_until = NULL
+WHERE id = ? AND locked_by = ? AND status IN (0, 2)`), eventID, owner)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return err
+		}
+		held = true
+		if len(writes) == 0 {
+			return nil
+		}
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at, last_error) VALUES `)
+		args := make([]any, 0, 7*len(writes))
+		for i, w := range writes {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString(`(?, ?, ?, ?, ` + s.d.nowPlus + `, ` + s.d.now + `, CASE WHEN ? = 3 THEN ` + s.d.now + ` END, ?)`)
+			args = append(args, eventID, w.Subscription, int(w.Status), w.Attempts, max(0, w.Delay).Microseconds(), int(w.Status), nullIfEmpty(w.Error))
+		}
+		_, err = tx.ExecContext(ctx, s.rebind(sb.String()), args...)
+		return err
+	})
+	if err != nil {
+		return false, s.explainSubs(fmt.Errorf("sqlstore: split %s: %w", eventID, err))
+	}
+	return held, nil
+}
+
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// ClaimDeliveries implements outbox.DeliveryStore: like Claim, one short
+// transaction selects due deliveries of the given subscriptions with FOR
+// UPDATE SKIP LOCKED (retries first, up to a quarter of the batch), leases
+// them, and reads their events.
+func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, subs []string) ([]outbox.Delivery, error) {
+	if req.Limit <= 0 || len(subs) == 0 {
+		return nil, nil
+	}
+	var out []outbox.Delivery
+	var keys []outbox.DeliveryKey
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		out, keys = out[:0], keys[:0]
+		type pick struct {
+			key      outbox.DeliveryKey
+			status   int
+			attempts int
+			owner    sql.NullString
+		}
+		var picks []pick
+		for _, st := range []struct {
+			status, limit int
+		}{{2, max(1, req.Limit/4)}, {0, req.Limit}} {
+			limit := min(st.limit, req.Limit-len(picks))
+			if limit <= 0 {
+				continue
+			}
+			q := `SELECT event_id, subscription, status, attempts, locked_by FROM ` + s.DeliveriesTable() + `
+WHERE status = ? AND subscription IN ` + in(len(subs)) + ` AND available_at <= ` + s.d.now + `
+  AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `)
+ORDER BY available_at LIMIT ?` + s.d.lock
+			args := append(stringArgs(subs, st.status), limit)
+			rs, err := tx.QueryContext(ctx, s.rebind(q), args...)
+			if err != nil {
+				return err
+			}
+			for rs.Next() {
+				var p pick
+				if err := rs.Scan(&p.key.EventID, &p.key.Subscription, &p.status, &p.attempts, &p.owner); err != nil {
+					rs.Close()
+					return err
+				}
+				picks = append(picks, p)
+			}
+			if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+				return err
+			}
+		}
+		if len(picks) == 0 {
+			return nil
+		}
+		for _, p := range picks {
+			keys = append(keys, p.key)
+		}
+		if _, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET locked_by = ?, locked_until = `+s.d.nowPlus+` WHERE `+keysIn(len(keys))),
+			keyArgs(keys, req.Owner, req.Lease.Microseconds())...); err != nil {
+			return err
+		}
+		ids := make([]string, 0, len(picks))
+		seen := map[string]bool{}
+		for _, p := range picks {
+			if !seen[p.key.EventID] {
+				seen[p.key.EventID] = true
+				ids = append(ids, p.key.EventID)
+			}
+		}
+		rs, err := tx.QueryContext(ctx, s.rebind(`SELECT `+rowColumns+` FROM `+s.table+` WHERE id IN `+in(len(ids))), stringArgs(ids)...)
+		if err != nil {
+			return err
+		}
+		byID := make(map[string]*outbox.Row, len(ids))
+		for rs.Next() {
+			r, err := scanRow(rs)
+			if err != nil {
+				rs.Close()
+				return err
+			}
+			byID[r.ID] = &r
+		}
+		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+			return err
+		}
+		for _, p := range picks {
+			r, ok := byID[p.key.EventID]
+			if !ok {
+				continue // the event was deleted by hand: nothing to deliver
+			}
+			d := outbox.Delivery{Row: *r, Subscription: p.key.Subscription}
+			d.Status, d.Attempts = outbox.Status(p.status), p.attempts
+			d.PrevOwner = ""
+			if p.owner.Valid && p.owner.String != req.Owner {
+				d.PrevOwner = p.owner.String
+			}
+			out = append(out, d)
+		}
+		return nil
+	})
+	if err != nil {
+		if len(keys) > 0 && ctx.Err() != nil {
+			// The commit's outcome is unknown: hand the deliveries back.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if rerr := s.ReleaseDeliveries(rctx, req.Owner, keys, 0); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("release after a failed commit: %w", rerr))
+			}
+		}
+		return nil, s.explainSubs(fmt.Errorf("sqlstore: claim deliveries: %w", err))
+	}
+	return out, nil
+}
+
+// CompleteDeliveries implements outbox.DeliveryStore.
+func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []outbox.DeliveryKey) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		res, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL
+WHERE locked_by = ? AND status IN (0, 2) AND `+keysIn(len(keys))), keyArgs(keys, owner)...)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		ids := eventIDs(keys)
+		_, err = tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
+WHERE status = 4 AND id IN `+in(len(ids))+` AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id IN `+in(len(ids))+`)`),
+			append(stringArgs(ids), stringArgs(ids)...)...)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sqlstore: complete deliveries: %w", err)
+	}
+	return int(n), nil
+}
+
+func eventIDs(keys []outbox.DeliveryKey) []string {
+	ids := make([]string, 0, len(keys))
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if !seen[k.EventID] {
+			seen[k.EventID] = true
+			ids = append(ids, k.EventID)
+		}
+	}
+	return ids
+}
+
+// FailDelivery implements outbox.DeliveryStore.
+func (s *Store) FailDelivery(ctx context.Context, owner string, key outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + ` SET status = ?, attempts = ?, available_at = ` + s.d.nowPlus + `,
+  done_at = CASE WHEN ? = 3 THEN ` + s.d.now + ` END, last_error = COALESCE(?, last_error), locked_by = NULL, locked_until = NULL
+WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
+	n, err := s.execCount(ctx, q, int(w.Status), w.Attempts, max(0, w.Delay).Microseconds(), int(w.Status), nullIfEmpty(w.Error), key.EventID, key.Subscription, owner)
+	if err != nil {
+		return false, fmt.Errorf("sqlstore: record delivery %s to %q: %w", key.EventID, key.Subscription, err)
+	}
+	return n == 1, nil
+}
+
+// ExtendDeliveryLeases implements outbox.DeliveryStore.
+func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []outbox.DeliveryKey, lease time.Duration) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + ` SET locked_until = ` + s.d.nowPlus + ` WHERE locked_by = ? AND status IN (0, 2) AND ` + keysIn(len(keys)))
+	return s.execCount(ctx, q, keyArgs(keys, lease.Microseconds(), owner)...)
+}
+
+// ReleaseDeliveries implements outbox.DeliveryStore.
+func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []outbox.DeliveryKey, delay time.Duration) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	set := ` SET locked_by = NULL, locked_until = NULL`
+	args := []any{}
+	if delay > 0 {
+		set += `, available_at = ` + s.d.nowPlus
+		args = append(args, delay.Microseconds())
+	}
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + set + ` WHERE locked_by = ? AND status IN (0, 2) AND ` + keysIn(len(keys)))
+	_, err := s.execCount(ctx, q, keyArgs(keys, append(args, owner)...)...)
+	return err
+}
