@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -591,4 +592,35 @@ func (o *Outbox) CircuitStates() map[string]CircuitState {
 		m[s.Name] = s.circuit.state()
 	}
 	return m
+}
+
+// SubscriptionStatus is a subscription as this instance sees it.
+type SubscriptionStatus struct {
+	Name string
+	// Types are the event types it takes; nil: every type.
+	Types []EventType
+	// Local is set for this instance's own subscriptions; the others are
+	// registered in the database by other instances.
+	Local bool
+	// Paused is the cluster-wide pause, as of the last refresh.
+	Paused bool
+	// Circuit is the state of its circuit here (local ones only).
+	Circuit CircuitState
+}
+
+// Subscriptions returns the subscriptions this instance knows, its own
+// first, then the others registered in the database, each in name order.
+func (o *Outbox) Subscriptions() []SubscriptionStatus {
+	reg := o.subs.Load()
+	var out []SubscriptionStatus
+	for _, s := range reg.local {
+		out = append(out, SubscriptionStatus{Name: s.Name, Types: slices.Clone(s.Types), Local: true, Paused: reg.paused[s.Name], Circuit: s.circuit.state()})
+	}
+	slices.SortFunc(out, func(a, b SubscriptionStatus) int { return strings.Compare(a.Name, b.Name) })
+	var remote []SubscriptionStatus
+	for name, types := range reg.remote {
+		remote = append(remote, SubscriptionStatus{Name: name, Types: slices.Clone(types), Paused: reg.paused[name]})
+	}
+	slices.SortFunc(remote, func(a, b SubscriptionStatus) int { return strings.Compare(a.Name, b.Name) })
+	return append(out, remote...)
 }

@@ -378,7 +378,7 @@ func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	}
 	rec.Row, rec.Owner = r, r.PrevOwner
 	rec.PrevOwner = ""
-	if rec.Status == outbox.StatusSplit {
+	if rec.Status == outbox.StatusSplit || rec.Status == outbox.StatusDone || rec.Status == outbox.StatusDead {
 		if rec.Deliveries, err = s.inspectDeliveries(ctx, id); err != nil {
 			return rec, fmt.Errorf("sqlstore: inspect %s: %w", id, err)
 		}

@@ -91,6 +91,13 @@ func Run(t *testing.T, h Harness) {
 		{"ReclaimWhileFinishing", testReclaimWhileFinishing},
 		{"LargestHeaders", testLargestHeaders},
 		{"RetryRunsOnTime", testRetryRunsOnTime},
+		{"SubscriptionsFailAlone", testSubscriptionsFailAlone},
+		{"SubscriptionOwedElsewhere", testSubscriptionOwedElsewhere},
+		{"PauseResume", testPauseResume},
+		{"UnavailableCostsNoAttempts", testUnavailableCostsNoAttempts},
+		{"BatchSubscription", testBatchSubscription},
+		{"DeadLettersPerSubscription", testDeadPerSubscription},
+		{"SubscribeValidation", testSubscribeValidation},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
