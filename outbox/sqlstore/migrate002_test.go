@@ -1,0 +1,116 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+// Migration 002 applies to a table created and filled by version 001:
+// Migrate adds the subscription tables, the rows are untouched, and the
+// engine delivers the pending ones (a NEW and a RETRY row) to its
+// subscriptions, leaving the DONE one alone.
+func TestMigrate002OnPopulated001Table(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			ctx := context.Background()
+			st, err := sqlstore.New(db, sqlstore.Options{Table: testdb.TableName("outbox")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				testdb.DropTable(t, db, st.Table(), st.SchemaTable(), st.SubscriptionsTable(), st.DeliveriesTable())
+			})
+			steps, err := st.Migrations()
+			if err != nil || len(steps) < 2 || steps[0].Version != 1 || steps[1].Version != 2 {
+				t.Fatalf("Migrations() = %d steps, %v; want 001 and 002", len(steps), err)
+			}
+			// Version 001 as an older release applied it.
+			for _, stmt := range strings.Split(steps[0].SQL, ";") {
+				if stmt = strings.TrimSpace(stmt); stmt != "" && !onlyComments(stmt) {
+					if _, err := db.Exec(stmt); err != nil {
+						t.Fatalf("apply 001: %v", err)
+					}
+				}
+			}
+			db.MustExec(`CREATE TABLE ` + st.SchemaTable() + ` (version INTEGER NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL)`)
+			db.MustExec(db.Rebind(`INSERT INTO `+st.SchemaTable()+` (version, name) VALUES (?, ?)`), 1, steps[0].Name)
+			ids := make([]string, 3)
+			tx := db.MustBegin()
+			for i := range ids {
+				ids[i] = outbox.NewID()
+				r := outbox.Row{ID: ids[i], Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+				if err := st.Insert(ctx, tx, &r, "", 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			db.MustExec(db.Rebind(`UPDATE `+st.Table()+` SET status = 2, attempts = 1, last_error = 'old failure' WHERE id = ?`), ids[1])
+			db.MustExec(db.Rebind(`UPDATE `+st.Table()+` SET status = 1 WHERE id = ?`), ids[2])
+
+			if err := st.Migrate(ctx); err != nil {
+				t.Fatalf("Migrate over 001: %v", err)
+			}
+			if err := st.Migrate(ctx); err != nil {
+				t.Fatalf("Migrate again: %v", err)
+			}
+			ob, err := outbox.New(st, outbox.Config{PollInterval: 10 * time.Millisecond, SkipRecent: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan outbox.Event, 3)
+			ob.Handle("projection", func(_ context.Context, ev outbox.Event) error { got <- ev; return nil }, "T")
+			if err := ob.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer ob.Close(ctx)
+			seen := map[string]int{}
+			for range 2 {
+				select {
+				case ev := <-got:
+					seen[ev.ID] = ev.Attempt
+				case <-time.After(10 * time.Second):
+					t.Fatalf("delivered %v; want the NEW and the RETRY row", seen)
+				}
+			}
+			if seen[ids[0]] != 1 || seen[ids[1]] != 2 {
+				t.Fatalf("delivered %v; want %s at attempt 1 and %s at attempt 2", seen, ids[0], ids[1])
+			}
+			if err := ob.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range ids {
+				rec, err := st.Inspect(ctx, id)
+				if err != nil || rec.Status != outbox.StatusDone {
+					t.Fatalf("event %s after delivery: %v, %v; want DONE", id, rec.Status, err)
+				}
+			}
+			select {
+			case ev := <-got:
+				t.Fatalf("the DONE row %s was delivered", ev.ID)
+			default:
+			}
+			if _, err := st.Inspect(ctx, "missing"); !errors.Is(err, outbox.ErrNotFound) {
+				t.Fatalf("Inspect(missing) = %v", err)
+			}
+		})
+	}
+}
+
+func onlyComments(stmt string) bool {
+	for line := range strings.Lines(stmt) {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "--") {
+			return false
+		}
+	}
+	return true
+}
