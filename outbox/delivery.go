@@ -109,3 +109,53 @@ type DeliveryStore interface {
 	// ReleaseDeliveries is Release for deliveries.
 	ReleaseDeliveries(ctx context.Context, owner string, keys []DeliveryKey, delay time.Duration) error
 }
+
+// Lag is what one subscription has not delivered yet: events it has not
+// taken (and deliveries it owes), by state, and the age of the oldest.
+type Lag struct {
+	Subscription string
+	// Pending counts the events due or waiting for it: new events of its
+	// types and its NEW deliveries (paused, deferred, owed).
+	Pending int64
+	// Retrying counts its deliveries waiting for another attempt.
+	Retrying int64
+	// Dead counts its dead deliveries.
+	Dead int64
+	// Oldest is the age of the oldest pending or retrying event, on the
+	// database's clock; 0 if none.
+	Oldest time.Duration
+}
+
+// DeadFilter selects dead letters. Zero fields select everything.
+type DeadFilter struct {
+	// Subscription selects the dead deliveries of one subscription ("":
+	// every subscription and the events dead as a whole).
+	Subscription string
+	// Type selects one event type.
+	Type EventType
+	// Since and Until bound the events' creation time (database clock).
+	Since, Until time.Time
+	// ErrorContains selects dead letters whose last error contains it.
+	ErrorContains string
+	// After is the paging cursor: only events with a greater id.
+	After string
+	// Limit is the most dead letters returned; 0: 100.
+	Limit int
+}
+
+// OperatorStore is implemented by stores that serve the operations
+// surface: lag per subscription, and dead letters by filter.
+type OperatorStore interface {
+	// Lag returns the lag of each given subscription.
+	Lag(ctx context.Context, subs []SubscriptionInfo) ([]Lag, error)
+	// FindDead returns the dead letters f selects, in id order (the
+	// dead deliveries of one event together), without payloads.
+	FindDead(ctx context.Context, f DeadFilter) ([]DeadLetter, error)
+	// ReplayDead makes the dead letters f selects due again with zero
+	// attempts, in their original publish order, and returns how many;
+	// with dryRun it changes nothing and returns how many it would. A
+	// replay of a subscription's dead delivery never re-runs the other
+	// subscriptions; replaying again while the first replay is pending
+	// changes nothing.
+	ReplayDead(ctx context.Context, f DeadFilter, dryRun bool) (int, error)
+}

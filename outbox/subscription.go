@@ -624,3 +624,18 @@ func (o *Outbox) Subscriptions() []SubscriptionStatus {
 	slices.SortFunc(remote, func(a, b SubscriptionStatus) int { return strings.Compare(a.Name, b.Name) })
 	return append(out, remote...)
 }
+
+// Lag returns, for every subscription this instance knows (its own and
+// those other instances registered), what it has not delivered yet. The
+// store must implement OperatorStore (sqlstore does).
+func (o *Outbox) Lag(ctx context.Context) ([]Lag, error) {
+	os, ok := o.store.(OperatorStore)
+	if !ok {
+		return nil, fmt.Errorf("outbox: Lag: the store (%T) does not implement outbox.OperatorStore", o.store)
+	}
+	var infos []SubscriptionInfo
+	for _, s := range o.Subscriptions() {
+		infos = append(infos, SubscriptionInfo{Name: s.Name, Types: s.Types})
+	}
+	return os.Lag(ctx, infos)
+}

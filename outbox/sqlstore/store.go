@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
-	"sort"
 	"strings"
 	"time"
 
@@ -187,7 +186,9 @@ func (s *Store) releaseSQL(n int, delayed bool) string {
 }
 
 func (s *Store) replaySQL(n int) string {
-	return s.rebind(s.q.update + ` SET status = 0, attempts = 0, available_at = ` + s.d.now + `, done_at = NULL, locked_by = NULL, locked_until = NULL
+	// Due at their creation time: claims take the earliest due first, so
+	// replayed events go out in publish order.
+	return s.rebind(s.q.update + ` SET status = 0, attempts = 0, available_at = created_at, done_at = NULL, locked_by = NULL, locked_until = NULL
 WHERE status = 3 AND id IN ` + in(n))
 }
 
@@ -531,66 +532,9 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	return st, nil
 }
 
-// ListDead implements outbox.DeadLetterStore.
+// ListDead implements outbox.DeadLetterStore: FindDead without a filter.
 func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox.DeadLetter, error) {
-	out, err := s.listDead(ctx, s.q.listDead, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	// The dead deliveries of split events, merged in id order; the page
-	// ends after a whole event.
-	q := s.rebind(`SELECT e.id, d.subscription, e.event_type, e.aggregate_type, e.aggregate_id, e.tenant_id, d.attempts, COALESCE(d.last_error, ''), e.created_at
-FROM ` + s.DeliveriesTable() + ` d JOIN ` + s.table + ` e ON e.id = d.event_id
-WHERE d.status = 3 AND d.event_id > ? ORDER BY d.event_id, d.subscription LIMIT ?`)
-	more, err := s.listDead(ctx, q, after, limit+1)
-	if err != nil {
-		return nil, s.explainSubs(err)
-	}
-	out = append(out, more...)
-	sort.SliceStable(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	if len(out) > limit {
-		cut := limit
-		for cut < len(out) && out[cut].ID == out[cut-1].ID {
-			cut++
-		}
-		last := out[cut-1].ID
-		if cut == len(out) && len(more) > limit && more[len(more)-1].ID == last {
-			// The deliveries query stopped inside this event: leave it
-			// whole to the next page, unless it is all there is.
-			for cut > 0 && out[cut-1].ID == last {
-				cut--
-			}
-			if cut == 0 {
-				cut = len(out)
-			}
-		}
-		out = out[:cut]
-	}
-	return out, nil
-}
-
-func (s *Store) listDead(ctx context.Context, q, after string, limit int) ([]outbox.DeadLetter, error) {
-	split := strings.Contains(q, "subscription")
-	rs, err := s.db.QueryContext(ctx, q, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
-	}
-	defer rs.Close()
-	var out []outbox.DeadLetter
-	for rs.Next() {
-		var dl outbox.DeadLetter
-		var created dbTime
-		dest := []any{&dl.ID, &dl.Type, &dl.AggregateType, &dl.AggregateID, &dl.TenantID, &dl.Attempts, &dl.LastError, &created}
-		if split {
-			dest = append([]any{&dl.ID, &dl.Subscription}, dest[1:]...)
-		}
-		if err := rs.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
-		}
-		dl.CreatedAt = created.Time
-		out = append(out, dl)
-	}
-	return out, rs.Err()
+	return s.FindDead(ctx, outbox.DeadFilter{After: after, Limit: limit})
 }
 
 // inspectDeliveries returns the deliveries of a split event.
@@ -622,7 +566,7 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET status = 0, attempts = 0, available_at = ` + s.d.now + `, done_at = NULL, locked_by = NULL, locked_until = NULL
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET status = 0, attempts = 0, available_at = (SELECT e.created_at FROM ` + s.table + ` e WHERE e.id = event_id), done_at = NULL, locked_by = NULL, locked_until = NULL
 WHERE status = 3 AND event_id IN ` + in(len(ids)))
 	m, err := s.execCount(ctx, q, stringArgs(ids)...)
 	return n + m, s.explainSubs(err)

@@ -98,6 +98,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchSubscription", testBatchSubscription},
 		{"DeadLettersPerSubscription", testDeadPerSubscription},
 		{"SubscribeValidation", testSubscribeValidation},
+		{"LagAndDeadFilters", testLagAndDeadFilters},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -369,4 +370,128 @@ func testSubscribeValidation(t *testing.T, e *env) {
 		t.Fatalf("Subscribe after Start = %v; want ErrStarted", err)
 	}
 	closeNow(t, ob)
+}
+
+// Lag per subscription, dead letters by filter, and replay by filter
+// (dry run first, publish order, idempotent).
+func testLagAndDeadFilters(t *testing.T, e *env) {
+	ops, ok := e.store.(outbox.OperatorStore)
+	if !ok {
+		t.Skip("the store does not implement outbox.OperatorStore")
+	}
+	ctx := context.Background()
+	cfg := fastConfig()
+	cfg.Workers = 1 // one at a time, so that the replay's order is visible
+	ob := e.outbox(t, cfg)
+	var ok1 callCounter
+	var accept atomic.Bool
+	replayed := make(chan string, 10)
+	ob.Handle("ok", func(_ context.Context, ev outbox.Event) error { ok1.add(ev.ID); return nil }, typeA)
+	ob.Handle("picky", func(_ context.Context, ev outbox.Event) error {
+		if strings.Contains(string(ev.JSON), "bad") {
+			if !accept.Load() {
+				return outbox.Permanent(fmt.Errorf("refused: %s", ev.JSON))
+			}
+			replayed <- ev.ID
+		}
+		return nil
+	}, typeA, typeB)
+	ob.Handle("paused", func(context.Context, outbox.Event) error { return nil }, typeB)
+	start(t, ob)
+	if err := ob.Pause(ctx, "paused"); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().Add(-time.Minute)
+	var good, bad, bs []string
+	for i := range 3 {
+		good = append(good, e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(fmt.Sprintf(`{"n":%d}`, i))}))
+	}
+	for i := range 2 {
+		bad = append(bad, e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(fmt.Sprintf(`{"bad":%d}`, i))}))
+	}
+	for i := range 2 {
+		bs = append(bs, e.publish(t, ob, outbox.Envelope{Type: typeB, JSON: []byte(fmt.Sprintf(`{"b":%d}`, i))}))
+	}
+	lagOf := func(name string) outbox.Lag {
+		lags, err := ob.Lag(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range lags {
+			if l.Subscription == name {
+				return l
+			}
+		}
+		t.Fatalf("no lag for %q in %+v", name, lags)
+		return outbox.Lag{}
+	}
+	waitFor(t, "two dead deliveries and two paused", func() bool {
+		return lagOf("picky").Dead == 2 && lagOf("paused").Pending == 2
+	})
+	for _, id := range good {
+		waitFor(t, "event "+id+" DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
+	}
+	if l := lagOf("ok"); l.Pending != 0 || l.Dead != 0 || l.Retrying != 0 {
+		t.Fatalf("lag of ok = %+v; want nothing", l)
+	}
+	if l := lagOf("paused"); l.Oldest <= 0 {
+		t.Fatalf("lag of paused = %+v; want an oldest age", l)
+	}
+	for _, tc := range []struct {
+		f    outbox.DeadFilter
+		want []string
+	}{
+		{outbox.DeadFilter{Subscription: "picky"}, bad},
+		{outbox.DeadFilter{ErrorContains: "refused"}, bad},
+		{outbox.DeadFilter{ErrorContains: `"bad":1`}, bad[1:]},
+		{outbox.DeadFilter{ErrorContains: "100%_"}, nil},
+		{outbox.DeadFilter{Subscription: "ok"}, nil},
+		{outbox.DeadFilter{Type: typeB}, nil},
+		{outbox.DeadFilter{Type: typeA, Since: before, Until: time.Now().Add(time.Minute)}, bad},
+		{outbox.DeadFilter{Since: time.Now().Add(time.Hour)}, nil},
+		{outbox.DeadFilter{Limit: 1}, bad[:1]},
+		{outbox.DeadFilter{After: bad[0]}, bad[1:]},
+	} {
+		dls, err := ops.FindDead(ctx, tc.f)
+		if err != nil {
+			t.Fatalf("FindDead(%+v): %v", tc.f, err)
+		}
+		var got []string
+		for _, dl := range dls {
+			got = append(got, dl.ID)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("FindDead(%+v) = %v; want %v", tc.f, got, tc.want)
+		}
+	}
+	if n, err := ops.ReplayDead(ctx, outbox.DeadFilter{Subscription: "picky"}, true); err != nil || n != 2 {
+		t.Fatalf("dry run = %d, %v; want 2", n, err)
+	}
+	if l := lagOf("picky"); l.Dead != 2 {
+		t.Fatalf("after a dry run: %+v; want still 2 dead", l)
+	}
+	accept.Store(true)
+	if n, err := ops.ReplayDead(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 2 {
+		t.Fatalf("replay = %d, %v; want 2", n, err)
+	}
+	if n, err := ops.ReplayDead(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 0 {
+		t.Fatalf("second replay = %d, %v; want 0 (nothing dead now)", n, err)
+	}
+	for i, want := range bad {
+		if got := recv(t, replayed, "a replayed delivery"); got != want {
+			t.Fatalf("replayed delivery %d is %s; want %s (publish order)", i, got, want)
+		}
+	}
+	for _, id := range append(good, bad...) {
+		waitFor(t, "event "+id+" DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
+		if n := ok1.get(id); n != 1 {
+			t.Fatalf("ok ran %d times for %s; want 1", n, id)
+		}
+	}
+	closeNow(t, ob)
+	select {
+	case id := <-replayed:
+		t.Fatalf("%s replayed twice", id)
+	default:
+	}
 }

@@ -1,0 +1,240 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// The operator queries: lag per subscription and dead letters by filter,
+// for the command line, the admin API and users' own tools.
+
+var _ outbox.OperatorStore = (*Store)(nil)
+
+// Lag implements outbox.OperatorStore: two grouped scans, one of the
+// undelivered events by type and one of the deliveries by subscription.
+func (s *Store) Lag(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outbox.Lag, error) {
+	var now dbTime
+	if err := s.db.QueryRowContext(ctx, `SELECT `+s.d.now).Scan(&now); err != nil {
+		return nil, fmt.Errorf("sqlstore: lag: %w", err)
+	}
+	type group struct {
+		n      int64
+		oldest dbTime
+	}
+	byType := map[outbox.EventType]group{}
+	rs, err := s.db.QueryContext(ctx, `SELECT event_type, COUNT(*), MIN(created_at) FROM `+s.table+` WHERE status IN (0, 2) GROUP BY event_type`)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: lag: %w", s.explain(err))
+	}
+	for rs.Next() {
+		var t string
+		var g group
+		if err := rs.Scan(&t, &g.n, &g.oldest); err != nil {
+			rs.Close()
+			return nil, fmt.Errorf("sqlstore: lag: %w", err)
+		}
+		byType[outbox.EventType(t)] = g
+	}
+	if err := rs.Close(); err != nil {
+		return nil, err
+	}
+	out := make([]outbox.Lag, len(subs))
+	index := map[string]int{}
+	for i, sub := range subs {
+		out[i].Subscription = sub.Name
+		index[sub.Name] = i
+		var oldest time.Time
+		for t, g := range byType {
+			if len(sub.Types) == 0 || slices.Contains(sub.Types, t) {
+				out[i].Pending += g.n
+				if oldest.IsZero() || g.oldest.Before(oldest) {
+					oldest = g.oldest.Time
+				}
+			}
+		}
+		if !oldest.IsZero() {
+			out[i].Oldest = max(0, now.Sub(oldest))
+		}
+	}
+	rs, err = s.db.QueryContext(ctx, `SELECT subscription, status, COUNT(*), MIN(created_at) FROM `+s.DeliveriesTable()+` WHERE status IN (0, 2, 3) GROUP BY subscription, status`)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: lag: %w", s.explainSubs(err))
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var name string
+		var status int
+		var g group
+		if err := rs.Scan(&name, &status, &g.n, &g.oldest); err != nil {
+			return nil, fmt.Errorf("sqlstore: lag: %w", err)
+		}
+		i, ok := index[name]
+		if !ok {
+			continue
+		}
+		l := &out[i]
+		switch outbox.Status(status) {
+		case outbox.StatusNew:
+			l.Pending += g.n
+		case outbox.StatusRetry:
+			l.Retrying += g.n
+		case outbox.StatusDead:
+			l.Dead += g.n
+			continue
+		}
+		l.Oldest = max(l.Oldest, now.Sub(g.oldest.Time))
+	}
+	return out, rs.Err()
+}
+
+// likeContains returns a LIKE pattern (with '!' as the escape character)
+// matching text anywhere.
+func likeContains(text string) string {
+	return "%" + strings.NewReplacer("!", "!!", "%", "!%", "_", "!_").Replace(text) + "%"
+}
+
+// deadWhere returns the conditions and arguments of f for a query whose
+// events table is aliased e and whose error column is errCol.
+func (s *Store) deadWhere(f outbox.DeadFilter, errCol string) (string, []any) {
+	var conds []string
+	var args []any
+	add := func(cond string, arg any) { conds = append(conds, cond); args = append(args, arg) }
+	add("e.id > ?", f.After)
+	if f.Type != "" {
+		add("e.event_type = ?", string(f.Type))
+	}
+	if !f.Since.IsZero() {
+		add("e.created_at >= ?", s.d.timeArg(f.Since))
+	}
+	if !f.Until.IsZero() {
+		add("e.created_at < ?", s.d.timeArg(f.Until))
+	}
+	if f.ErrorContains != "" {
+		add(errCol+" LIKE ? ESCAPE '!'", likeContains(f.ErrorContains))
+	}
+	return strings.Join(conds, " AND "), args
+}
+
+// FindDead implements outbox.OperatorStore.
+func (s *Store) FindDead(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []outbox.DeadLetter
+	if f.Subscription == "" {
+		where, args := s.deadWhere(f, "e.last_error")
+		q := s.rebind(`SELECT e.id, '', e.event_type, e.aggregate_type, e.aggregate_id, e.tenant_id, e.attempts, COALESCE(e.last_error, ''), e.created_at
+FROM ` + s.table + ` e WHERE e.status = 3 AND ` + where + ` ORDER BY e.id LIMIT ?`)
+		dls, err := s.scanDead(ctx, q, append(args, limit)...)
+		if err != nil {
+			return nil, err
+		}
+		out = dls
+	}
+	where, args := s.deadWhere(f, "d.last_error")
+	if f.Subscription != "" {
+		where += " AND d.subscription = ?"
+		args = append(args, f.Subscription)
+	}
+	q := s.rebind(`SELECT e.id, d.subscription, e.event_type, e.aggregate_type, e.aggregate_id, e.tenant_id, d.attempts, COALESCE(d.last_error, ''), e.created_at
+FROM ` + s.DeliveriesTable() + ` d JOIN ` + s.table + ` e ON e.id = d.event_id
+WHERE d.status = 3 AND ` + where + ` ORDER BY d.event_id, d.subscription LIMIT ?`)
+	more, err := s.scanDead(ctx, q, append(args, limit+1)...)
+	if err != nil {
+		return nil, s.explainSubs(err)
+	}
+	out = append(out, more...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	if len(out) > limit {
+		cut := limit
+		for cut < len(out) && out[cut].ID == out[cut-1].ID {
+			cut++
+		}
+		last := out[cut-1].ID
+		if cut == len(out) && len(more) > limit && more[len(more)-1].ID == last {
+			// The deliveries query stopped inside this event: leave it
+			// whole to the next page, unless it is all there is.
+			for cut > 0 && out[cut-1].ID == last {
+				cut--
+			}
+			if cut == 0 {
+				cut = len(out)
+			}
+		}
+		out = out[:cut]
+	}
+	return out, nil
+}
+
+func (s *Store) scanDead(ctx context.Context, q string, args ...any) ([]outbox.DeadLetter, error) {
+	rs, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
+	}
+	defer rs.Close()
+	var out []outbox.DeadLetter
+	for rs.Next() {
+		var dl outbox.DeadLetter
+		var created dbTime
+		if err := rs.Scan(&dl.ID, &dl.Subscription, &dl.Type, &dl.AggregateType, &dl.AggregateID, &dl.TenantID, &dl.Attempts, &dl.LastError, &created); err != nil {
+			return nil, fmt.Errorf("sqlstore: list dead letters: %w", err)
+		}
+		dl.CreatedAt = created.Time
+		out = append(out, dl)
+	}
+	return out, rs.Err()
+}
+
+// ReplayDead implements outbox.OperatorStore. Replayed rows are due at
+// their original creation time, so that claims, which take the earliest
+// due first, deliver them in publish order.
+func (s *Store) ReplayDead(ctx context.Context, f outbox.DeadFilter, dryRun bool) (int, error) {
+	total := 0
+	f.Limit = 500
+	for {
+		page, err := s.FindDead(ctx, f)
+		if err != nil {
+			return total, err
+		}
+		if len(page) == 0 {
+			return total, nil
+		}
+		f.After = page[len(page)-1].ID
+		if dryRun {
+			total += len(page)
+			continue
+		}
+		var ids []string
+		var keys []outbox.DeliveryKey
+		for _, dl := range page {
+			if dl.Subscription == "" {
+				ids = append(ids, dl.ID)
+			} else {
+				keys = append(keys, outbox.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
+			}
+		}
+		if len(ids) > 0 {
+			n, err := s.execCount(ctx, s.replaySQL(len(ids)), stringArgs(ids)...)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+		if len(keys) > 0 {
+			q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + ` SET status = 0, attempts = 0, available_at = (SELECT e.created_at FROM ` + s.table + ` e WHERE e.id = event_id), done_at = NULL, locked_by = NULL, locked_until = NULL
+WHERE status = 3 AND ` + keysIn(len(keys)))
+			n, err := s.execCount(ctx, q, keyArgs(keys)...)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+	}
+}
