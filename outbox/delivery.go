@@ -159,3 +159,16 @@ type OperatorStore interface {
 	// changes nothing.
 	ReplayDead(ctx context.Context, f DeadFilter, dryRun bool) (int, error)
 }
+
+// TxDeliveryStore is implemented by stores that run transactional
+// subscriptions (Subscription.Tx).
+type TxDeliveryStore interface {
+	// DeliverInTx delivers the event eventID to subscription sub exactly
+	// once: in one transaction on the store's database it runs f and
+	// records the delivery as DONE (and the event DONE if that was its
+	// last delivery left). If the delivery was recorded already (by this
+	// instance before a crash, or by another that took the event over), it
+	// does not call f, or rolls back what f did, and reports already. An
+	// error of f rolls everything back and is returned as is.
+	DeliverInTx(ctx context.Context, eventID, sub string, f func(tx DBTx) error) (already bool, err error)
+}

@@ -60,6 +60,7 @@ const (
 type result struct {
 	sub      string
 	kind     resultKind
+	recorded bool // done, and recorded already (a Tx subscription)
 	delay    time.Duration
 	attempts int
 	err      string
@@ -116,6 +117,13 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 			continue
 		}
 		ev.Subscription = s.Name
+		if s.Tx != nil {
+			err := o.callTx(ctx, s, ev)
+			r := o.outcome(ctx, s, it, probe, err)
+			r.recorded = err == nil
+			it.add(r)
+			continue
+		}
 		err := o.callOne(ctx, s, ev)
 		it.add(o.outcome(ctx, s, it, probe, err))
 	}
@@ -209,6 +217,12 @@ func (o *Outbox) finish(it *item) {
 	}
 	if done {
 		o.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
+		if it.sub != nil && it.results[0].recorded {
+			// A Tx subscription's delivery: recorded in its own
+			// transaction already.
+			o.inflight.release(it.key())
+			return
+		}
 		o.doneCh <- it // the completer releases it after the write
 		return
 	}
@@ -302,6 +316,24 @@ func (o *Outbox) callOne(ctx context.Context, s *subscription, ev Event) error {
 	}
 	defer func() { <-s.sem }()
 	return o.call(ctx, s.Timeout, func(ctx context.Context) error { return s.Handler(ctx, ev) })
+}
+
+// callTx runs a Tx handler in a transaction that records its delivery.
+func (o *Outbox) callTx(ctx context.Context, s *subscription, ev Event) error {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	ts := o.store.(TxDeliveryStore) // checked by Subscribe
+	return o.call(ctx, s.Timeout, func(ctx context.Context) error {
+		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error { return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) }) })
+		if already {
+			o.log.Debug("delivery recorded already; not run again", slog.String("event_id", ev.ID), slog.String("subscription", s.Name))
+		}
+		return err
+	})
 }
 
 // call runs a handler with a timeout, containing panics. A handler that

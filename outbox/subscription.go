@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,19 @@ type Handler func(ctx context.Context, ev Event) error
 // or any other error for a failure of the whole batch (every event fails
 // with it). The events are in publish order within a path (hot or polled).
 type BatchHandler func(ctx context.Context, evs []Event) error
+
+// TxHandler delivers one event through a transaction on the outbox's own
+// database (see Subscription.Tx). It must write only through tx: whatever
+// it does elsewhere is not undone when the transaction rolls back.
+type TxHandler func(ctx context.Context, tx DBTx, ev Event) error
+
+// DBTx is an open transaction on the outbox's database, as a TxHandler
+// gets it; *sql.Tx satisfies it.
+type DBTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
 
 // BatchError reports the outcome of each event of a batch: Errs[i] is the
 // error of the i-th event, nil if it was delivered. A BatchHandler returns
@@ -68,11 +82,18 @@ type Subscription struct {
 	Name string
 	// Types are the event types it takes; none means every type.
 	Types []EventType
-	// Handler delivers one event per call. Exactly one of Handler and
-	// Batch must be set.
+	// Handler delivers one event per call. Exactly one of Handler, Batch
+	// and Tx must be set.
 	Handler Handler
 	// Batch delivers up to BatchSize events per call.
 	Batch BatchHandler
+	// Tx delivers one event by writing to the outbox's own database: the
+	// engine opens a transaction there, the handler writes through it (a
+	// projection, a read model, an inbox row), and the subscription's done
+	// mark commits in the same transaction, so that the effect happens
+	// exactly once, across crashes and lease takeovers. The store must
+	// implement TxDeliveryStore (sqlstore does).
+	Tx TxHandler
 
 	// Timeout bounds each call; its context is cancelled then, and a call
 	// that ignores its context is abandoned and the attempt counts as
@@ -163,6 +184,9 @@ func (o *Outbox) Subscribe(s Subscription) error {
 	if reg.byName[s.Name] != nil {
 		return fmt.Errorf("outbox: Subscribe: a subscription named %q exists already; names must be unique", s.Name)
 	}
+	if _, ok := o.store.(TxDeliveryStore); s.Tx != nil && !ok {
+		return fmt.Errorf("outbox: subscription %q has a Tx handler, but the store (%T) cannot run one: it does not implement outbox.TxDeliveryStore", s.Name, o.store)
+	}
 	sub := newSubscription(s, o.cfg)
 	o.subs.Store(reg.with(sub))
 	return nil
@@ -182,8 +206,14 @@ func (s *Subscription) validate() error {
 	if !ValidSubscriptionName(s.Name) {
 		return fmt.Errorf("outbox: subscription name %q is invalid: use 1 to %d ASCII letters, digits, '.', '_' or '-', starting with a letter or digit", s.Name, MaxSubscriptionNameLen)
 	}
-	if (s.Handler == nil) == (s.Batch == nil) {
-		return fmt.Errorf("outbox: subscription %q: set exactly one of Handler and Batch", s.Name)
+	set := 0
+	for _, ok := range []bool{s.Handler != nil, s.Batch != nil, s.Tx != nil} {
+		if ok {
+			set++
+		}
+	}
+	if set != 1 {
+		return fmt.Errorf("outbox: subscription %q: set exactly one of Handler, Batch and Tx", s.Name)
 	}
 	for _, t := range s.Types {
 		if t == "" || len(t) > MaxTypeLen {

@@ -372,3 +372,65 @@ func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []outb
 	_, err := s.execCount(ctx, q, keyArgs(keys, append(args, owner)...)...)
 	return err
 }
+
+var _ outbox.TxDeliveryStore = (*Store)(nil)
+
+// DeliverInTx implements outbox.TxDeliveryStore. The delivery's row is the
+// guard: it is inserted DONE (or updated to DONE) in f's transaction, so
+// of two instances running the same delivery at once, the second waits on
+// the first's row lock and then finds it DONE, and rolls back its own
+// effects.
+func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
+	opts := &sql.TxOptions{}
+	if s.d.readCommitted {
+		opts.Isolation = sql.LevelReadCommitted
+	}
+	tx, err := s.db.BeginTx(ctx, opts)
+	if err != nil {
+		return false, fmt.Errorf("sqlstore: deliver in a transaction: begin: %w", err)
+	}
+	defer tx.Rollback() // after Commit: a no-op
+	var status int
+	switch err := tx.QueryRowContext(ctx, s.rebind(`SELECT status FROM `+s.DeliveriesTable()+` WHERE event_id = ? AND subscription = ?`), eventID, sub).Scan(&status); {
+	case err == nil && status == int(outbox.StatusDone):
+		return true, nil
+	case err != nil && !errors.Is(err, sql.ErrNoRows):
+		return false, s.explainSubs(fmt.Errorf("sqlstore: deliver in a transaction: %w", err))
+	}
+	if err := f(tx); err != nil {
+		return false, err
+	}
+	var insert string
+	switch s.d.name {
+	case "mysql":
+		insert = `INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at) VALUES (?, ?, 1, 0, ` + s.d.now + `, ` + s.d.now + `, ` + s.d.now + `)
+ON DUPLICATE KEY UPDATE event_id = event_id`
+	default:
+		insert = `INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at) VALUES (?, ?, 1, 0, ` + s.d.now + `, ` + s.d.now + `, ` + s.d.now + `)
+ON CONFLICT (event_id, subscription) DO NOTHING`
+	}
+	res, err := tx.ExecContext(ctx, s.rebind(insert), eventID, sub)
+	if err != nil {
+		return false, fmt.Errorf("sqlstore: deliver in a transaction: record: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		// The row exists: a split event's delivery (RETRY, NEW), or one
+		// another instance recorded meanwhile.
+		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL
+WHERE event_id = ? AND subscription = ? AND status <> 1`), eventID, sub)
+		if err != nil {
+			return false, fmt.Errorf("sqlstore: deliver in a transaction: record: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return true, nil // recorded by another: roll back f's effects
+		}
+		if _, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
+WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id = ?)`), eventID, eventID); err != nil {
+			return false, fmt.Errorf("sqlstore: deliver in a transaction: complete the event: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("sqlstore: deliver in a transaction: commit: %w", err)
+	}
+	return false, nil
+}
