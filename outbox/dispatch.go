@@ -328,7 +328,9 @@ func (o *Outbox) callTx(ctx context.Context, s *subscription, ev Event) error {
 	defer func() { <-s.sem }()
 	ts := o.store.(TxDeliveryStore) // checked by Subscribe
 	return o.call(ctx, s.Timeout, func(ctx context.Context) error {
-		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error { return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) }) })
+		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error {
+			return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) })
+		})
 		if already {
 			o.log.Debug("delivery recorded already; not run again", slog.String("event_id", ev.ID), slog.String("subscription", s.Name))
 		}
