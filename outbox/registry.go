@@ -1,0 +1,240 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+)
+
+// registry is an immutable view of the subscriptions: this instance's own
+// and what the database says of every instance's (remote ones, paused
+// ones). It is replaced as a whole.
+type registry struct {
+	local  []*subscription
+	byName map[string]*subscription
+	byType map[EventType][]*subscription
+	all    []*subscription
+
+	// From the database, refreshed every PollInterval.
+	remote map[string][]EventType // subscriptions of other instances only; nil types: all
+	paused map[string]bool
+}
+
+func (r *registry) with(s *subscription) *registry {
+	n := &registry{
+		local:  append(slices.Clone(r.local), s),
+		byName: make(map[string]*subscription, len(r.byName)+1),
+		remote: r.remote,
+		paused: r.paused,
+	}
+	for k, v := range r.byName {
+		n.byName[k] = v
+	}
+	n.byName[s.Name] = s
+	n.index()
+	return n
+}
+
+func (r *registry) index() {
+	r.byType = map[EventType][]*subscription{}
+	r.all = nil
+	for _, s := range r.local {
+		if s.all {
+			r.all = append(r.all, s)
+			continue
+		}
+		for _, t := range s.Types {
+			if !slices.Contains(r.byType[t], s) {
+				r.byType[t] = append(r.byType[t], s)
+			}
+		}
+	}
+}
+
+// has reports whether a subscription of this instance takes type t.
+func (r *registry) has(t EventType) bool { return len(r.all) > 0 || len(r.byType[t]) > 0 }
+
+// match returns this instance's subscriptions for type t.
+func (r *registry) match(t EventType) []*subscription {
+	typed := r.byType[t]
+	if len(r.all) == 0 {
+		return typed
+	}
+	if len(typed) == 0 {
+		return r.all
+	}
+	return append(append(make([]*subscription, 0, len(typed)+len(r.all)), typed...), r.all...)
+}
+
+// owedElsewhere returns the names of the subscriptions of other instances
+// that take type t: an event of type t is complete only once they have it
+// too.
+func (r *registry) owedElsewhere(t EventType) []string {
+	var names []string
+	for name, types := range r.remote {
+		if types == nil || slices.Contains(types, t) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// names returns the names of this instance's subscriptions that are not
+// paused, for the delivery claim.
+func (r *registry) claimable() []string {
+	names := make([]string, 0, len(r.local))
+	for _, s := range r.local {
+		if !r.paused[s.Name] && s.circuit.mayClaim() {
+			names = append(names, s.Name)
+		}
+	}
+	return names
+}
+
+// syncRegistry registers this instance's subscriptions and learns the
+// others' and which are paused.
+func (o *Outbox) syncRegistry(ctx context.Context) error {
+	cur := o.subs.Load()
+	infos := make([]SubscriptionInfo, len(cur.local))
+	for i, s := range cur.local {
+		infos[i] = SubscriptionInfo{Name: s.Name, Types: s.Types}
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	states, err := o.dstore.SyncSubscriptions(ctx, infos)
+	if err != nil {
+		return err
+	}
+	o.applyStates(states)
+	return nil
+}
+
+// applyStates replaces the database's part of the registry.
+func (o *Outbox) applyStates(states []SubscriptionState) {
+	o.regMu.Lock()
+	defer o.regMu.Unlock()
+	cur := o.subs.Load()
+	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all,
+		remote: map[string][]EventType{}, paused: map[string]bool{}}
+	for _, st := range states {
+		if st.Paused {
+			next.paused[st.Name] = true
+		}
+		if cur.byName[st.Name] != nil || st.Idle > o.cfg.SubscriptionExpiry {
+			continue
+		}
+		next.remote[st.Name] = st.Types
+	}
+	for name := range cur.paused {
+		if !next.paused[name] && cur.byName[name] != nil {
+			o.log.Info("subscription resumed", slog.String("subscription", name))
+		}
+	}
+	for name := range next.paused {
+		if !cur.paused[name] && cur.byName[name] != nil {
+			o.log.Info("subscription paused: its events wait", slog.String("subscription", name))
+		}
+	}
+	o.subs.Store(next)
+}
+
+// registryLoop refreshes the registry every PollInterval.
+func (o *Outbox) registryLoop(ctx context.Context) {
+	t := time.NewTicker(o.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := o.syncRegistry(ctx); err != nil && ctx.Err() == nil {
+			o.log.Error("refresh the subscriptions from the database", slog.Any("error", err))
+		}
+	}
+}
+
+// Pause stops the delivery of a subscription on every instance sharing
+// the table (each obeys within its PollInterval; this one at once): its
+// events wait, attempts unchanged, while the other subscriptions go on.
+func (o *Outbox) Pause(ctx context.Context, name string) error { return o.setPaused(ctx, name, true) }
+
+// Resume undoes Pause.
+func (o *Outbox) Resume(ctx context.Context, name string) error {
+	if err := o.setPaused(ctx, name, false); err != nil {
+		return err
+	}
+	o.wakePoller()
+	return nil
+}
+
+func (o *Outbox) setPaused(ctx context.Context, name string, paused bool) error {
+	known, err := o.dstore.SetPaused(ctx, name, paused)
+	if err != nil {
+		return err
+	}
+	if !known {
+		return fmt.Errorf("outbox: no subscription named %q is registered (subscriptions are registered when an instance that has them starts)", name)
+	}
+	return o.syncRegistry(ctx)
+}
+
+// CircuitStates returns the state of each subscription's circuit on this
+// instance.
+func (o *Outbox) CircuitStates() map[string]CircuitState {
+	m := map[string]CircuitState{}
+	for _, s := range o.subs.Load().local {
+		m[s.Name] = s.circuit.state()
+	}
+	return m
+}
+
+// SubscriptionStatus is a subscription as this instance sees it.
+type SubscriptionStatus struct {
+	Name string
+	// Types are the event types it takes; nil: every type.
+	Types []EventType
+	// Local is set for this instance's own subscriptions; the others are
+	// registered in the database by other instances.
+	Local bool
+	// Paused is the cluster-wide pause, as of the last refresh.
+	Paused bool
+	// Circuit is the state of its circuit here (local ones only).
+	Circuit CircuitState
+}
+
+// Subscriptions returns the subscriptions this instance knows, its own
+// first, then the others registered in the database, each in name order.
+func (o *Outbox) Subscriptions() []SubscriptionStatus {
+	reg := o.subs.Load()
+	var out []SubscriptionStatus
+	for _, s := range reg.local {
+		out = append(out, SubscriptionStatus{Name: s.Name, Types: slices.Clone(s.Types), Local: true, Paused: reg.paused[s.Name], Circuit: s.circuit.state()})
+	}
+	slices.SortFunc(out, func(a, b SubscriptionStatus) int { return strings.Compare(a.Name, b.Name) })
+	var remote []SubscriptionStatus
+	for name, types := range reg.remote {
+		remote = append(remote, SubscriptionStatus{Name: name, Types: slices.Clone(types), Paused: reg.paused[name]})
+	}
+	slices.SortFunc(remote, func(a, b SubscriptionStatus) int { return strings.Compare(a.Name, b.Name) })
+	return append(out, remote...)
+}
+
+// Lag returns, for every subscription this instance knows (its own and
+// those other instances registered), what it has not delivered yet. The
+// store must implement OperatorStore (sqlstore does).
+func (o *Outbox) Lag(ctx context.Context) ([]Lag, error) {
+	os, ok := o.store.(OperatorStore)
+	if !ok {
+		return nil, fmt.Errorf("outbox: Lag: the store (%T) does not implement outbox.OperatorStore", o.store)
+	}
+	var infos []SubscriptionInfo
+	for _, s := range o.Subscriptions() {
+		infos = append(infos, SubscriptionInfo{Name: s.Name, Types: s.Types})
+	}
+	return os.Lag(ctx, infos)
+}
