@@ -155,4 +155,3 @@ func (c *circuit) state() CircuitState {
 	}
 	return CircuitOpen
 }
-

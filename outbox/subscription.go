@@ -282,4 +282,3 @@ func cmpOrDur(v, d time.Duration) time.Duration {
 }
 
 func (s *subscription) takes(t EventType) bool { return s.all || slices.Contains(s.Types, t) }
-
