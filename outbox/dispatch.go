@@ -158,6 +158,7 @@ func (o *Outbox) outcome(ctx context.Context, s *subscription, it *item, probe b
 	now := time.Now()
 	if err == nil {
 		if s.circuit.success() {
+			o.wakePoller() // what waited for the circuit is due now
 			o.m.Circuit(s.Name, CircuitClosed)
 			o.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
 		}

@@ -187,36 +187,49 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	// that are neither paused nor waiting for their circuit.
 	var unqueuedDeliveries []DeliveryKey
 	if room := limit - len(rows); room > 0 {
-		if names := reg.claimable(); len(names) > 0 {
-			ds, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
+		// Subscriptions with a closed circuit in one claim; one whose
+		// circuit waits for a probe gets one delivery, the probe, instead
+		// of a batch it would only defer again.
+		closed, probing := reg.claimable()
+		var ds []Delivery
+		claim := func(limit int, names []string) {
+			if limit <= 0 || len(names) == 0 {
+				return
+			}
+			got, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
 				Owner:      o.cfg.InstanceID,
-				Limit:      room,
+				Limit:      limit,
 				Lease:      o.cfg.Lease,
 				SkipRecent: -1,
 			}, names)
 			if err != nil {
 				o.log.Error("claim deliveries", slog.Any("error", err))
 			}
-			for i := range ds {
-				d := &ds[i]
-				key := DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
-				if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
-					reclaimed++
-				}
-				s := reg.byName[d.Subscription]
-				env, err := decode(&d.Row)
-				if err != nil || s == nil {
-					// An event that cannot be read was buried when it was
-					// claimed as a whole; a delivery of it would be too.
-					unqueuedDeliveries = append(unqueuedDeliveries, key)
-					continue
-				}
-				switch o.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
-				case offerQueued:
-					queued++
-				case offerFull:
-					unqueuedDeliveries = append(unqueuedDeliveries, key)
-				}
+			ds = append(ds, got...)
+		}
+		claim(room, closed)
+		for _, name := range probing {
+			claim(min(1, room-len(ds)), []string{name})
+		}
+		for i := range ds {
+			d := &ds[i]
+			key := DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+			if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
+				reclaimed++
+			}
+			s := reg.byName[d.Subscription]
+			env, err := decode(&d.Row)
+			if err != nil || s == nil {
+				// An event that cannot be read was buried when it was
+				// claimed as a whole; a delivery of it would be too.
+				unqueuedDeliveries = append(unqueuedDeliveries, key)
+				continue
+			}
+			switch o.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
+			case offerQueued:
+				queued++
+			case offerFull:
+				unqueuedDeliveries = append(unqueuedDeliveries, key)
 			}
 		}
 	}
