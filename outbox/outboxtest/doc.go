@@ -1,0 +1,2 @@
+// Package outboxtest helps test code that publishes through an outbox.
+package outboxtest
