@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/internal/leakcheck"
-
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/txoutbox/outbox/storetest"

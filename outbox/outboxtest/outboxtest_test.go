@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -107,7 +108,13 @@ func (*fakeTx) ExecContext(context.Context, string, ...any) (sql.Result, error) 
 
 // Drain returns with a paused subscription's deliveries waiting and a
 // retry scheduled for later, and delivers the retry once it is due.
+// It runs in a synctest bubble: the store's clock and the engine's timers
+// follow the bubble's fake time.
 func TestDrainLeavesWhatIsNotDue(t *testing.T) {
+	synctest.Test(t, testDrainLeavesWhatIsNotDue)
+}
+
+func testDrainLeavesWhatIsNotDue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st := outboxtest.NewStore()
@@ -139,7 +146,7 @@ func TestDrainLeavesWhatIsNotDue(t *testing.T) {
 	if _, err := rec.WaitFor(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(60 * time.Millisecond) // the retry falls due
+	time.Sleep(50 * time.Millisecond) // the retry falls due (fake time)
 	if err := st.Drain(ctx, ob); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +169,9 @@ func TestDrainLeavesWhatIsNotDue(t *testing.T) {
 }
 
 // Drain gives up with ctx when the outbox is not started.
-func TestDrainNotStarted(t *testing.T) {
+func TestDrainNotStarted(t *testing.T) { synctest.Test(t, testDrainNotStarted) }
+
+func testDrainNotStarted(t *testing.T) {
 	st := outboxtest.NewStore()
 	ob := newOutbox(st, outbox.Config{})
 	outboxtest.Record(ob, "rec")
@@ -218,5 +227,39 @@ func TestFailingUnavailable(t *testing.T) {
 	}
 	if err := h.Handle(context.Background(), outbox.Event{}); err != nil || h.Calls() != 4 || h.Failures() != 3 {
 		t.Fatalf("after: %v, calls %d, failures %d", err, h.Calls(), h.Failures())
+	}
+}
+
+// WithClock: leases run on the store's clock, so a test can expire one
+// without waiting.
+func TestWithClock(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	st := outboxtest.NewStore(outboxtest.WithClock(func() time.Time { return now }))
+	tx := st.Begin(ctx)
+	row := &outbox.Row{ID: "e1", Type: string(OrderPlaced), Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: now}
+	if err := st.Insert(ctx, tx, row, "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	req := outbox.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute}
+	if rows, _ := st.Claim(ctx, req); len(rows) != 0 {
+		t.Fatalf("claimed %d rows under a live lease", len(rows))
+	}
+	now = now.Add(time.Minute)
+	rows, err := st.Claim(ctx, req)
+	if err != nil || len(rows) != 1 || rows[0].PrevOwner != "a" || !rows[0].CreatedAt.Equal(now.Add(-time.Minute)) {
+		t.Fatalf("after the lease: %+v, %v", rows, err)
+	}
+	if ok, _ := st.MarkRetry(ctx, "a", "e1", 0, "zombie"); ok {
+		t.Fatal("the expired owner's write changed the row")
+	}
+	if n, _ := st.MarkDone(ctx, "b", []string{"e1"}); n != 1 {
+		t.Fatalf("MarkDone = %d", n)
+	}
+	if s, _ := st.Stats(ctx); s.Done != 1 || s.Pending() != 0 {
+		t.Fatalf("stats %+v", s)
 	}
 }
