@@ -44,6 +44,36 @@ func (m *circuitMetrics) open(sub string) bool {
 	return open
 }
 
+// countingStore counts the store calls that deliveries cost.
+type countingStore struct {
+	*outboxtest.Store
+	mu                  sync.Mutex
+	claimed, failWrites int // deliveries claimed, FailDelivery calls
+	splits              int
+}
+
+func (s *countingStore) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, subs []string) ([]outbox.Delivery, error) {
+	ds, err := s.Store.ClaimDeliveries(ctx, req, subs)
+	s.mu.Lock()
+	s.claimed += len(ds)
+	s.mu.Unlock()
+	return ds, err
+}
+
+func (s *countingStore) FailDelivery(ctx context.Context, owner string, k outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+	s.mu.Lock()
+	s.failWrites++
+	s.mu.Unlock()
+	return s.Store.FailDelivery(ctx, owner, k, w)
+}
+
+func (s *countingStore) Split(ctx context.Context, owner, id string, ws []outbox.DeliveryWrite) (bool, error) {
+	s.mu.Lock()
+	s.splits++
+	s.mu.Unlock()
+	return s.Store.Split(ctx, owner, id, ws)
+}
+
 // A destination down for 10 minutes of (virtual) time under steady
 // publishing: its subscription's circuit opens, one probe at a time tries
 // it, no event spends an attempt or goes DEAD, the healthy subscription on
@@ -61,7 +91,7 @@ func TestCircuitOutage(t *testing.T) {
 			poll                        = 5 * time.Second
 		)
 		ctx := context.Background()
-		st := outboxtest.NewStore()
+		st := &countingStore{Store: outboxtest.NewStore()}
 		m := &circuitMetrics{}
 		ob, err := outbox.New(st, outbox.Config{
 			Logger:       slog.New(slog.DiscardHandler),
@@ -139,7 +169,7 @@ func TestCircuitOutage(t *testing.T) {
 			if midOutage == "" && time.Since(t0) >= 6*time.Minute {
 				midOutage = ob.CircuitStates()["webhook"]
 			}
-			tx := st.Begin(ctx)
+			tx := st.Store.Begin(ctx)
 			id, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: typ, JSON: []byte(`{}`)})
 			if err != nil {
 				t.Fatal(err)
@@ -260,5 +290,8 @@ func TestCircuitOutage(t *testing.T) {
 		t.Logf("%d events; %d calls to the webhook while it was down (%d while its circuit was open, at most %d in flight); "+
 			"the outage's last event delivered %v after it came back, later events within %v of publishing; the audit subscription within %v",
 			len(published), callsDown, callsOpen, maxOpen, lastAfterBack, worstLate, worstHealthy)
+		st.mu.Lock()
+		t.Logf("store: %d splits, %d deliveries claimed, %d FailDelivery writes", st.splits, st.claimed, st.failWrites)
+		st.mu.Unlock()
 	})
 }
