@@ -149,6 +149,22 @@ type DeliveryRecord struct {
 	Attempts     int
 	Owner        string
 	LastError    string
+	// History is the last failed attempts, newest first (at most
+	// MaxHistory).
+	History []Attempt
+}
+
+// MaxHistory is the most failed attempts Inspect returns per delivery.
+const MaxHistory = 10
+
+// Attempt is one failed delivery attempt as recorded.
+type Attempt struct {
+	// N is the attempt's number (1 for the first).
+	N int
+	// At is when it was recorded, on the database's clock.
+	At time.Time
+	// Error is its error text.
+	Error string
 }
 
 // Inspector is implemented by stores that can look up one event by id, for

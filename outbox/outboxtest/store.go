@@ -76,6 +76,15 @@ type memDelivery struct {
 	lockedUntil time.Time
 	lastError   string
 	seq         uint64
+	history     []outbox.Attempt // newest last
+}
+
+// record appends a counted failed attempt to d's history.
+func (d *memDelivery) record(w outbox.DeliveryWrite, now time.Time) {
+	if w.Status != outbox.StatusRetry && w.Status != outbox.StatusDead {
+		return
+	}
+	d.history = append(d.history, outbox.Attempt{N: w.Attempts, At: now, Error: w.Error})
 }
 
 type memSub struct {
@@ -478,6 +487,7 @@ func (s *Store) Split(ctx context.Context, owner, eventID string, writes []outbo
 		if w.Status == outbox.StatusDead {
 			d.doneAt = now
 		}
+		d.record(w, now)
 		ds[w.Subscription] = d
 	}
 	s.touch()
@@ -601,6 +611,7 @@ func (s *Store) FailDelivery(ctx context.Context, owner string, key outbox.Deliv
 	if w.Error != "" {
 		d.lastError = w.Error
 	}
+	d.record(w, now)
 	d.owner, d.lockedUntil = "", time.Time{}
 	s.touch()
 	return true, nil
@@ -655,8 +666,12 @@ func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	rec := outbox.Record{Row: cloneRow(&e.row), Owner: e.owner, LastError: e.lastError}
 	for _, name := range slices.Sorted(mapKeys(s.deliv[id])) {
 		d := s.deliv[id][name]
+		var hist []outbox.Attempt
+		for i := len(d.history) - 1; i >= 0 && len(hist) < outbox.MaxHistory; i-- {
+			hist = append(hist, d.history[i])
+		}
 		rec.Deliveries = append(rec.Deliveries, outbox.DeliveryRecord{
-			Subscription: name, Status: d.status, Attempts: d.attempts, Owner: d.owner, LastError: d.lastError,
+			Subscription: name, Status: d.status, Attempts: d.attempts, Owner: d.owner, LastError: d.lastError, History: hist,
 		})
 	}
 	return rec, nil

@@ -537,22 +537,45 @@ func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox
 	return s.FindDead(ctx, outbox.DeadFilter{After: after, Limit: limit})
 }
 
-// inspectDeliveries returns the deliveries of a split event.
+// inspectDeliveries returns the deliveries of a split event, each with
+// its last failed attempts.
 func (s *Store) inspectDeliveries(ctx context.Context, id string) ([]outbox.DeliveryRecord, error) {
 	rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT subscription, status, attempts, COALESCE(locked_by, ''), COALESCE(last_error, '') FROM `+s.DeliveriesTable()+` WHERE event_id = ? ORDER BY subscription`), id)
 	if err != nil {
 		return nil, s.explainSubs(err)
 	}
-	defer rs.Close()
 	var out []outbox.DeliveryRecord
 	for rs.Next() {
 		var d outbox.DeliveryRecord
 		var status int
 		if err := rs.Scan(&d.Subscription, &status, &d.Attempts, &d.Owner, &d.LastError); err != nil {
+			rs.Close()
 			return nil, err
 		}
 		d.Status = outbox.Status(status)
 		out = append(out, d)
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil || len(out) == 0 {
+		return out, err
+	}
+	rs, err = s.db.QueryContext(ctx, s.rebind(`SELECT subscription, attempt, at, COALESCE(error, '') FROM `+s.AttemptsTable()+` WHERE event_id = ? ORDER BY at DESC, attempt DESC`), id)
+	if err != nil {
+		return nil, s.explainSubs(err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var sub string
+		var a outbox.Attempt
+		var at dbTime
+		if err := rs.Scan(&sub, &a.N, &at, &a.Error); err != nil {
+			return nil, err
+		}
+		a.At = at.Time
+		for i := range out {
+			if out[i].Subscription == sub && len(out[i].History) < outbox.MaxHistory {
+				out[i].History = append(out[i].History, a)
+			}
+		}
 	}
 	return out, rs.Err()
 }
@@ -621,6 +644,10 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 		dq := s.rebind(`DELETE FROM ` + s.DeliveriesTable() + ` WHERE event_id IN ` + in(k) + ` AND event_id NOT IN (SELECT id FROM ` + s.table + ` WHERE id IN ` + in(k) + `)`)
 		if _, err := s.execCount(ctx, dq, append(stringArgs(ids[:k]), stringArgs(ids[:k])...)...); err != nil {
 			return total, fmt.Errorf("sqlstore: cleanup of deliveries: %w", err)
+		}
+		aq := s.rebind(`DELETE FROM ` + s.AttemptsTable() + ` WHERE event_id IN ` + in(k) + ` AND event_id NOT IN (SELECT id FROM ` + s.table + ` WHERE id IN ` + in(k) + `)`)
+		if _, err := s.execCount(ctx, aq, append(stringArgs(ids[:k]), stringArgs(ids[:k])...)...); err != nil {
+			return total, fmt.Errorf("sqlstore: cleanup of attempts: %w", err)
 		}
 		ids = ids[k:]
 	}
