@@ -133,7 +133,9 @@ func Store(t testing.TB, db *sqlx.DB) *sqlstore.Store {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	t.Cleanup(func() { DropTable(t, db, s.Table(), s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable()) })
+	t.Cleanup(func() {
+		DropTable(t, db, s.Table(), s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable())
+	})
 	return s
 }
 
