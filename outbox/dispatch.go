@@ -224,7 +224,7 @@ func (o *Outbox) finish(it *item) {
 			o.inflight.release(it.key())
 			return
 		}
-		o.doneCh <- it // the completer releases it after the write
+		o.comp.add(it) // the completer releases it after the write
 		return
 	}
 	if outcome != OutcomeDone {

@@ -45,8 +45,8 @@ func (o *Outbox) Start(ctx context.Context) error {
 		o.workers.Go(func() { o.work(runCtx) })
 	}
 	o.background.Go(func() { o.registryLoop(runCtx) })
-	o.completer.Go(o.complete)
-	o.background.Go(func() { o.renewLeases(runCtx) })
+	o.comp.start()
+	o.background.Go(func() { o.leases.run(runCtx) })
 	o.background.Go(func() { o.sample(runCtx) })
 	if o.cfg.Retention > 0 {
 		o.background.Go(func() { o.cleanupLoop(runCtx) })
@@ -120,8 +120,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 		<-batchersDone
 	}
 	o.handBack()
-	close(o.doneCh)
-	o.completer.Wait()
+	o.comp.stop()
 	o.cancelRun()
 	o.background.Wait()
 

@@ -54,7 +54,8 @@ type Outbox struct {
 
 	hot, cold chan *item
 	inflight  inflightSet
-	doneCh    chan *item
+	comp      *completer
+	leases    *leaseKeeper
 	dropped   chan string    // ids dropped from a full hot queue, for the poller to release
 	nudge     chan struct{}  // wakes the poller; capacity 1
 	retryDue  chan time.Time // due times of retries scheduled here, for the poller
@@ -70,7 +71,6 @@ type Outbox struct {
 
 	workers    sync.WaitGroup
 	poller     sync.WaitGroup
-	completer  sync.WaitGroup
 	batchers   sync.WaitGroup
 	background sync.WaitGroup // lease renewer, sampler
 	stragglers sync.WaitGroup // listener calls, including those abandoned after their timeout
@@ -103,7 +103,6 @@ func New(store Store, cfg Config) (*Outbox, error) {
 		hot:       make(chan *item, cfg.HotQueueSize),
 		cold:      make(chan *item, cfg.ColdQueueSize),
 		inflight:  inflightSet{m: make(map[string]struct{})},
-		doneCh:    make(chan *item, 4*cfg.CompletionBatchSize),
 		dropped:   make(chan string, max(10*cfg.HotQueueSize, 10000)),
 		nudge:     make(chan struct{}, 1),
 		retryDue:  make(chan time.Time, 1024),
@@ -116,6 +115,8 @@ func New(store Store, cfg Config) (*Outbox, error) {
 	reg := &registry{byName: map[string]*subscription{}}
 	reg.index()
 	o.subs.Store(reg)
+	o.comp = newCompleter(o)
+	o.leases = newLeaseKeeper(o)
 	return o, nil
 }
 
