@@ -49,43 +49,15 @@ func (c *completer) stop() {
 // more, up to the batch size, writes one statement (two if deliveries of
 // split events are among them), and repeats until in is closed.
 func (c *completer) run() {
+	g := newGatherer(c.in, c.batchSize, c.linger)
 	batch := make([]*item, 0, c.batchSize)
 	ids := make([]string, 0, c.batchSize)
 	var keys []DeliveryKey
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	for it := range c.in {
-		batch = append(batch[:0], it)
-		var lingered <-chan time.Time // nil: do not wait
-		if c.linger > 0 {
-			linger.Reset(c.linger)
-			lingered = linger.C
+	for {
+		var ok bool
+		if batch, ok = g.next(batch); !ok {
+			return
 		}
-	fill:
-		for len(batch) < c.batchSize {
-			select {
-			case it, ok := <-c.in:
-				if !ok {
-					break fill // closing: write what there is now
-				}
-				batch = append(batch, it)
-				continue
-			default:
-			}
-			if lingered == nil {
-				break
-			}
-			select {
-			case it, ok := <-c.in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, it)
-			case <-lingered:
-				break fill
-			}
-		}
-		linger.Stop()
 		ids = ids[:0]
 		keys = keys[:0]
 		for _, it := range batch {

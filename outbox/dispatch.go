@@ -424,41 +424,12 @@ func (b *batcher) add(ctx context.Context, t task) bool {
 // run collects batches until in is closed, then flushes what is left.
 func (b *batcher) run(ctx context.Context) {
 	b.ctx = ctx
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	defer linger.Stop()
-	for t := range b.in {
-		batch := []task{t}
-		var lingered <-chan time.Time
-		if b.s.BatchLinger > 0 {
-			linger.Reset(b.s.BatchLinger)
-			lingered = linger.C
+	g := newGatherer(b.in, b.s.BatchSize, b.s.BatchLinger)
+	for {
+		batch, ok := g.next(nil)
+		if !ok {
+			break
 		}
-	fill:
-		for len(batch) < b.s.BatchSize {
-			select {
-			case t, ok := <-b.in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, t)
-				continue
-			default:
-			}
-			if lingered == nil {
-				break
-			}
-			select {
-			case t, ok := <-b.in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, t)
-			case <-lingered:
-				break fill
-			}
-		}
-		linger.Stop()
 		b.s.sem <- struct{}{}
 		b.wg.Go(func() {
 			defer func() { <-b.s.sem }()
