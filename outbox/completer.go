@@ -18,6 +18,7 @@ type completer struct {
 	linger    time.Duration
 	inflight  *inflightSet
 	log       *slog.Logger
+	health    *health
 
 	in chan *item
 	wg sync.WaitGroup
@@ -27,7 +28,7 @@ func newCompleter(o *Outbox) *completer {
 	return &completer{
 		store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID,
 		batchSize: o.cfg.CompletionBatchSize, linger: o.cfg.CompletionLinger,
-		inflight: &o.inflight, log: o.log,
+		inflight: &o.inflight, log: o.log, health: &o.health,
 		in: make(chan *item, 4*o.cfg.CompletionBatchSize),
 	}
 }
@@ -84,9 +85,11 @@ func (c *completer) completeDeliveries(keys []DeliveryKey) {
 	defer cancel()
 	n, err := retryStore(ctx, func() (int, error) { return c.dstore.CompleteDeliveries(ctx, c.owner, keys) })
 	if err != nil {
+		c.health.completeFails.Add(1)
 		c.log.Error("mark deliveries done; they will be delivered again", slog.Int("deliveries", len(keys)), slog.Any("error", err))
 		return
 	}
+	c.health.completeFails.Store(0)
 	if n < len(keys) {
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("deliveries", len(keys)-n))
 	}
@@ -99,9 +102,11 @@ func (c *completer) markDone(ids []string) {
 	if err != nil {
 		// The rows keep their lease and are delivered again once it
 		// expires: at least once, never lost.
+		c.health.completeFails.Add(1)
 		c.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
 		return
 	}
+	c.health.completeFails.Store(0)
 	if n < len(ids) {
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -349,12 +350,16 @@ func (o *Outbox) call(ctx context.Context, timeout time.Duration, f func(context
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	done := make(chan error, 1)
+	var state atomic.Int32 // 0 running, 1 abandoned, 2 returned in time
 	o.stragglers.Add(1)
 	o.running.Add(1)
 	go func() {
 		defer o.stragglers.Done()
 		defer o.running.Add(-1) // runs before Done: see Close
 		done <- safeCall(ctx, f)
+		if !state.CompareAndSwap(0, 2) {
+			o.health.abandoned.Add(-1) // it was counted as abandoned
+		}
 	}()
 	select {
 	case err := <-done:
@@ -364,6 +369,9 @@ func (o *Outbox) call(ctx context.Context, timeout time.Duration, f func(context
 		case err := <-done:
 			return err
 		default:
+		}
+		if state.CompareAndSwap(0, 1) {
+			o.health.abandoned.Add(1)
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fmt.Errorf("outbox: handler did not return within %v: %w", timeout, ctx.Err())

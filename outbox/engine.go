@@ -32,6 +32,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return fmt.Errorf("outbox: Start: register the subscriptions: %w", err)
 	}
 	o.started = true
+	o.health.pollBeat.Store(time.Now().UnixNano())
 	o.m.QueueCapacities(cap(o.hot), cap(o.cold))
 	runCtx, cancel := context.WithCancel(ctx)
 	o.cancelRun = cancel

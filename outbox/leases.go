@@ -17,10 +17,11 @@ type leaseKeeper struct {
 	lease    time.Duration
 	inflight *inflightSet
 	log      *slog.Logger
+	health   *health
 }
 
 func newLeaseKeeper(o *Outbox) *leaseKeeper {
-	return &leaseKeeper{store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID, lease: o.cfg.Lease, inflight: &o.inflight, log: o.log}
+	return &leaseKeeper{store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID, lease: o.cfg.Lease, inflight: &o.inflight, log: o.log, health: &o.health}
 }
 
 // handBack empties the queues and releases the leases of what was in them.
@@ -106,17 +107,19 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		}
 		var ids []string
 		var keys []DeliveryKey
-		for _, k := range k.inflight.snapshot() {
-			if dk, ok := parseDeliveryKey(k); ok {
+		for _, key := range k.inflight.snapshot() {
+			if dk, ok := parseDeliveryKey(key); ok {
 				keys = append(keys, dk)
 			} else {
-				ids = append(ids, k)
+				ids = append(ids, key)
 			}
 		}
+		failed := false
 		for len(keys) > 0 {
 			n := min(500, len(keys))
 			wctx, cancel := context.WithTimeout(ctx, k.lease/3)
 			if _, err := k.dstore.ExtendDeliveryLeases(wctx, k.owner, keys[:n], k.lease); err != nil && ctx.Err() == nil {
+				failed = true
 				k.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
 			}
 			cancel()
@@ -125,9 +128,15 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		for chunk := range chunks(ids, 500) {
 			wctx, cancel := context.WithTimeout(ctx, k.lease/3)
 			if _, err := k.store.ExtendLeases(wctx, k.owner, chunk, k.lease); err != nil && ctx.Err() == nil {
+				failed = true
 				k.log.Error("renew leases", slog.Int("events", len(chunk)), slog.Any("error", err))
 			}
 			cancel()
+		}
+		if failed {
+			k.health.renewFails.Add(1)
+		} else {
+			k.health.renewFails.Store(0)
 		}
 	}
 }

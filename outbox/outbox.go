@@ -55,6 +55,7 @@ type Outbox struct {
 	hot, cold chan *item
 	inflight  inflightSet
 	comp      *completer
+	health    health
 	leases    *leaseKeeper
 	dropped   chan string    // ids dropped from a full hot queue, for the poller to release
 	nudge     chan struct{}  // wakes the poller; capacity 1

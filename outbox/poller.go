@@ -61,6 +61,7 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		// other instances can take them.
 		released := 0
 		for cap(o.cold)-len(o.cold) < min(o.cfg.PollBatchSize, cap(o.cold))/2+1 {
+			o.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
 			released += o.releaseDropped(ctx)
 			roomy := time.NewTimer(o.cfg.PollInterval)
 			select {
@@ -74,6 +75,9 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		}
 		released += o.releaseDropped(ctx)
 		n, limit, err := o.poll(ctx)
+		if err == nil {
+			o.health.pollBeat.Store(time.Now().UnixNano())
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
