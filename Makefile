@@ -4,7 +4,7 @@ GO      ?= go
 # (httpexpect, GORM, ent, Watermill) never reach users of the library.
 MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod))
 
-.PHONY: test lint vet bench run fmt
+.PHONY: test lint vet bench bench-load run fmt
 
 ## test: vet and race-test every module against the real databases.
 test: vet
@@ -35,3 +35,7 @@ fmt:
 ## bench: compare txoutbox with the raw database limit and Watermill on the local MariaDB (~25 min); writes BENCHMARKS.md. BENCHFLAGS passes flags (e.g. -dsn, -duration; see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes LOAD.md.
+bench-load:
+	cd bench && $(GO) run ./cmd/outboxbench -only-load -out ../LOAD.md $(BENCHFLAGS)

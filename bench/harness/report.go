@@ -24,6 +24,7 @@ type Report struct {
 	Drains            []DrainResult
 	Memory            *DrainResult
 	MemoryNote        string
+	Load              []LoadResult
 	Notes             []string
 }
 
@@ -245,6 +246,7 @@ func (r *Report) Targets(hot, cold string) []Target {
 				fmt.Sprintf("%.1f× (%s vs %s events/s)", x, num(tuned.med), num(theirs.med)), x >= 3))
 		}
 	}
+	ts = append(ts, LoadTargets(r.Load)...)
 	if r.Memory != nil && len(r.Memory.Mem) > 2 {
 		flat, desc := memoryFlat(r.Memory.Mem)
 		ts = append(ts, target(fmt.Sprintf("Memory while draining %s events", num(float64(r.Memory.N))), "flat (bounded by queues)", desc, flat))
@@ -524,6 +526,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 		}
 		p("")
 		p("Peak heap in use %s, peak RSS %s over %d samples.", mib(float64(peakHeap)), mib(float64(peakRSS)), len(m.Mem))
+	}
+	if len(r.Load) > 0 {
+		p("")
+		WriteLoad(w, r.Load)
 	}
 	if notes := append(r.Findings(), r.Notes...); len(notes) > 0 {
 		p("")
