@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -261,6 +262,17 @@ func ClientContext(ctx context.Context) context.Context {
 	return ctx
 }
 
+// noTxReason says why a request of method gets no transaction, for the
+// error of a Publish in its handler.
+func (m *Middleware) noTxReason(method string) string {
+	methods := make([]string, 0, len(m.cfg.methods))
+	for k := range m.cfg.methods {
+		methods = append(methods, k)
+	}
+	sort.Strings(methods)
+	return fmt.Sprintf("the middleware opens transactions for %s only, and this is a %s request (GET and HEAD get none by default: they are safe methods); to publish from it, add %s with WithMethods", strings.Join(methods, ", "), method, method)
+}
+
 // Handler wraps next; it has the signature chi's Use and Route expect.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,6 +280,9 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			r = r.WithContext(outbox.NewContext(r.Context(), m.cfg.ob))
 		}
 		if !m.cfg.methods[r.Method] {
+			if _, ok := outbox.TxFromContext(r.Context()); !ok {
+				r = r.WithContext(outbox.WithoutTx(r.Context(), m.noTxReason(r.Method)))
+			}
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -14,6 +14,7 @@ import (
 var (
 	// ErrNoTx is returned by Publish when ctx carries no transaction.
 	ErrNoTx = errors.New("outbox: no transaction in context; wrap the handler with txmw.Transactional (or an adapter's middleware), or use PublishTx")
+
 	// ErrNoOutbox is returned by the package-level Publish when neither ctx
 	// nor the package default carries an *Outbox.
 	ErrNoOutbox = errors.New("outbox: no outbox in context and no default; call outbox.SetDefault(ob), or use ob.Publish")
@@ -136,7 +137,7 @@ func (o *Outbox) Config() Config { return o.cfg }
 func (o *Outbox) Publish(ctx context.Context, env Envelope) (string, error) {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		return "", ErrNoTx
+		return "", noTxError(ctx)
 	}
 	return o.PublishTx(ctx, tx, env)
 }
@@ -164,7 +165,7 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 func (o *Outbox) PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		return nil, ErrNoTx
+		return nil, noTxError(ctx)
 	}
 	return o.PublishAllTx(ctx, tx, envs...)
 }

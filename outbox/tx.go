@@ -278,3 +278,28 @@ func (tx *Tx) Rollback() error {
 	_ = tx.Hooks.RolledBack()
 	return err
 }
+
+type noTxKey struct{}
+
+// WithoutTx returns a copy of ctx that says why it carries no transaction
+// on purpose; Publish then fails with an error that wraps ErrNoTx and
+// gives that reason instead of the generic advice. Middleware calls it for
+// requests it lets through without a transaction (GET and HEAD by
+// default).
+func WithoutTx(ctx context.Context, reason string) context.Context {
+	return context.WithValue(ctx, noTxKey{}, reason)
+}
+
+// noTxError is the error of a Publish without a transaction in ctx.
+func noTxError(ctx context.Context) error {
+	if reason, ok := ctx.Value(noTxKey{}).(string); ok && reason != "" {
+		return &noTxErr{reason: reason}
+	}
+	return ErrNoTx
+}
+
+// noTxErr is ErrNoTx with the reason middleware gave.
+type noTxErr struct{ reason string }
+
+func (e *noTxErr) Error() string        { return "outbox: no transaction in context: " + e.reason }
+func (e *noTxErr) Is(target error) bool { return target == ErrNoTx }

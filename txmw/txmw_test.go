@@ -222,3 +222,27 @@ func TestDefaultOutbox(t *testing.T) {
 		t.Errorf("response %d %q; the event was not stored through the default outbox", rec.Code, rec.Body)
 	}
 }
+
+// Publish in a GET handler wrapped by Transactional says why there is no
+// transaction (GET gets none by default) and names WithMethods; the error
+// still matches outbox.ErrNoTx.
+func TestPublishInAGETHandlerSaysWhy(t *testing.T) {
+	e := setup(t, "sqlite")
+	var got error
+	h := txmw.Transactional(e.db, txmw.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, got = outbox.Publish(r.Context(), outbox.Envelope{Type: "item.viewed", JSON: []byte(`{}`)})
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	if !errors.Is(got, outbox.ErrNoTx) {
+		t.Fatalf("Publish in a GET handler = %v; want an error matching ErrNoTx", got)
+	}
+	for _, want := range []string{"GET request", "WithMethods", "DELETE, PATCH, POST, PUT"} {
+		if !strings.Contains(got.Error(), want) {
+			t.Errorf("error %q does not mention %q", got, want)
+		}
+	}
+	// Outside any middleware: the generic advice.
+	if _, err := outbox.Publish(outbox.NewContext(context.Background(), e.ob), outbox.Envelope{Type: "x", JSON: []byte(`{}`)}); err != outbox.ErrNoTx {
+		t.Fatalf("Publish without middleware = %v; want ErrNoTx itself", err)
+	}
+}
