@@ -18,7 +18,9 @@ test: vet
 
 ## run: start the demo orders service (embedded SQLite in ./data; see demo/restapi/README.md).
 run:
-	$(GO) run ./demo/restapi
+	@mkdir -p bin
+	$(GO) build -o bin/restapi ./demo/restapi
+	exec ./bin/restapi
 
 vet:
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt: these files need formatting (run make fmt):"; echo "$$unformatted"; exit 1; fi

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -281,3 +283,32 @@ func TestParseDSN(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+// An address in use fails at once with an error that names -addr and
+// ADDR, before the database is opened or the outbox started (nothing is
+// logged, nothing is created).
+func TestAddressInUseNamesTheFix(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	err = run(context.Background(), []string{"-addr", ln.Addr().String()}, func(k string) string { return map[string]string{"DATA_DIR": dir}[k] }, io.Discard, log)
+	if err == nil {
+		t.Fatal("run on a taken address succeeded")
+	}
+	for _, want := range []string{ln.Addr().String(), "-addr", "ADDR"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Errorf("logged before failing:\n%s", logs.String())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("created %d files in the data directory before failing", len(entries))
+	}
+}
