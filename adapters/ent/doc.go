@@ -19,7 +19,7 @@
 // (with entc: gen.Config{Features: []gen.Feature{gen.FeatureExecQuery}}).
 // Without it, the compiler rejects every call with a message like
 //
-//	T (type *ent.Tx) does not satisfy entoutbox.ExecQueryTx[T, CH, C, RH, R] (missing method ExecContext)
+//	T (type *ent.Tx) does not satisfy entoutbox.GeneratedWithExecQuery[T, CH, C, RH, R] (missing method ExecContext)
 //
 // and regenerating with the feature is the fix.
 //

@@ -11,19 +11,21 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// ExecQueryTx is what entoutbox needs of a transaction: the *ent.Tx that
-// ent generates for your schema, built with the sql/execquery feature.
+// GeneratedWithExecQuery is what entoutbox needs of a transaction: the
+// *ent.Tx that ent generates for your schema, built with the sql/execquery
+// feature. Its name is what the compiler shows when the feature is
+// missing; see "Troubleshooting" in the package's README.
 // Type inference fills in all of its type parameters from the *ent.Tx;
 // you never write them.
 //
 // If the compiler reports that your *ent.Tx "does not satisfy
-// ExecQueryTx (missing method ExecContext)", the ent code was generated
+// GeneratedWithExecQuery (missing method ExecContext)", the ent code was generated
 // without the sql/execquery feature. Regenerate it with the feature on:
 //
 //	go run -mod=mod entgo.io/ent/cmd/ent generate --feature sql/execquery ./ent/schema
 //
 // or, with entc, gen.FeatureExecQuery in gen.Config.Features.
-type ExecQueryTx[T any, CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]] interface {
+type GeneratedWithExecQuery[T any, CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]] interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	OnCommit(CH)
 	OnRollback(RH)
@@ -87,7 +89,7 @@ type bound interface {
 	same(tx any) bool
 }
 
-func newBinding[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
+func newBinding[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
 	return &binding[T]{tx: tx, exec: tx.ExecContext, commit: tx.Commit, rollback: tx.Rollback}
 }
 
@@ -100,11 +102,11 @@ func newBinding[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], R
 //
 // It panics if T's commit or rollback hook types are not ent's generated
 // ones.
-func Wrap[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) outbox.TxContext {
+func Wrap[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) outbox.TxContext {
 	return wrap(tx)
 }
 
-func wrap[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
+func wrap[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
 	b := newBinding(tx)
 	if _, ok := any(committer[T]{}).(C); !ok {
 		panic(fmt.Sprintf("entoutbox: the commit hook type of %T is not ent's generated one", tx))
@@ -162,7 +164,7 @@ func logHooks(ctx context.Context, err error, kind string) {
 //
 // If ctx already carries tx, Bind returns ctx unchanged. It panics like
 // Wrap.
-func Bind[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
+func Bind[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
 	if t, ok := outbox.TxFromContext(ctx); ok {
 		if b, ok := t.(bound); ok && b.same(tx) {
 			return ctx

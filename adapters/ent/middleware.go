@@ -32,13 +32,13 @@ type Beginner[T any] interface {
 //	r.Use(entoutbox.Transactional(client, entoutbox.WithOutbox(ob)))
 //
 // It panics if client is nil or an option is invalid.
-func Transactional[Cl Beginner[T], T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](client Cl, opts ...Option) func(http.Handler) http.Handler {
+func Transactional[Cl Beginner[T], T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](client Cl, opts ...Option) func(http.Handler) http.Handler {
 	return middleware.New(Begin(client), opts...).Handler
 }
 
 // Begin returns the middleware.BeginFunc that Transactional uses, for
 // building a *middleware.Middleware directly. It panics if client is nil.
-func Begin[Cl Beginner[T], T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](client Cl) middleware.BeginFunc {
+func Begin[Cl Beginner[T], T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](client Cl) middleware.BeginFunc {
 	if v := reflect.ValueOf(client); !v.IsValid() || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		panic("entoutbox: Begin: client is nil")
 	}
