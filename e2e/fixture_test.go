@@ -100,8 +100,8 @@ func (f *fixture) eventRows(t *testing.T, id string) int {
 // outbox, and an ErrorHandler that records what it answers.
 func (f *fixture) options(extra ...txmw.Option) []txmw.Option {
 	return append([]txmw.Option{
-		txmw.WithOutbox(f.ob),
-		txmw.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		middleware.WithOutbox(f.ob),
+		middleware.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
 			f.errMu.Lock()
 			f.errs = append(f.errs, err)
 			f.errMu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/txmw"
 )
@@ -160,7 +161,7 @@ func TestAccessorsOutsideATransaction(t *testing.T) {
 func TestTransactional(t *testing.T) {
 	eachDB(t, func(t *testing.T, e *env) {
 		var c calls
-		h := txmw.Transactional(e.db, txmw.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := txmw.Transactional(e.db, middleware.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			id := r.URL.Query().Get("id")
 			if err := e.write(r.Context(), txmw.Tx(r.Context()), id); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -229,7 +230,7 @@ func TestDefaultOutbox(t *testing.T) {
 func TestPublishInAGETHandlerSaysWhy(t *testing.T) {
 	e := setup(t, "sqlite")
 	var got error
-	h := txmw.Transactional(e.db, txmw.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := txmw.Transactional(e.db, middleware.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, got = outbox.Publish(r.Context(), outbox.Envelope{Type: "item.viewed", JSON: []byte(`{}`)})
 	}))
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))

@@ -62,7 +62,7 @@
 // 2xx commits before it goes out and then the after-commit hooks run; any
 // other status or a panic rolls back.
 //
-//	r.Use(entoutbox.Transactional(client, entoutbox.WithOutbox(ob)))
+//	r.Use(entoutbox.Transactional(client, middleware.WithOutbox(ob)))
 //	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 //		tx := entoutbox.Tx[*ent.Tx](r.Context())
 //		tx.Order.Create().SetCustomer("ada").SaveX(r.Context())

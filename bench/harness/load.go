@@ -20,6 +20,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 	"github.com/txoutbox/txoutbox/txmw"
@@ -204,7 +205,7 @@ func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadR
 			}
 			closers = append(closers, func() { ob.Close(context.Background()) })
 			r := chi.NewRouter()
-			r.Use(txmw.Transactional(pool, txmw.WithOutbox(ob)))
+			r.Use(txmw.Transactional(pool, middleware.WithOutbox(ob)))
 			insOrder := fmt.Sprintf(insertOrder, orders)
 			r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 				seq := seqs.Add(1)
