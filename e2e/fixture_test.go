@@ -130,10 +130,10 @@ func (f *fixture) create(r *http.Request, id string) error {
 	}); err != nil {
 		return err
 	}
-	if err := txmw.AfterCommit(ctx, func() { f.hooks.add("commit:" + id) }); err != nil {
+	if err := outbox.AfterCommit(ctx, func() { f.hooks.add("commit:" + id) }); err != nil {
 		return err
 	}
-	return txmw.AfterRollback(ctx, func() { f.hooks.add("rollback:" + id) })
+	return outbox.AfterRollback(ctx, func() { f.hooks.add("rollback:" + id) })
 }
 
 // serve starts r on a test server and returns an httpexpect for it.

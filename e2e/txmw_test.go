@@ -247,7 +247,7 @@ func TestClientDisconnect(t *testing.T) {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			txmw.AfterCommit(ctx, func() { close(committed) })
+			outbox.AfterCommit(ctx, func() { close(committed) })
 			w.WriteHeader(http.StatusCreated)
 		})
 		_, srv := serve(t, r)

@@ -52,13 +52,13 @@ func TxFromContext(ctx context.Context) (TxContext, bool) {
 // Savepoints matter because an event published inside a savepoint that is
 // rolled back left no row: its after-commit hook must never run, even if
 // the transaction commits. An implementation that lets callers use
-// savepoints reports them with Savepoint, RollbackTo and Release:
+// savepoints reports them with Savepoint, RollbackToSavepoint and ReleaseSavepoint:
 //
-//   - RollbackTo(s) drops the after-commit hooks registered since s was
+//   - RollbackToSavepoint(s) drops the after-commit hooks registered since s was
 //     set, and makes the after-rollback hooks registered since then due:
 //     they run when the transaction ends, whatever its outcome. s itself
 //     stays, as in SQL.
-//   - Release(s) merges what was registered since s into the enclosing
+//   - ReleaseSavepoint(s) merges what was registered since s into the enclosing
 //     level.
 //   - Committed runs the surviving after-commit hooks and the due
 //     after-rollback hooks in registration order; RolledBack runs every
@@ -114,9 +114,9 @@ func (h *Hooks) Savepoint(name string) {
 	}
 }
 
-// RollbackTo records a rollback to the savepoint name and reports whether
+// RollbackToSavepoint records a rollback to the savepoint name and reports whether
 // the savepoint was known.
-func (h *Hooks) RollbackTo(name string) bool {
+func (h *Hooks) RollbackToSavepoint(name string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	i := h.find(name)
@@ -137,9 +137,9 @@ func (h *Hooks) RollbackTo(name string) bool {
 	return true
 }
 
-// Release records that the savepoint name was released and reports
+// ReleaseSavepoint records that the savepoint name was released and reports
 // whether it was known.
-func (h *Hooks) Release(name string) bool {
+func (h *Hooks) ReleaseSavepoint(name string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	i := h.find(name)
@@ -303,3 +303,31 @@ type noTxErr struct{ reason string }
 
 func (e *noTxErr) Error() string        { return "outbox: no transaction in context: " + e.reason }
 func (e *noTxErr) Is(target error) bool { return target == ErrNoTx }
+
+// AfterCommit registers fn to run once the transaction that ctx carries
+// has committed, after the hooks registered before it; inside a savepoint
+// that is rolled back, fn is dropped. It returns ErrNoTx if ctx carries no
+// transaction. fn runs under its own recover and should be quick (an HTTP
+// response waits for it). It works with every middleware and adapter of
+// this module (txmw, gormoutbox, entoutbox, middleware).
+func AfterCommit(ctx context.Context, fn func()) error {
+	t, ok := TxFromContext(ctx)
+	if !ok {
+		return noTxError(ctx)
+	}
+	t.AfterCommit(fn)
+	return nil
+}
+
+// AfterRollback registers fn to run once the transaction that ctx carries
+// has rolled back (or failed to commit), or once it ends if the savepoint
+// fn was registered in was rolled back. It returns ErrNoTx if ctx carries
+// no transaction.
+func AfterRollback(ctx context.Context, fn func()) error {
+	t, ok := TxFromContext(ctx)
+	if !ok {
+		return noTxError(ctx)
+	}
+	t.AfterRollback(fn)
+	return nil
+}

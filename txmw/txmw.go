@@ -83,31 +83,6 @@ func Tx(ctx context.Context) *sqlx.Tx {
 	panic("txmw: Tx: no transaction in context; wrap the route with txmw.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or use txmw.Transact")
 }
 
-// AfterCommit registers fn to run once the transaction of ctx has
-// committed, after the hooks registered before it. It returns
-// outbox.ErrNoTx if ctx carries no transaction. fn runs under its own
-// recover; it must be quick, because the response waits for it.
-func AfterCommit(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterCommit(fn)
-	return nil
-}
-
-// AfterRollback registers fn to run once the transaction of ctx has rolled
-// back (including a failed commit). It returns outbox.ErrNoTx if ctx
-// carries no transaction.
-func AfterRollback(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterRollback(fn)
-	return nil
-}
-
 // Transact runs fn in a transaction on db, for code outside HTTP handlers
 // (jobs, consumers, CLIs). The ctx passed to fn carries the transaction,
 // so outbox.Publish(ctx, env) and Tx(ctx) work in it. If fn returns nil,

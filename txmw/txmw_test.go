@@ -92,9 +92,9 @@ func TestTransact(t *testing.T) {
 			if txmw.Tx(ctx) != tx {
 				t.Error("Tx(ctx) is not the transaction passed to fn")
 			}
-			txmw.AfterCommit(ctx, c.add("commit1"))
-			txmw.AfterRollback(ctx, c.add("rollback1"))
-			txmw.AfterCommit(ctx, c.add("commit2"))
+			outbox.AfterCommit(ctx, c.add("commit1"))
+			outbox.AfterRollback(ctx, c.add("rollback1"))
+			outbox.AfterCommit(ctx, c.add("commit2"))
 			// A nested Transact joins.
 			return txmw.Transact(ctx, e.db, func(ctx context.Context, inner *sqlx.Tx) error {
 				if inner != tx {
@@ -113,8 +113,8 @@ func TestTransact(t *testing.T) {
 		c = calls{}
 		boom := errors.New("boom")
 		err = txmw.Transact(ctx, e.db, func(ctx context.Context, tx *sqlx.Tx) error {
-			txmw.AfterCommit(ctx, c.add("commit"))
-			txmw.AfterRollback(ctx, c.add("rollback"))
+			outbox.AfterCommit(ctx, c.add("commit"))
+			outbox.AfterRollback(ctx, c.add("rollback"))
 			if err := e.write(ctx, tx, "failed"); err != nil {
 				return err
 			}
@@ -128,7 +128,7 @@ func TestTransact(t *testing.T) {
 		func() {
 			defer func() { recover() }()
 			txmw.Transact(ctx, e.db, func(ctx context.Context, tx *sqlx.Tx) error {
-				txmw.AfterRollback(ctx, c.add("rollback"))
+				outbox.AfterRollback(ctx, c.add("rollback"))
 				e.write(ctx, tx, "panicked")
 				panic("boom")
 			})
@@ -144,10 +144,10 @@ func TestAccessorsOutsideATransaction(t *testing.T) {
 	if _, ok := txmw.TxFrom(ctx); ok {
 		t.Error("TxFrom found a transaction in an empty context")
 	}
-	if err := txmw.AfterCommit(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
+	if err := outbox.AfterCommit(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
 		t.Errorf("AfterCommit: %v", err)
 	}
-	if err := txmw.AfterRollback(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
+	if err := outbox.AfterRollback(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
 		t.Errorf("AfterRollback: %v", err)
 	}
 	defer func() {
@@ -167,8 +167,8 @@ func TestTransactional(t *testing.T) {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			txmw.AfterCommit(r.Context(), c.add("commit:"+id))
-			txmw.AfterRollback(r.Context(), c.add("rollback:"+id))
+			outbox.AfterCommit(r.Context(), c.add("commit:"+id))
+			outbox.AfterRollback(r.Context(), c.add("rollback:"+id))
 			if id == "bad" {
 				w.WriteHeader(http.StatusUnprocessableEntity)
 				return

@@ -43,7 +43,7 @@
 // events and runs the after-rollback hooks. Without a bound transaction,
 // outbox.Publish returns outbox.ErrNoTx and writes nothing. [Tx] and
 // [TxFrom] return the bound *ent.Tx (tx.Client() gives a client bound to
-// it); [AfterCommit] and [AfterRollback] register hooks of one's own.
+// it); [outbox.AfterCommit] and [outbox.AfterRollback] register hooks of one's own.
 //
 // # Savepoints
 //
@@ -78,5 +78,5 @@
 //   - ent code generated without sql/execquery (it does not compile).
 //   - Savepoint statements sent with tx.ExecContext directly.
 //   - Hooks registered with tx.OnCommit do not know about savepoints; use
-//     AfterCommit for work that must follow them.
+//     outbox.AfterCommit for work that must follow them.
 package entoutbox

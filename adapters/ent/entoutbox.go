@@ -206,30 +206,3 @@ func Tx[T any](ctx context.Context) T {
 	}
 	panic("entoutbox: Tx: no transaction in context; wrap the route with entoutbox.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or call entoutbox.Bind")
 }
-
-// AfterCommit registers fn to run once the transaction that ctx carries
-// has committed, after the hooks registered before it; inside a Savepoint
-// that rolls back, fn is dropped. It returns outbox.ErrNoTx if ctx
-// carries no transaction. fn runs under its own recover and should be
-// quick.
-func AfterCommit(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterCommit(fn)
-	return nil
-}
-
-// AfterRollback registers fn to run once the transaction that ctx carries
-// has rolled back (or failed to commit), or once it ends if the Savepoint
-// fn was registered in rolls back. It returns outbox.ErrNoTx if ctx
-// carries no transaction.
-func AfterRollback(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterRollback(fn)
-	return nil
-}

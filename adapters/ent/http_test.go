@@ -42,7 +42,7 @@ func TestHTTP(t *testing.T) {
 			if _, err := outbox.Publish(ctx, outbox.Envelope{Type: "placed", JSON: []byte(`{}`)}); err != nil {
 				t.Errorf("Publish: %v", err)
 			}
-			entoutbox.AfterCommit(ctx, func() { hooksRan.Add(1) })
+			outbox.AfterCommit(ctx, func() { hooksRan.Add(1) })
 			if r.URL.Query().Get("panic") != "" {
 				panic("boom")
 			}

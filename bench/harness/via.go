@@ -42,7 +42,7 @@ func txmwRunner(env *Env, ob *outbox.Outbox) txRunner {
 		}
 		// Registered first, so it runs first after COMMIT: the commit time
 		// is taken before the event can reach the dispatcher.
-		if err := txmw.AfterCommit(ctx, func() { env.Rec.Committed(seq) }); err != nil {
+		if err := outbox.AfterCommit(ctx, func() { env.Rec.Committed(seq) }); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
