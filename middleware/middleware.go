@@ -53,17 +53,15 @@ func (e *Error) Unwrap() error { return e.Err }
 // Tx is one request's transaction as a binding supplies it. Embed
 // outbox.Hooks for AfterCommit, AfterRollback, Committed and RolledBack.
 //
-// Commit and Rollback end the transaction and should not run hooks; the
-// middleware calls Committed after a successful Commit and RolledBack after
-// a Rollback or a failed Commit, and logs the hooks that panicked.
+// Commit and Rollback end the transaction and then run its hooks, with
+// the contract of outbox.EndTx (which implementations call): after a
+// failed COMMIT the after-rollback hooks run. The ctx given to BeginFunc
+// carries the middleware's logger (outbox.LoggerFrom) for EndTx's report
+// of hooks that panicked.
 type Tx interface {
 	outbox.TxContext
 	Commit() error
 	Rollback() error
-	// Committed runs the after-commit hooks (see outbox.Hooks.Committed).
-	Committed() error
-	// RolledBack runs the after-rollback hooks (see outbox.Hooks.RolledBack).
-	RolledBack() error
 }
 
 // BeginFunc begins a transaction. ctx is not cancelled by the client going
@@ -298,6 +296,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	client := r.Context()
 	ctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(client), clientKey{}, client), m.cfg.timeout)
 	defer cancel()
+	// The transaction reports hooks that panic with this logger.
+	ctx = outbox.ContextWithLogger(ctx, m.cfg.log.With(slog.String("method", r.Method), slog.String("path", r.URL.Path)))
 
 	tx, err := m.beginTx(ctx)
 	if err != nil {
@@ -389,7 +389,6 @@ func (m *Middleware) beginTx(ctx context.Context) (Tx, error) {
 	// The timer fired: whatever begin returned, its context is gone.
 	if err == nil && tx != nil {
 		_ = tx.Rollback()
-		_ = tx.RolledBack()
 	}
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrBeginTimeout) {
 		return nil, fmt.Errorf("%w (after %v): %w", ErrBeginTimeout, m.cfg.beginTimeout, err)
@@ -416,10 +415,8 @@ func (m *Middleware) commit(r *http.Request, tx Tx) error {
 	if err != nil {
 		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelError, "middleware: commit failed; the request's work is rolled back",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-		m.hooks(r, tx.RolledBack(), "after-rollback")
 		return err
 	}
-	m.hooks(r, tx.Committed(), "after-commit")
 	return nil
 }
 
@@ -427,22 +424,5 @@ func (m *Middleware) rollback(r *http.Request, tx Tx) {
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelWarn, "middleware: rollback failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-	}
-	m.hooks(r, tx.RolledBack(), "after-rollback")
-}
-
-func (m *Middleware) hooks(r *http.Request, err error, kind string) {
-	if err == nil {
-		return
-	}
-	var errs []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	} else {
-		errs = []error{err}
-	}
-	for _, e := range errs {
-		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelError, "middleware: "+kind+" hook failed",
-			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", e))
 	}
 }

@@ -33,8 +33,14 @@ type recTx struct {
 func (t *recTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
 	return nil, errors.New("recTx: no database")
 }
-func (t *recTx) Commit() error   { t.log("commit"); return t.commitErr }
-func (t *recTx) Rollback() error { t.log("rollback"); return nil }
+// Commit and Rollback follow the contract of middleware.Tx: end, then run
+// the hooks, through outbox.EndTx.
+func (t *recTx) Commit() error {
+	return outbox.EndTx(t.ctx, func() error { t.log("commit"); return t.commitErr }, true, &t.Hooks)
+}
+func (t *recTx) Rollback() error {
+	return outbox.EndTx(t.ctx, func() error { t.log("rollback"); return nil }, false, &t.Hooks)
+}
 func (t *recTx) log(s string) {
 	t.mu.Lock()
 	t.events = append(t.events, s)
@@ -98,7 +104,7 @@ func TestBufferedResponseAndHooks(t *testing.T) {
 	if strings.Join(order, ",") != "first,third" {
 		t.Errorf("hooks ran %v, want first,third (a panicking hook changes nothing else)", order)
 	}
-	if !strings.Contains(logs.String(), "after-commit hook failed") || !strings.Contains(logs.String(), "hook failure") {
+	if !strings.Contains(logs.String(), "after-commit hook panicked") || !strings.Contains(logs.String(), "hook failure") {
 		t.Errorf("the panicking hook was not logged: %s", logs.String())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 )
 
@@ -244,6 +245,7 @@ func runHook(fn func()) (perr *HookPanicError) {
 type Tx struct {
 	*sql.Tx
 	Hooks
+	ctx context.Context // of BeginTx, for EndTx's logger
 }
 
 // BeginTx starts a transaction on db.
@@ -252,31 +254,79 @@ func BeginTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*Tx, error) 
 	if err != nil {
 		return nil, fmt.Errorf("outbox: begin transaction: %w", err)
 	}
-	return &Tx{Tx: stx}, nil
+	return &Tx{Tx: stx, ctx: ctx}, nil
 }
 
-// Commit commits the transaction and then runs the after-commit hooks. If
-// the commit fails, the after-rollback hooks run instead and the commit
-// error is returned. Panics in hooks are recovered and dropped; use Hooks
-// directly to observe them.
-func (tx *Tx) Commit() error {
-	if err := tx.Tx.Commit(); err != nil {
-		_ = tx.Hooks.RolledBack()
-		return err
+// Commit commits the transaction and then runs its hooks (see EndTx).
+func (tx *Tx) Commit() error { return EndTx(tx.ctx, tx.Tx.Commit, true, &tx.Hooks) }
+
+// Rollback rolls the transaction back and runs the after-rollback hooks
+// (see EndTx). After Commit it does nothing and returns sql.ErrTxDone, so
+// it is safe to defer.
+func (tx *Tx) Rollback() error { return EndTx(tx.ctx, tx.Tx.Rollback, false, &tx.Hooks) }
+
+// HookFirer runs the hooks of a transaction that has ended; *Hooks
+// implements it.
+type HookFirer interface {
+	Committed() error
+	RolledBack() error
+}
+
+// EndTx ends a transaction and runs its hooks: the one contract of every
+// transaction type of this module (Tx, the transactions of txmw, the GORM
+// and ent adapters, outboxtest), so that their Commit and Rollback mean
+// the same thing. end is the transaction's own Commit (commit true) or
+// Rollback (commit false):
+//
+//   - Commit: after a successful COMMIT the after-commit hooks run; if the
+//     COMMIT fails, the transaction is over anyway (the database rolled it
+//     back), so the after-rollback hooks run, and the COMMIT's error is
+//     returned.
+//   - Rollback: the after-rollback hooks run whatever ROLLBACK returns
+//     (sql.ErrTxDone without a Commit means database/sql already rolled
+//     back for a cancelled context: the hooks are still due), and its
+//     error is returned.
+//
+// Hooks run once: a second EndTx on the same hooks runs none. A hook that
+// panics does not stop the others; the panics are logged with the logger
+// ContextWithLogger put in ctx (slog.Default() otherwise), never returned,
+// so that a Commit that succeeded never reports a hook's failure as its
+// own.
+func EndTx(ctx context.Context, end func() error, commit bool, hooks HookFirer) error {
+	if ctx == nil {
+		ctx = context.Background()
 	}
-	_ = tx.Hooks.Committed()
-	return nil
+	err := end()
+	kind, herr := "after-rollback", error(nil)
+	if commit && err == nil {
+		kind, herr = "after-commit", hooks.Committed()
+	} else {
+		herr = hooks.RolledBack()
+	}
+	if herr != nil {
+		LoggerFrom(ctx).LogAttrs(ctx, slog.LevelError, "outbox: "+kind+" hook panicked; the other hooks ran", slog.Any("error", herr))
+	}
+	return err
 }
 
-// Rollback rolls the transaction back and runs the after-rollback hooks. It
-// is a no-op returning sql.ErrTxDone after Commit, so it is safe to defer.
-func (tx *Tx) Rollback() error {
-	err := tx.Tx.Rollback()
-	// After Commit the hooks have fired and this does nothing. Without a
-	// Commit, ErrTxDone means database/sql rolled back for a cancelled
-	// context: the after-rollback hooks are still due.
-	_ = tx.Hooks.RolledBack()
-	return err
+type loggerKey struct{}
+
+// ContextWithLogger returns a copy of ctx that carries log for EndTx's
+// report of panicking hooks (middleware puts its own there, with the
+// request's method and path).
+func ContextWithLogger(ctx context.Context, log *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey{}, log)
+}
+
+// LoggerFrom returns the logger ContextWithLogger put in ctx, or
+// slog.Default().
+func LoggerFrom(ctx context.Context) *slog.Logger {
+	if ctx != nil {
+		if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok && l != nil {
+			return l
+		}
+	}
+	return slog.Default()
 }
 
 type noTxKey struct{}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 
 	"github.com/jmoiron/sqlx"
@@ -42,7 +41,7 @@ func Begin(db *sqlx.DB) middleware.BeginFunc {
 		if err != nil {
 			return nil, err
 		}
-		return &sqlTx{Tx: tx}, nil
+		return &sqlTx{Tx: tx, ctx: ctx}, nil
 	}
 }
 
@@ -51,9 +50,16 @@ func Begin(db *sqlx.DB) middleware.BeginFunc {
 type sqlTx struct {
 	*sqlx.Tx
 	outbox.Hooks
+	ctx context.Context // of the begin, for EndTx's logger
 }
 
 var _ middleware.Tx = (*sqlTx)(nil)
+
+// Commit commits and runs the hooks (outbox.EndTx).
+func (t *sqlTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &t.Hooks) }
+
+// Rollback rolls back and runs the after-rollback hooks (outbox.EndTx).
+func (t *sqlTx) Rollback() error { return outbox.EndTx(t.ctx, t.Tx.Rollback, false, &t.Hooks) }
 
 // TxFrom returns the *sqlx.Tx of the request (or of Transact) that ctx
 // belongs to, and reports whether there is one.
@@ -109,12 +115,11 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 	if err != nil {
 		return fmt.Errorf("txmw: begin transaction: %w", err)
 	}
-	tx := &sqlTx{Tx: stx}
+	tx := &sqlTx{Tx: stx, ctx: ctx}
 	done := false
 	defer func() {
 		if !done {
-			_ = tx.Rollback()
-			logHooks(ctx, tx.RolledBack(), "after-rollback")
+			_ = tx.Rollback() // fn panicked
 		}
 	}()
 	err = fn(outbox.ContextWithTx(ctx, tx), stx)
@@ -123,21 +128,12 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 		if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			err = errors.Join(err, fmt.Errorf("txmw: roll back: %w", rerr))
 		}
-		logHooks(ctx, tx.RolledBack(), "after-rollback")
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		logHooks(ctx, tx.RolledBack(), "after-rollback")
 		return fmt.Errorf("txmw: commit transaction: %w", err)
 	}
-	logHooks(ctx, tx.Committed(), "after-commit")
 	return nil
-}
-
-func logHooks(ctx context.Context, err error, kind string) {
-	if err != nil {
-		slog.Default().LogAttrs(ctx, slog.LevelError, "txmw: "+kind+" hook failed", slog.Any("error", err))
-	}
 }
 
 // The options of package middleware, under this package's name.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 
 	"github.com/txoutbox/txoutbox/adapters/internal/txhooks"
@@ -52,7 +51,8 @@ type binding[T any] struct {
 	commit   func() error
 	rollback func() error
 	hooks    txhooks.Hooks
-	seq      atomic.Int64 // savepoint names
+	seq      atomic.Int64    // savepoint names
+	ctx      context.Context // of the begin, for EndTx's logger; may be nil
 }
 
 var _ outbox.TxContext = (*binding[*struct{}])(nil)
@@ -70,12 +70,11 @@ func (b *binding[T]) ExecContext(ctx context.Context, query string, args ...any)
 func (b *binding[T]) AfterCommit(fn func())   { b.hooks.AfterCommit(fn) }
 func (b *binding[T]) AfterRollback(fn func()) { b.hooks.AfterRollback(fn) }
 
-// Commit, Rollback, Committed and RolledBack make a binding the
-// middleware's Tx. Commit and Rollback leave the hooks to the middleware.
-func (b *binding[T]) Commit() error     { return b.commit() }
-func (b *binding[T]) Rollback() error   { return b.rollback() }
-func (b *binding[T]) Committed() error  { return b.hooks.Committed() }
-func (b *binding[T]) RolledBack() error { return b.hooks.RolledBack() }
+// Commit and Rollback make a binding the middleware's Tx: they end the
+// transaction and run its hooks (outbox.EndTx; the hooks run once, also
+// when ent's own commit hook ran them already).
+func (b *binding[T]) Commit() error   { return outbox.EndTx(b.ctx, b.commit, true, &b.hooks) }
+func (b *binding[T]) Rollback() error { return outbox.EndTx(b.ctx, b.rollback, false, &b.hooks) }
 
 func (b *binding[T]) nextSavepoint() string {
 	return fmt.Sprintf("entoutbox_sp%d", b.seq.Add(1))
@@ -125,13 +124,7 @@ type committer[T any] struct {
 }
 
 func (c committer[T]) Commit(ctx context.Context, tx T) error {
-	err := c.next.Commit(ctx, tx)
-	if err != nil {
-		logHooks(ctx, c.hooks.RolledBack(), "after-rollback")
-	} else {
-		logHooks(ctx, c.hooks.Committed(), "after-commit")
-	}
-	return err
+	return outbox.EndTx(ctx, func() error { return c.next.Commit(ctx, tx) }, true, c.hooks)
 }
 
 type rollbacker[T any] struct {
@@ -140,15 +133,7 @@ type rollbacker[T any] struct {
 }
 
 func (r rollbacker[T]) Rollback(ctx context.Context, tx T) error {
-	err := r.next.Rollback(ctx, tx)
-	logHooks(ctx, r.hooks.RolledBack(), "after-rollback")
-	return err
-}
-
-func logHooks(ctx context.Context, err error, kind string) {
-	if err != nil {
-		slog.Default().LogAttrs(ctx, slog.LevelError, "entoutbox: "+kind+" hook panicked", slog.Any("error", err))
-	}
+	return outbox.EndTx(ctx, func() error { return r.next.Rollback(ctx, tx) }, false, r.hooks)
 }
 
 // Bind returns a copy of ctx that carries tx, so that outbox.Publish(ctx,

@@ -45,8 +45,10 @@ func Begin[Cl Beginner[T], T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C
 		if err != nil {
 			return nil, err
 		}
-		// No ent hooks: the middleware runs Committed or RolledBack itself.
-		return newBinding(tx), nil
+		// No ent hooks: Commit and Rollback of the binding run ours.
+		b := newBinding(tx)
+		b.ctx = ctx
+		return b, nil
 	}
 }
 

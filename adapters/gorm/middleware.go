@@ -56,7 +56,6 @@ func Begin(db *gorm.DB) middleware.BeginFunc {
 			tx.Rollback()
 			return nil, err
 		}
-		c.manual = true
 		return &boundTx{conn: c, db: tx}, nil
 	}
 }
@@ -77,8 +76,6 @@ func (t *boundTx) AfterCommit(fn func())   { t.conn.AfterCommit(fn) }
 func (t *boundTx) AfterRollback(fn func()) { t.conn.AfterRollback(fn) }
 func (t *boundTx) Commit() error           { return t.conn.Commit() }
 func (t *boundTx) Rollback() error         { return t.conn.Rollback() }
-func (t *boundTx) Committed() error        { return t.conn.hooks.Committed() }
-func (t *boundTx) RolledBack() error       { return t.conn.hooks.RolledBack() }
 
 // DBFrom returns the *gorm.DB of the transaction that ctx carries (from
 // Transactional or Context), bound to ctx, and reports whether there is

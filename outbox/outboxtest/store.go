@@ -150,16 +150,17 @@ var ErrNoSQL = errors.New("outboxtest: the in-memory store runs no SQL: keep the
 // for concurrent use.
 type Tx struct {
 	outbox.Hooks
-	st *Store
+	st  *Store
+	ctx context.Context
 
 	mu   sync.Mutex
 	rows []*memEvent
 	done bool
 }
 
-// Begin starts a transaction. ctx is not used; it is there so that Begin
-// reads like its database counterparts.
-func (s *Store) Begin(ctx context.Context) *Tx { return &Tx{st: s} }
+// Begin starts a transaction. ctx carries the logger for hooks that
+// panic (outbox.ContextWithLogger).
+func (s *Store) Begin(ctx context.Context) *Tx { return &Tx{st: s, ctx: ctx} }
 
 // ExecContext returns ErrNoSQL: there is no SQL to run.
 func (tx *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
@@ -170,7 +171,9 @@ func (tx *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.R
 // hooks. It fails with sql.ErrTxDone after Commit or Rollback, and fails
 // (running the after-rollback hooks, writing nothing) if an event id is
 // already taken, like a primary key.
-func (tx *Tx) Commit() error {
+func (tx *Tx) Commit() error { return outbox.EndTx(tx.ctx, tx.commit, true, &tx.Hooks) }
+
+func (tx *Tx) commit() error {
 	tx.mu.Lock()
 	if tx.done {
 		tx.mu.Unlock()
@@ -186,7 +189,6 @@ func (tx *Tx) Commit() error {
 	for _, e := range rows {
 		if _, dup := s.events[e.row.ID]; dup {
 			s.mu.Unlock()
-			_ = tx.Hooks.RolledBack()
 			return fmt.Errorf("outboxtest: commit: event id %q exists already", e.row.ID)
 		}
 	}
@@ -199,22 +201,21 @@ func (tx *Tx) Commit() error {
 		s.touch()
 	}
 	s.mu.Unlock()
-	_ = tx.Hooks.Committed()
 	return nil
 }
 
 // Rollback drops the transaction's rows and runs the after-rollback
 // hooks. It returns sql.ErrTxDone after Commit or Rollback, so it is safe
 // to defer.
-func (tx *Tx) Rollback() error {
+func (tx *Tx) Rollback() error { return outbox.EndTx(tx.ctx, tx.rollback, false, &tx.Hooks) }
+
+func (tx *Tx) rollback() error {
 	tx.mu.Lock()
+	defer tx.mu.Unlock()
 	if tx.done {
-		tx.mu.Unlock()
 		return sql.ErrTxDone
 	}
 	tx.done, tx.rows = true, nil
-	tx.mu.Unlock()
-	_ = tx.Hooks.RolledBack()
 	return nil
 }
 
