@@ -33,6 +33,7 @@ type recTx struct {
 func (t *recTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
 	return nil, errors.New("recTx: no database")
 }
+
 // Commit and Rollback follow the contract of middleware.Tx: end, then run
 // the hooks, through outbox.EndTx.
 func (t *recTx) Commit() error {
