@@ -312,3 +312,38 @@ func TestAddressInUseNamesTheFix(t *testing.T) {
 		t.Errorf("created %d files in the data directory before failing", len(entries))
 	}
 }
+
+// What requests publish, seen through outboxtest's recorder: a created
+// order publishes one OrderPlaced about it; a rejected request and a
+// second cancel (rolled back) publish nothing.
+func TestRequestsPublishWhatTheyShould(t *testing.T) {
+	h := startTestApp(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if status, body := h.do(t, http.MethodPost, "/orders", validOrder); status != http.StatusCreated {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	evs, err := h.rec.WaitFor(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := evs[0]; ev.Type != OrderPlaced || ev.AggregateType != "order" || ev.AggregateID != "1" {
+		t.Fatalf("published %s about %s %s; want OrderPlaced about order 1", ev.Type, ev.AggregateType, ev.AggregateID)
+	}
+	if status, _ := h.do(t, http.MethodPost, "/orders", `{"customer":""}`); status != http.StatusBadRequest {
+		t.Fatalf("bad order: %d, want 400", status)
+	}
+	if status, _ := h.do(t, http.MethodPost, "/orders/1/cancel", ""); status != http.StatusOK {
+		t.Fatalf("cancel: %d", status)
+	}
+	if status, _ := h.do(t, http.MethodPost, "/orders/1/cancel", ""); status != http.StatusConflict {
+		t.Fatalf("second cancel: %d, want 409", status)
+	}
+	if _, err := h.rec.WaitFor(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	h.waitDelivered(t)
+	if types := h.rec.Types(); len(types) != 2 || types[0] != OrderPlaced || types[1] != OrderCancelled {
+		t.Fatalf("published %v; want [OrderPlaced OrderCancelled] (nothing for the 400 and the 409)", types)
+	}
+}
