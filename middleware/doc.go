@@ -9,7 +9,7 @@
 //
 // # Using it from a binding
 //
-// A binding's transaction implements [Tx]: the [outbox.TxContext] that
+// A binding's transaction implements [Unit]: the [outbox.TxContext] that
 // outbox.Publish writes through, plus Commit and Rollback. Embedding
 // [outbox.Hooks] provides the hook methods:
 //
@@ -30,7 +30,7 @@
 //	}
 //
 //	func Transactional(db *gorm.DB, opts ...middleware.Option) func(http.Handler) http.Handler {
-//		begin := func(ctx context.Context, o *sql.TxOptions) (middleware.Tx, error) {
+//		begin := func(ctx context.Context, o *sql.TxOptions) (middleware.Unit, error) {
 //			tx := db.WithContext(ctx).Begin(o)
 //			if tx.Error != nil {
 //				return nil, tx.Error
@@ -40,7 +40,7 @@
 //		return middleware.New(begin, opts...).Handler
 //	}
 //
-// The middleware puts the Tx into the request context with
+// The middleware puts the Unit into the request context with
 // [outbox.ContextWithTx]; the binding's accessor finds it again with
 // [outbox.TxFromContext] and a type assertion to its own type. Commit and
 // Rollback end the transaction and run its hooks through [outbox.EndTx],

@@ -50,7 +50,7 @@ type Error struct {
 func (e *Error) Error() string { return "middleware: " + e.Op + " transaction: " + e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
-// Tx is one request's transaction as a binding supplies it. Embed
+// Unit is one request's unit of work as a binding supplies it: its transaction. Embed
 // outbox.Hooks for AfterCommit, AfterRollback, Committed and RolledBack.
 //
 // Commit and Rollback end the transaction and then run its hooks, with
@@ -58,7 +58,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // failed COMMIT the after-rollback hooks run. The ctx given to BeginFunc
 // carries the middleware's logger (outbox.LoggerFrom) for EndTx's report
 // of hooks that panicked.
-type Tx interface {
+type Unit interface {
 	outbox.TxContext
 	Commit() error
 	Rollback() error
@@ -69,7 +69,7 @@ type Tx interface {
 // timeout passes before BeginFunc returns. The transaction must stay bound
 // to ctx (database/sql's BeginTx does this), so that the deadline rolls it
 // back. opts is never nil.
-type BeginFunc func(ctx context.Context, opts *sql.TxOptions) (Tx, error)
+type BeginFunc func(ctx context.Context, opts *sql.TxOptions) (Unit, error)
 
 // CommitPolicy decides from the response status whether to commit.
 type CommitPolicy func(status int) bool
@@ -337,7 +337,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	bw.sendTo(w, r)
 }
 
-func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, next http.Handler, tx Tx) {
+func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, next http.Handler, tx Unit) {
 	sw := &streamWriter{w: w}
 	done := false
 	defer func() {
@@ -369,7 +369,7 @@ func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, n
 
 // beginTx calls begin with ctx, cancelling it if begin takes longer than
 // the begin timeout.
-func (m *Middleware) beginTx(ctx context.Context) (Tx, error) {
+func (m *Middleware) beginTx(ctx context.Context) (Unit, error) {
 	bctx, cancel := context.WithCancelCause(ctx)
 	t := time.AfterFunc(m.cfg.beginTimeout, func() { cancel(ErrBeginTimeout) })
 	opts := m.cfg.txOpts
@@ -401,7 +401,7 @@ func (m *Middleware) beginTx(ctx context.Context) (Tx, error) {
 
 // commit commits tx and runs the hooks of the outcome; it returns the
 // commit error.
-func (m *Middleware) commit(r *http.Request, tx Tx) error {
+func (m *Middleware) commit(r *http.Request, tx Unit) error {
 	ctx := r.Context()
 	var err error
 	if ctx.Err() != nil {
@@ -420,7 +420,7 @@ func (m *Middleware) commit(r *http.Request, tx Tx) error {
 	return nil
 }
 
-func (m *Middleware) rollback(r *http.Request, tx Tx) {
+func (m *Middleware) rollback(r *http.Request, tx Unit) {
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelWarn, "middleware: rollback failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))

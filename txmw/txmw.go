@@ -36,7 +36,7 @@ func Begin(db *sqlx.DB) middleware.BeginFunc {
 	if db == nil {
 		panic("txmw: Begin: db is nil")
 	}
-	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		tx, err := db.BeginTxx(ctx, opts)
 		if err != nil {
 			return nil, err
@@ -53,7 +53,7 @@ type sqlTx struct {
 	ctx context.Context // of the begin, for EndTx's logger
 }
 
-var _ middleware.Tx = (*sqlTx)(nil)
+var _ middleware.Unit = (*sqlTx)(nil)
 
 // Commit commits and runs the hooks (outbox.EndTx).
 func (t *sqlTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &t.Hooks) }

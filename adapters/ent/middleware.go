@@ -40,7 +40,7 @@ func Begin[Cl Beginner[T], T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C
 	if v := reflect.ValueOf(client); !v.IsValid() || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		panic("entoutbox: Begin: client is nil")
 	}
-	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		tx, err := client.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, err

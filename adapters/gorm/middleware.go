@@ -46,7 +46,7 @@ func Begin(db *gorm.DB) middleware.BeginFunc {
 	if !installed(db) {
 		panic("gormoutbox: the plugin is not installed on db; call db.Use(&gormoutbox.Plugin{}) right after gorm.Open")
 	}
-	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		tx := db.WithContext(ctx).Begin(opts)
 		if tx.Error != nil {
 			return nil, tx.Error
@@ -67,7 +67,7 @@ type boundTx struct {
 	db   *gorm.DB
 }
 
-var _ middleware.Tx = (*boundTx)(nil)
+var _ middleware.Unit = (*boundTx)(nil)
 
 func (t *boundTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	return t.conn.ExecContext(ctx, query, args...)

@@ -47,7 +47,7 @@ func Example_httpHandler() {
 	}
 	defer ob.Close(ctx)
 
-	begin := func(ctx context.Context, _ *sql.TxOptions) (middleware.Tx, error) { return st.Begin(ctx), nil }
+	begin := func(ctx context.Context, _ *sql.TxOptions) (middleware.Unit, error) { return st.Begin(ctx), nil }
 	h := middleware.New(begin, middleware.WithOutbox(ob)).Handler(http.HandlerFunc(placeOrderHandler))
 
 	for _, target := range []string{"/orders?order=42", "/orders"} {
