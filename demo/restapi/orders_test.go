@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -345,5 +346,42 @@ func TestRequestsPublishWhatTheyShould(t *testing.T) {
 	h.waitDelivered(t)
 	if types := h.rec.Types(); len(types) != 2 || types[0] != OrderPlaced || types[1] != OrderCancelled {
 		t.Fatalf("published %v; want [OrderPlaced OrderCancelled] (nothing for the 400 and the 409)", types)
+	}
+}
+
+// make run builds the demo and execs it, so that Ctrl-C (SIGINT) ends it
+// with its own exit status: 0 after a clean drain (go run would report
+// the signal as exit 1).
+func TestMakeRunExitsZeroOnInterrupt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the demo")
+	}
+	recipe := makeRecipe(t, "run")
+	if strings.Contains(recipe, "go run") || !strings.Contains(recipe, "exec ./bin/restapi") {
+		t.Fatalf("make run's recipe:\n%s\nwant a build, then exec of the binary", recipe)
+	}
+	bin := filepath.Join(t.TempDir(), "restapi")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATA_DIR="+t.TempDir())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !bufio.NewScanner(stdout).Scan() { // the banner: serving
+		cmd.Process.Kill()
+		t.Fatalf("no banner; %v", cmd.Wait())
+	}
+	go io.Copy(io.Discard, stdout)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGINT: %v; want exit status 0", err)
 	}
 }
