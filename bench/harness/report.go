@@ -89,6 +89,10 @@ func mib(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
 // Names of the txoutbox drain rows.
 var (
 	EngineDrainName = "txoutbox poller (default Config)"
+	// PerEventSubName and BatchSubName drain through a subscription to a
+	// fake destination that takes 1 ms per call (PollBatchSize 1000).
+	PerEventSubName = "txoutbox, subscription to a 1 ms destination, one event per call"
+	BatchSubName    = "txoutbox, subscription to a 1 ms destination, batches of 500"
 	KickedDrainName = "txoutbox, Poll driven by the harness (workaround)"
 	// TunedDrainName is the drain with Watermill's tuned settings
 	// (batch 1000, 10 ms poll).
@@ -248,6 +252,15 @@ func (r *Report) Targets(hot, cold string) []Target {
 			ts = append(ts, target(fmt.Sprintf("Backlog drain %s events, both tuned (batch 1000, 10 ms poll)", num(float64(n))), "≥ 3×",
 				fmt.Sprintf("%.1f× (%s vs %s events/s)", x, num(tuned.med), num(theirs.med)), x >= 3))
 		}
+	}
+	for _, n := range r.drainSizes() {
+		batch := r.drainStat(n, func(s string) bool { return s == BatchSubName })
+		if batch.med == 0 {
+			continue
+		}
+		per := r.drainStat(n, func(s string) bool { return s == PerEventSubName })
+		ts = append(ts, target(fmt.Sprintf("Batch subscription to a 1 ms destination, %s events end to end", num(float64(n))), "≥ 20k events/s",
+			fmt.Sprintf("%s events/s (%s–%s); one event per call: %s", num(batch.med), num(batch.lo), num(batch.hi), num(per.med)), batch.med >= 20000))
 	}
 	ts = append(ts, LoadTargets(r.Load)...)
 	if r.Memory != nil && len(r.Memory.Mem) > 2 {

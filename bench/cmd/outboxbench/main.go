@@ -231,6 +231,14 @@ func main() {
 					return harness.DrainTxoutbox(ctx, db, harness.DrainOptions{N: int64(n), Timeout: 10 * time.Minute, SplitClaim: true})
 				})
 			}
+			if n <= 50_000 {
+				// Subscriptions to a destination that takes 1 ms per call.
+				for _, batch := range []bool{true, false} {
+					drains = append(drains, func() (harness.DrainResult, error) {
+						return harness.DrainTxoutbox(ctx, db, harness.DrainOptions{N: int64(n), Timeout: 10 * time.Minute, Tuned: true, Destination: time.Millisecond, Batch: batch})
+					})
+				}
+			}
 			if matches("Watermill", *systems) {
 				for _, tuned := range []bool{false, true} {
 					drains = append(drains, func() (harness.DrainResult, error) {
