@@ -19,6 +19,7 @@ type completer struct {
 	inflight  *inflightSet
 	log       *slog.Logger
 	health    *health
+	m         Metrics
 
 	in chan *item
 	wg sync.WaitGroup
@@ -28,7 +29,7 @@ func newCompleter(o *Outbox) *completer {
 	return &completer{
 		store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID,
 		batchSize: o.cfg.CompletionBatchSize, linger: o.cfg.CompletionLinger,
-		inflight: &o.inflight, log: o.log, health: &o.health,
+		inflight: &o.inflight, log: o.log, health: &o.health, m: o.m,
 		in: make(chan *item, 4*o.cfg.CompletionBatchSize),
 	}
 }
@@ -83,7 +84,9 @@ func (c *completer) run() {
 func (c *completer) completeDeliveries(keys []DeliveryKey) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
+	start := time.Now()
 	n, err := retryStore(ctx, func() (int, error) { return c.dstore.CompleteDeliveries(ctx, c.owner, keys) })
+	c.m.Statement("complete_deliveries", n, time.Since(start))
 	if err != nil {
 		c.health.completeFails.Add(1)
 		c.log.Error("mark deliveries done; they will be delivered again", slog.Int("deliveries", len(keys)), slog.Any("error", err))
@@ -98,7 +101,9 @@ func (c *completer) completeDeliveries(keys []DeliveryKey) {
 func (c *completer) markDone(ids []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
+	start := time.Now()
 	n, err := retryStore(ctx, func() (int, error) { return c.store.MarkDone(ctx, c.owner, ids) })
+	c.m.Statement("mark_done", n, time.Since(start))
 	if err != nil {
 		// The rows keep their lease and are delivered again once it
 		// expires: at least once, never lost.

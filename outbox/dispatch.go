@@ -58,6 +58,18 @@ const (
 	resCancelled            // cut by shutdown: hand the whole item back
 )
 
+func (k resultKind) outcome() Outcome {
+	switch k {
+	case resRetry:
+		return OutcomeRetry
+	case resDead:
+		return OutcomeDead
+	case resDefer:
+		return OutcomeDeferred
+	}
+	return OutcomeDone
+}
+
 type result struct {
 	sub      string
 	kind     resultKind
@@ -98,11 +110,13 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 	it.results = make([]result, 0, len(targets)+len(owed))
 	for _, s := range targets {
 		if reg.paused[s.Name] {
+			o.m.Delivered(s.Name, OutcomeDeferred, 0)
 			it.add(result{sub: s.Name, kind: resDefer, attempts: it.attempts})
 			continue
 		}
 		ok, probe, wait := s.circuit.acquire(time.Now())
 		if !ok {
+			o.m.Delivered(s.Name, OutcomeDeferred, 0)
 			it.add(result{sub: s.Name, kind: resDefer, delay: wait, attempts: it.attempts})
 			continue
 		}
@@ -118,15 +132,16 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 			continue
 		}
 		ev.Subscription = s.Name
+		start := time.Now()
 		if s.Tx != nil {
 			err := o.callTx(ctx, s, ev)
-			r := o.outcome(ctx, s, it, probe, err)
+			r := o.outcome(ctx, s, it, probe, err, time.Since(start))
 			r.recorded = err == nil
 			it.add(r)
 			continue
 		}
 		err := o.callOne(ctx, s, ev)
-		it.add(o.outcome(ctx, s, it, probe, err))
+		it.add(o.outcome(ctx, s, it, probe, err, time.Since(start)))
 	}
 	for _, name := range owed {
 		it.add(result{sub: name, kind: resDefer, attempts: it.attempts})
@@ -154,8 +169,13 @@ func (o *Outbox) settle(it *item) {
 
 // outcome turns a call's error into the subscription's result, updating
 // its circuit.
-func (o *Outbox) outcome(ctx context.Context, s *subscription, it *item, probe bool, err error) result {
-	r := result{sub: s.Name, attempts: it.attempts}
+func (o *Outbox) outcome(ctx context.Context, s *subscription, it *item, probe bool, err error, took time.Duration) (r result) {
+	r = result{sub: s.Name, attempts: it.attempts}
+	defer func() {
+		if r.kind != resCancelled {
+			o.m.Delivered(s.Name, r.kind.outcome(), took)
+		}
+	}()
 	now := time.Now()
 	if err == nil {
 		if s.circuit.success() {
@@ -271,6 +291,12 @@ func (o *Outbox) recordFailures(it *item) {
 	// lease keeps every claim off it.
 	o.inflight.release(it.key())
 	write := func(writes []DeliveryWrite) (bool, error) {
+		start := time.Now()
+		name := "split"
+		if it.sub != nil {
+			name = "fail_delivery"
+		}
+		defer func() { o.m.Statement(name, len(writes), time.Since(start)) }()
 		return retryStore(ctx, func() (bool, error) {
 			if it.sub == nil {
 				return o.dstore.Split(ctx, o.cfg.InstanceID, it.env.ID, writes)
@@ -453,7 +479,9 @@ func (b *batcher) deliver(batch []task) {
 		evs[i] = t.ev
 		evs[i].Subscription = b.s.Name
 	}
+	start := time.Now()
 	err := b.o.call(b.ctx, b.s.Timeout, func(ctx context.Context) error { return b.s.Batch(ctx, evs) })
+	took := time.Since(start)
 	var be *BatchError
 	if errors.As(err, &be) && len(be.Errs) != len(batch) {
 		err = fmt.Errorf("outbox: batch handler of %q returned %d outcomes for %d events", b.s.Name, len(be.Errs), len(batch))
@@ -464,7 +492,7 @@ func (b *batcher) deliver(batch []task) {
 		if be != nil {
 			e = be.Errs[i]
 		}
-		t.it.add(b.o.outcome(b.ctx, b.s, t.it, t.probe, e))
+		t.it.add(b.o.outcome(b.ctx, b.s, t.it, t.probe, e, took))
 		b.o.settle(t.it)
 	}
 }

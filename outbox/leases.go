@@ -18,10 +18,11 @@ type leaseKeeper struct {
 	inflight *inflightSet
 	log      *slog.Logger
 	health   *health
+	m        Metrics
 }
 
 func newLeaseKeeper(o *Outbox) *leaseKeeper {
-	return &leaseKeeper{store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID, lease: o.cfg.Lease, inflight: &o.inflight, log: o.log, health: &o.health}
+	return &leaseKeeper{store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID, lease: o.cfg.Lease, inflight: &o.inflight, log: o.log, health: &o.health, m: o.m}
 }
 
 // handBack empties the queues and releases the leases of what was in them.
@@ -67,7 +68,10 @@ func (o *Outbox) releaseDeliveries(ctx context.Context, keys []DeliveryKey, dela
 func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []DeliveryKey, delay time.Duration, what string) {
 	for len(keys) > 0 {
 		n := min(500, len(keys))
-		if err := k.dstore.ReleaseDeliveries(ctx, k.owner, keys[:n], delay); err != nil {
+		start := time.Now()
+		err := k.dstore.ReleaseDeliveries(ctx, k.owner, keys[:n], delay)
+		k.m.Statement("release", n, time.Since(start))
+		if err != nil {
 			k.log.Error(what, slog.Int("deliveries", n), slog.Any("error", err))
 		}
 		keys = keys[n:]
@@ -89,7 +93,10 @@ func (o *Outbox) releaseAfter(ctx context.Context, ids []string, delay time.Dura
 
 func (k *leaseKeeper) release(ctx context.Context, ids []string, delay time.Duration, what string) {
 	for chunk := range chunks(ids, 500) {
-		if err := k.store.Release(ctx, k.owner, chunk, delay); err != nil {
+		start := time.Now()
+		err := k.store.Release(ctx, k.owner, chunk, delay)
+		k.m.Statement("release", len(chunk), time.Since(start))
+		if err != nil {
 			k.log.Error(what, slog.Int("events", len(chunk)), slog.Any("error", err))
 		}
 	}
@@ -118,7 +125,10 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		for len(keys) > 0 {
 			n := min(500, len(keys))
 			wctx, cancel := context.WithTimeout(ctx, k.lease/3)
-			if _, err := k.dstore.ExtendDeliveryLeases(wctx, k.owner, keys[:n], k.lease); err != nil && ctx.Err() == nil {
+			start := time.Now()
+			got, err := k.dstore.ExtendDeliveryLeases(wctx, k.owner, keys[:n], k.lease)
+			k.m.Statement("extend_leases", got, time.Since(start))
+			if err != nil && ctx.Err() == nil {
 				failed = true
 				k.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
 			}
@@ -127,7 +137,10 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		}
 		for chunk := range chunks(ids, 500) {
 			wctx, cancel := context.WithTimeout(ctx, k.lease/3)
-			if _, err := k.store.ExtendLeases(wctx, k.owner, chunk, k.lease); err != nil && ctx.Err() == nil {
+			start := time.Now()
+			got, err := k.store.ExtendLeases(wctx, k.owner, chunk, k.lease)
+			k.m.Statement("extend_leases", got, time.Since(start))
+			if err != nil && ctx.Err() == nil {
 				failed = true
 				k.log.Error("renew leases", slog.Int("events", len(chunk)), slog.Any("error", err))
 			}

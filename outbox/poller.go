@@ -152,12 +152,14 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	// which Close drains or hands back.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
+	claimStart := time.Now()
 	rows, err := o.store.Claim(ctx, ClaimRequest{
 		Owner:      o.cfg.InstanceID,
 		Limit:      limit,
 		Lease:      o.cfg.Lease,
 		SkipRecent: o.cfg.SkipRecent,
 	})
+	o.m.Statement("claim", len(rows), time.Since(claimStart))
 	if err != nil {
 		return 0, limit, err
 	}
@@ -200,12 +202,14 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 			if limit <= 0 || len(names) == 0 {
 				return
 			}
+			start := time.Now()
 			got, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
 				Owner:      o.cfg.InstanceID,
 				Limit:      limit,
 				Lease:      o.cfg.Lease,
 				SkipRecent: -1,
 			}, names)
+			o.m.Statement("claim_deliveries", len(got), time.Since(start))
 			if err != nil {
 				o.log.Error("claim deliveries", slog.Any("error", err))
 			}
