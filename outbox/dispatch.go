@@ -179,8 +179,16 @@ func (o *Outbox) outcome(ctx context.Context, s *subscription, it *item, probe b
 	now := time.Now()
 	if err == nil {
 		if s.circuit.success() {
-			o.wakePoller() // what waited for the circuit is due now
+			// What waited for the circuit is due now, not at its probe time.
+			dctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			n, err := o.dstore.DueNow(dctx, s.Name)
+			cancel()
+			if err != nil {
+				o.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
+			}
+			o.wakePoller()
 			o.m.Circuit(s.Name, CircuitClosed)
+			o.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
 			o.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
 		}
 		return r // resDone

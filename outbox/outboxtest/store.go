@@ -830,3 +830,21 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 	}
 	return int64(len(picked)), nil
 }
+
+// DueNow implements outbox.DeliveryStore.
+func (s *Store) DueNow(ctx context.Context, sub string) (int, error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ds := range s.deliv {
+		if d := ds[sub]; d != nil && d.status == outbox.StatusNew && d.owner == "" && d.availableAt.After(now) {
+			d.availableAt = now
+			n++
+		}
+	}
+	if n > 0 {
+		s.touch()
+	}
+	return n, nil
+}

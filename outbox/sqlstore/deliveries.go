@@ -473,3 +473,14 @@ WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTa
 	}
 	return false, nil
 }
+
+// DueNow implements outbox.DeliveryStore.
+func (s *Store) DueNow(ctx context.Context, sub string) (int, error) {
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET available_at = ` + s.d.now + `
+WHERE status = 0 AND subscription = ? AND locked_by IS NULL AND available_at > ` + s.d.now)
+	n, err := s.execCount(ctx, q, sub)
+	if err != nil {
+		return n, fmt.Errorf("sqlstore: make the deliveries of %q due: %w", sub, err)
+	}
+	return n, nil
+}
