@@ -103,6 +103,7 @@ func Run(t *testing.T, h Harness) {
 		{"Method/Split", testMethodSplit},
 		{"Method/ClaimDeliveries", testMethodClaimDeliveries},
 		{"Method/DeliveryWrites", testMethodDeliveryWrites},
+		{"Method/DueNow", testMethodDueNow},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
