@@ -179,10 +179,10 @@ func TestCompose(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DATABASE_URL: %v", err)
 		}
-		if d.dialect != "mysql" {
-			t.Fatalf("DATABASE_URL is %s, want mysql", d.dialect)
+		if d.Dialect != "mysql" {
+			t.Fatalf("DATABASE_URL is %s, want mysql", d.Dialect)
 		}
-		mc, err := mysql.ParseDSN(d.dsn)
+		mc, err := mysql.ParseDSN(d.DSN)
 		if err != nil {
 			t.Fatal(err)
 		}
