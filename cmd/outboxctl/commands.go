@@ -318,12 +318,11 @@ func (c *cli) statsOnce(s *sqlstore.Store) error {
 	return c.out(v, func(w *tabwriter.Writer) {
 		fmt.Fprintln(w, "EVENTS\tNEW\tRETRY\tDEAD\tSPLIT\tDONE\tOLDEST")
 		fmt.Fprintf(w, "all\t%d\t%d\t%d\t%d\t%d\t%s\n", st.New, st.Retry, st.Dead, st.Split, st.Done, age(st.OldestPending))
-		fmt.Fprintln(w, "\t\t\t\t\t\t")
-		fmt.Fprintln(w, "TYPE\tNEW\tRETRY\tDEAD\tSPLIT\tOLDEST\t")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "TYPE\tNEW\tRETRY\tDEAD\tSPLIT\tOLDEST")
 		for _, t := range types {
-			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\t\n", t.Type, t.New, t.Retry, t.Dead, t.Split, age(t.Oldest))
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.New, t.Retry, t.Dead, t.Split, age(t.Oldest))
 		}
-		w.Flush()
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "SUBSCRIPTION\tTYPES\tPAUSED\tPENDING\tRETRYING\tDEAD\tLAG\tIDLE")
 		for _, j := range v.Subscriptions {
@@ -341,35 +340,29 @@ func (c *cli) statsOnce(s *sqlstore.Store) error {
 
 // filterFlags adds the dead-letter filters to fs.
 func filterFlags(fs *flag.FlagSet) func() (outbox.DeadFilter, error) {
-	sub := fs.String("sub", "", "only the dead deliveries of this subscription")
-	typ := fs.String("type", "", "only this event type")
-	since := fs.String("since", "", "only events created at or after: RFC 3339, or a duration ago")
-	until := fs.String("until", "", "only events created before: RFC 3339, or a duration ago")
-	errText := fs.String("error", "", "only dead letters whose last error contains this text")
-	return func() (outbox.DeadFilter, error) {
-		f := outbox.DeadFilter{Subscription: *sub, Type: outbox.EventType(*typ), ErrorContains: *errText}
-		var err error
-		if f.Since, err = parseTime("since", *since); err != nil {
-			return f, err
-		}
-		if f.Until, err = parseTime("until", *until); err != nil {
-			return f, err
-		}
-		return f, nil
-	}
+	var f outbox.DeadFilter
+	fs.StringVar(&f.Subscription, "sub", "", "only the dead deliveries of this subscription")
+	fs.Func("type", "only this event type", func(v string) error { f.Type = outbox.EventType(v); return nil })
+	fs.Func("since", "only events created at or after: RFC 3339, or a duration ago", func(v string) (err error) {
+		f.Since, err = parseTime(v)
+		return err
+	})
+	fs.Func("until", "only events created before: RFC 3339, or a duration ago", func(v string) (err error) {
+		f.Until, err = parseTime(v)
+		return err
+	})
+	fs.StringVar(&f.ErrorContains, "error", "", "only dead letters whose last error contains this text")
+	return func() (outbox.DeadFilter, error) { return f, nil }
 }
 
-func parseTime(name, v string) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
-	}
+func parseTime(v string) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, v); err == nil {
 		return t.UTC(), nil
 	}
 	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 		return time.Now().UTC().Add(-d), nil
 	}
-	return time.Time{}, usageErr("-%s %q: want RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (24h)", name, v)
+	return time.Time{}, errors.New("want RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (24h)")
 }
 
 type deadJSON struct {
