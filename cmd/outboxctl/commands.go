@@ -227,8 +227,13 @@ func orEmpty[T any](s []T) []T {
 
 type statsJSON struct {
 	Total struct {
-		New, Retry, Done, Dead, Split, Unknown int64
-		OldestSeconds                          float64 `json:"OldestSeconds"`
+		New           int64   `json:"new"`
+		Retry         int64   `json:"retry"`
+		Done          int64   `json:"done"`
+		Dead          int64   `json:"dead"`
+		Split         int64   `json:"split"`
+		Unknown       int64   `json:"unknown"`
+		OldestSeconds float64 `json:"oldest_seconds"`
 	} `json:"total"`
 	Types         []typeJSON `json:"types"`
 	Subscriptions []subJSON  `json:"subscriptions"`

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -115,8 +116,14 @@ func Password(dsn string) string {
 	if cfg, err := mysql.ParseDSN(dsn); err == nil {
 		return cfg.Passwd
 	}
+	// Unparsable: whatever stands between "user:" and the last "@".
+	if m := userinfoRE.FindStringSubmatch(dsn); m != nil {
+		return m[1]
+	}
 	return ""
 }
+
+var userinfoRE = regexp.MustCompile(`^(?:[a-z]+://)?[^:/@]*:(.+)@[^@]*$`)
 
 // redacted replaces a password in errors.
 const redacted = "xxxxx"
