@@ -2,23 +2,30 @@
 GO      ?= go
 # Nested modules, each with its own go.mod so that their heavy dependencies
 # (httpexpect, GORM, ent, Watermill) never reach users of the library.
-MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod))
+MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod internal/*/go.mod))
 
-.PHONY: test lint vet bench run fmt
+# SKIPLOG collects the database suites the tests skipped (no server).
+SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-## test: vet and race-test every module against the real databases.
+.PHONY: test lint vet bench bench-load run fmt
+
+## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
-	$(GO) test -race -count=1 -timeout 15m ./...
+	@rm -f $(SKIPLOG)
+	TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -race -count=1 -timeout 15m ./...
 	@echo "== conformance suite without -race (full load on SQLite)"
-	$(GO) test -count=1 -run TestConformance ./outbox/sqlstore/
+	TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -count=1 -run TestConformance ./outbox/sqlstore/
 	@for m in $(MODULES); do \
 		echo "== $$m"; \
-		(cd $$m && $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; \
+		(cd $$m && TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; \
 	done
+	@if [ -s $(SKIPLOG) ]; then echo "== database suites that did not run:"; sort -u $(SKIPLOG) | sed 's|$(CURDIR)/||'; else echo "== every database suite ran"; fi
 
 ## run: start the demo orders service (embedded SQLite in ./data; see demo/restapi/README.md).
 run:
-	$(GO) run ./demo/restapi
+	@mkdir -p bin
+	$(GO) build -o bin/restapi ./demo/restapi
+	exec ./bin/restapi
 
 vet:
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt: these files need formatting (run make fmt):"; echo "$$unformatted"; exit 1; fi
@@ -35,3 +42,7 @@ fmt:
 ## bench: compare txoutbox with the raw database limit and Watermill on the local MariaDB (~25 min); writes BENCHMARKS.md. BENCHFLAGS passes flags (e.g. -dsn, -duration; see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes LOAD.md.
+bench-load:
+	cd bench && $(GO) run ./cmd/outboxbench -only-load -out ../LOAD.md $(BENCHFLAGS)

@@ -5,9 +5,10 @@ go 1.26.0
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-sql/v3 v3.1.0
+	github.com/go-chi/chi/v5 v5.5.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jmoiron/sqlx v1.4.0
-	github.com/txoutbox/txoutbox v0.0.0-00010101000000-000000000000
+	github.com/txoutbox/txoutbox v0.1.0
 	golang.org/x/sync v0.24.0
 )
 
@@ -34,4 +35,3 @@ require (
 	modernc.org/sqlite v1.61.1 // indirect
 )
 
-replace github.com/txoutbox/txoutbox => ../

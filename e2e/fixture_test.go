@@ -100,8 +100,8 @@ func (f *fixture) eventRows(t *testing.T, id string) int {
 // outbox, and an ErrorHandler that records what it answers.
 func (f *fixture) options(extra ...txmw.Option) []txmw.Option {
 	return append([]txmw.Option{
-		txmw.WithOutbox(f.ob),
-		txmw.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		middleware.WithOutbox(f.ob),
+		middleware.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
 			f.errMu.Lock()
 			f.errs = append(f.errs, err)
 			f.errMu.Unlock()
@@ -130,10 +130,10 @@ func (f *fixture) create(r *http.Request, id string) error {
 	}); err != nil {
 		return err
 	}
-	if err := txmw.AfterCommit(ctx, func() { f.hooks.add("commit:" + id) }); err != nil {
+	if err := outbox.AfterCommit(ctx, func() { f.hooks.add("commit:" + id) }); err != nil {
 		return err
 	}
-	return txmw.AfterRollback(ctx, func() { f.hooks.add("rollback:" + id) })
+	return outbox.AfterRollback(ctx, func() { f.hooks.add("rollback:" + id) })
 }
 
 // serve starts r on a test server and returns an httpexpect for it.

@@ -247,7 +247,7 @@ func TestClientDisconnect(t *testing.T) {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			txmw.AfterCommit(ctx, func() { close(committed) })
+			outbox.AfterCommit(ctx, func() { close(committed) })
 			w.WriteHeader(http.StatusCreated)
 		})
 		_, srv := serve(t, r)
@@ -285,7 +285,7 @@ func TestFlushAndHijack(t *testing.T) {
 		r := chi.NewRouter()
 		r.Use(p.wrap)
 		r.Use(txmw.Transactional(f.db, f.options(
-			txmw.WithStreaming(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/stream/") }),
+			middleware.WithStreaming(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/stream/") }),
 		)...))
 		leaked := make(chan bool, 1)
 		r.Post("/flush/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -365,7 +365,7 @@ func TestNestedOneConnection(t *testing.T) {
 	eachDB(t, func(t *testing.T, f *fixture) {
 		f.db.SetMaxOpenConns(1)
 		// A deadlock would surface as a 503 after a second, not as a hang.
-		opts := f.options(txmw.WithBeginTimeout(time.Second))
+		opts := f.options(middleware.WithBeginTimeout(time.Second))
 		r := chi.NewRouter()
 		r.Use(txmw.Transactional(f.db, opts...))
 		var outer *sqlx.Tx
@@ -416,7 +416,7 @@ func TestNestedOneConnection(t *testing.T) {
 func TestPoolExhaustion(t *testing.T) {
 	eachDB(t, func(t *testing.T, f *fixture) {
 		f.db.SetMaxOpenConns(1)
-		r := f.router(txmw.WithBeginTimeout(50 * time.Millisecond))
+		r := f.router(middleware.WithBeginTimeout(50 * time.Millisecond))
 		var ran atomic.Bool
 		r.Post("/items/{id}", func(w http.ResponseWriter, r *http.Request) {
 			ran.Store(true)
@@ -450,7 +450,7 @@ func TestPoolExhaustion(t *testing.T) {
 // error is ErrTxTimeout, not a bare sql.ErrTxDone, and nothing is stored.
 func TestTxDeadline(t *testing.T) {
 	eachDB(t, func(t *testing.T, f *fixture) {
-		r := f.router(txmw.WithTimeout(100 * time.Millisecond))
+		r := f.router(middleware.WithTimeout(100 * time.Millisecond))
 		r.Post("/items/{id}", func(w http.ResponseWriter, r *http.Request) {
 			if err := f.create(r, chi.URLParam(r, "id")); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)

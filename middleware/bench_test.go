@@ -21,7 +21,7 @@ func (*nopTx) Rollback() error                                                 {
 // hooks) with a transaction that costs nothing; txmw's BenchmarkMiddleware
 // adds a real database.
 func BenchmarkHandler(b *testing.B) {
-	begin := func(context.Context, *sql.TxOptions) (middleware.Tx, error) { return new(nopTx), nil }
+	begin := func(context.Context, *sql.TxOptions) (middleware.Unit, error) { return new(nopTx), nil }
 	body := []byte(`{"id":"01JD0000000000000000000000","status":"placed"}`)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

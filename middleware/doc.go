@@ -9,38 +9,45 @@
 //
 // # Using it from a binding
 //
-// A binding's transaction implements [Tx]: the [outbox.TxContext] that
+// A binding's transaction implements [Unit]: the [outbox.TxContext] that
 // outbox.Publish writes through, plus Commit and Rollback. Embedding
 // [outbox.Hooks] provides the hook methods:
 //
 //	type gormTx struct {
-//		db *gorm.DB
+//		ctx context.Context
+//		db  *gorm.DB
 //		outbox.Hooks // AfterCommit, AfterRollback, Committed, RolledBack
 //	}
 //
 //	func (t *gormTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
 //		return t.db.Statement.ConnPool.ExecContext(ctx, q, args...)
 //	}
-//	func (t *gormTx) Commit() error   { return t.db.Commit().Error }
-//	func (t *gormTx) Rollback() error { return t.db.Rollback().Error }
+//	func (t *gormTx) Commit() error {
+//		return outbox.EndTx(t.ctx, func() error { return t.db.Commit().Error }, true, &t.Hooks)
+//	}
+//	func (t *gormTx) Rollback() error {
+//		return outbox.EndTx(t.ctx, func() error { return t.db.Rollback().Error }, false, &t.Hooks)
+//	}
 //
 //	func Transactional(db *gorm.DB, opts ...middleware.Option) func(http.Handler) http.Handler {
-//		begin := func(ctx context.Context, o *sql.TxOptions) (middleware.Tx, error) {
+//		begin := func(ctx context.Context, o *sql.TxOptions) (middleware.Unit, error) {
 //			tx := db.WithContext(ctx).Begin(o)
 //			if tx.Error != nil {
 //				return nil, tx.Error
 //			}
-//			return &gormTx{db: tx}, nil
+//			return &gormTx{ctx: ctx, db: tx}, nil
 //		}
 //		return middleware.New(begin, opts...).Handler
 //	}
 //
-// The middleware puts the Tx into the request context with
+// The middleware puts the Unit into the request context with
 // [outbox.ContextWithTx]; the binding's accessor finds it again with
 // [outbox.TxFromContext] and a type assertion to its own type. Commit and
-// Rollback must not run the hooks: the middleware calls Committed or
-// RolledBack itself so that it can log hooks that panic. (If they do run
-// them, nothing breaks: hooks fire once.)
+// Rollback end the transaction and run its hooks through [outbox.EndTx],
+// the one contract of every transaction of this module (after a failed
+// COMMIT the after-rollback hooks run); the ctx given to the BeginFunc
+// carries the middleware's logger, with which EndTx reports hooks that
+// panic.
 //
 // # What a client can rely on
 //

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -49,20 +50,18 @@ type Error struct {
 func (e *Error) Error() string { return "middleware: " + e.Op + " transaction: " + e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
-// Tx is one request's transaction as a binding supplies it. Embed
+// Unit is one request's unit of work as a binding supplies it: its transaction. Embed
 // outbox.Hooks for AfterCommit, AfterRollback, Committed and RolledBack.
 //
-// Commit and Rollback end the transaction and should not run hooks; the
-// middleware calls Committed after a successful Commit and RolledBack after
-// a Rollback or a failed Commit, and logs the hooks that panicked.
-type Tx interface {
+// Commit and Rollback end the transaction and then run its hooks, with
+// the contract of outbox.EndTx (which implementations call): after a
+// failed COMMIT the after-rollback hooks run. The ctx given to BeginFunc
+// carries the middleware's logger (outbox.LoggerFrom) for EndTx's report
+// of hooks that panicked.
+type Unit interface {
 	outbox.TxContext
 	Commit() error
 	Rollback() error
-	// Committed runs the after-commit hooks (see outbox.Hooks.Committed).
-	Committed() error
-	// RolledBack runs the after-rollback hooks (see outbox.Hooks.RolledBack).
-	RolledBack() error
 }
 
 // BeginFunc begins a transaction. ctx is not cancelled by the client going
@@ -70,7 +69,7 @@ type Tx interface {
 // timeout passes before BeginFunc returns. The transaction must stay bound
 // to ctx (database/sql's BeginTx does this), so that the deadline rolls it
 // back. opts is never nil.
-type BeginFunc func(ctx context.Context, opts *sql.TxOptions) (Tx, error)
+type BeginFunc func(ctx context.Context, opts *sql.TxOptions) (Unit, error)
 
 // CommitPolicy decides from the response status whether to commit.
 type CommitPolicy func(status int) bool
@@ -261,6 +260,17 @@ func ClientContext(ctx context.Context) context.Context {
 	return ctx
 }
 
+// noTxReason says why a request of method gets no transaction, for the
+// error of a Publish in its handler.
+func (m *Middleware) noTxReason(method string) string {
+	methods := make([]string, 0, len(m.cfg.methods))
+	for k := range m.cfg.methods {
+		methods = append(methods, k)
+	}
+	sort.Strings(methods)
+	return fmt.Sprintf("the middleware opens transactions for %s only, and this is a %s request (GET and HEAD get none by default: they are safe methods); to publish from it, add %s with WithMethods", strings.Join(methods, ", "), method, method)
+}
+
 // Handler wraps next; it has the signature chi's Use and Route expect.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,6 +278,9 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			r = r.WithContext(outbox.NewContext(r.Context(), m.cfg.ob))
 		}
 		if !m.cfg.methods[r.Method] {
+			if _, ok := outbox.TxFromContext(r.Context()); !ok {
+				r = r.WithContext(outbox.WithoutTx(r.Context(), m.noTxReason(r.Method)))
+			}
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -283,6 +296,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	client := r.Context()
 	ctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(client), clientKey{}, client), m.cfg.timeout)
 	defer cancel()
+	// The transaction reports hooks that panic with this logger.
+	ctx = outbox.ContextWithLogger(ctx, m.cfg.log.With(slog.String("method", r.Method), slog.String("path", r.URL.Path)))
 
 	tx, err := m.beginTx(ctx)
 	if err != nil {
@@ -322,7 +337,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	bw.sendTo(w, r)
 }
 
-func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, next http.Handler, tx Tx) {
+func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, next http.Handler, tx Unit) {
 	sw := &streamWriter{w: w}
 	done := false
 	defer func() {
@@ -354,7 +369,7 @@ func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, n
 
 // beginTx calls begin with ctx, cancelling it if begin takes longer than
 // the begin timeout.
-func (m *Middleware) beginTx(ctx context.Context) (Tx, error) {
+func (m *Middleware) beginTx(ctx context.Context) (Unit, error) {
 	bctx, cancel := context.WithCancelCause(ctx)
 	t := time.AfterFunc(m.cfg.beginTimeout, func() { cancel(ErrBeginTimeout) })
 	opts := m.cfg.txOpts
@@ -374,7 +389,6 @@ func (m *Middleware) beginTx(ctx context.Context) (Tx, error) {
 	// The timer fired: whatever begin returned, its context is gone.
 	if err == nil && tx != nil {
 		_ = tx.Rollback()
-		_ = tx.RolledBack()
 	}
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrBeginTimeout) {
 		return nil, fmt.Errorf("%w (after %v): %w", ErrBeginTimeout, m.cfg.beginTimeout, err)
@@ -387,7 +401,7 @@ func (m *Middleware) beginTx(ctx context.Context) (Tx, error) {
 
 // commit commits tx and runs the hooks of the outcome; it returns the
 // commit error.
-func (m *Middleware) commit(r *http.Request, tx Tx) error {
+func (m *Middleware) commit(r *http.Request, tx Unit) error {
 	ctx := r.Context()
 	var err error
 	if ctx.Err() != nil {
@@ -401,33 +415,14 @@ func (m *Middleware) commit(r *http.Request, tx Tx) error {
 	if err != nil {
 		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelError, "middleware: commit failed; the request's work is rolled back",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-		m.hooks(r, tx.RolledBack(), "after-rollback")
 		return err
 	}
-	m.hooks(r, tx.Committed(), "after-commit")
 	return nil
 }
 
-func (m *Middleware) rollback(r *http.Request, tx Tx) {
+func (m *Middleware) rollback(r *http.Request, tx Unit) {
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelWarn, "middleware: rollback failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-	}
-	m.hooks(r, tx.RolledBack(), "after-rollback")
-}
-
-func (m *Middleware) hooks(r *http.Request, err error, kind string) {
-	if err == nil {
-		return
-	}
-	var errs []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	} else {
-		errs = []error{err}
-	}
-	for _, e := range errs {
-		m.cfg.log.LogAttrs(ClientContext(r.Context()), slog.LevelError, "middleware: "+kind+" hook failed",
-			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", e))
 	}
 }

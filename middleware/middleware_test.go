@@ -33,8 +33,15 @@ type recTx struct {
 func (t *recTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
 	return nil, errors.New("recTx: no database")
 }
-func (t *recTx) Commit() error   { t.log("commit"); return t.commitErr }
-func (t *recTx) Rollback() error { t.log("rollback"); return nil }
+
+// Commit and Rollback follow the contract of middleware.Unit: end, then run
+// the hooks, through outbox.EndTx.
+func (t *recTx) Commit() error {
+	return outbox.EndTx(t.ctx, func() error { t.log("commit"); return t.commitErr }, true, &t.Hooks)
+}
+func (t *recTx) Rollback() error {
+	return outbox.EndTx(t.ctx, func() error { t.log("rollback"); return nil }, false, &t.Hooks)
+}
 func (t *recTx) log(s string) {
 	t.mu.Lock()
 	t.events = append(t.events, s)
@@ -48,7 +55,7 @@ func (t *recTx) outcome() string {
 
 // begins returns a BeginFunc that hands out tx and counts calls.
 func begins(tx *recTx, calls *int) middleware.BeginFunc {
-	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		*calls++
 		tx.ctx, tx.opts = ctx, *opts
 		return tx, nil
@@ -98,7 +105,7 @@ func TestBufferedResponseAndHooks(t *testing.T) {
 	if strings.Join(order, ",") != "first,third" {
 		t.Errorf("hooks ran %v, want first,third (a panicking hook changes nothing else)", order)
 	}
-	if !strings.Contains(logs.String(), "after-commit hook failed") || !strings.Contains(logs.String(), "hook failure") {
+	if !strings.Contains(logs.String(), "after-commit hook panicked") || !strings.Contains(logs.String(), "hook failure") {
 		t.Errorf("the panicking hook was not logged: %s", logs.String())
 	}
 }
@@ -276,7 +283,7 @@ func TestTxOptionsAndContext(t *testing.T) {
 
 func TestBeginFailure(t *testing.T) {
 	var ran bool
-	mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Tx, error) {
+	mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
 		return nil, errors.New("connection refused")
 	}, middleware.WithLogger(slog.New(slog.DiscardHandler)))
 	rec := do(mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })), http.MethodPost)
@@ -289,7 +296,7 @@ func TestBeginFailure(t *testing.T) {
 // does when the pool is exhausted.
 func TestBeginTimeout(t *testing.T) {
 	var got error
-	mw := middleware.New(func(ctx context.Context, _ *sql.TxOptions) (middleware.Tx, error) {
+	mw := middleware.New(func(ctx context.Context, _ *sql.TxOptions) (middleware.Unit, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}, middleware.WithBeginTimeout(1), middleware.WithLogger(slog.New(slog.DiscardHandler)),
@@ -368,7 +375,7 @@ func TestStreaming(t *testing.T) {
 }
 
 func TestConstructionPanics(t *testing.T) {
-	begin := func(context.Context, *sql.TxOptions) (middleware.Tx, error) { return nil, nil }
+	begin := func(context.Context, *sql.TxOptions) (middleware.Unit, error) { return nil, nil }
 	for name, f := range map[string]func(){
 		"nil begin":        func() { middleware.New(nil) },
 		"nil option":       func() { middleware.New(begin, nil) },
@@ -399,7 +406,7 @@ func TestConstructionPanics(t *testing.T) {
 // nor an error is a binding bug; the request gets a 503, not a nil
 // dereference.
 func TestBeginReturnsNothing(t *testing.T) {
-	mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Tx, error) { return nil, nil },
+	mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) { return nil, nil },
 		middleware.WithLogger(slog.New(slog.DiscardHandler)))
 	if rec := do(mw.Handler(http.NotFoundHandler()), http.MethodPost); rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("response %d", rec.Code)

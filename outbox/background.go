@@ -36,6 +36,16 @@ func (o *Outbox) sample(ctx context.Context) {
 				continue
 			}
 			o.m.Backlog(s)
+			if _, ok := o.store.(OperatorStore); ok {
+				lctx, cancel := context.WithTimeout(ctx, o.cfg.StatsInterval)
+				lags, err := o.Lag(lctx)
+				cancel()
+				if err == nil {
+					o.m.SubscriptionLag(lags)
+				} else if ctx.Err() == nil {
+					o.log.Error("sample the subscriptions' lag", slog.Any("error", err))
+				}
+			}
 			if s.Unknown > 0 {
 				o.log.Warn("rows with a status this engine does not know: they are never delivered; inspect them (SELECT status, COUNT(*) … GROUP BY status) and fix or delete them",
 					slog.Int64("rows", s.Unknown))

@@ -76,12 +76,25 @@ func (c *circuit) acquire(now time.Time) (ok, probe bool, wait time.Duration) {
 	return true, true, 0
 }
 
-// mayClaim reports whether the poller should claim this subscription's
-// deliveries: not while the circuit is open and no probe is due.
-func (c *circuit) mayClaim() bool {
+type claimKind int8
+
+const (
+	claimNone  claimKind = iota // open, no probe due
+	claimAll                    // closed
+	claimProbe                  // open, a probe is due: one delivery
+)
+
+// claim says what the poller should claim for this subscription.
+func (c *circuit) claim() claimKind {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.open || (!c.probing && !time.Now().Before(c.until))
+	switch {
+	case !c.open:
+		return claimAll
+	case !c.probing && !time.Now().Before(c.until):
+		return claimProbe
+	}
+	return claimNone
 }
 
 // success closes the circuit.

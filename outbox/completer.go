@@ -3,53 +3,63 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 )
 
-// The completion writer: one goroutine that records delivered events as
-// DONE in batches, so that the common case costs one write per batch.
+// completer is the completion writer: one goroutine that records delivered
+// items as DONE in batches, so that the common case costs one write per
+// batch. The Outbox starts it with the workers and stops it after them.
+type completer struct {
+	store     Store
+	dstore    DeliveryStore
+	owner     string
+	batchSize int
+	linger    time.Duration
+	inflight  *inflightSet
+	log       *slog.Logger
+	health    *health
+	m         Metrics
 
-// complete marks delivered events DONE in batches: it takes what the
-// workers have finished, waiting up to CompletionLinger for more, up to
-// CompletionBatchSize, writes one statement, and repeats.
-func (o *Outbox) complete() {
-	batch := make([]*item, 0, o.cfg.CompletionBatchSize)
-	ids := make([]string, 0, o.cfg.CompletionBatchSize)
+	in chan *item
+	wg sync.WaitGroup
+}
+
+func newCompleter(o *Outbox) *completer {
+	return &completer{
+		store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID,
+		batchSize: o.cfg.CompletionBatchSize, linger: o.cfg.CompletionLinger,
+		inflight: &o.inflight, log: o.log, health: &o.health, m: o.m,
+		in: make(chan *item, 4*o.cfg.CompletionBatchSize),
+	}
+}
+
+func (c *completer) start() { c.wg.Go(c.run) }
+
+// add hands over a delivered item; the completer releases it from the
+// in-flight set once its DONE is written.
+func (c *completer) add(it *item) { c.in <- it }
+
+// stop writes what is left and waits for the goroutine. Nothing may be
+// added after.
+func (c *completer) stop() {
+	close(c.in)
+	c.wg.Wait()
+}
+
+// run takes what the workers have finished, waiting up to the linger for
+// more, up to the batch size, writes one statement (two if deliveries of
+// split events are among them), and repeats until in is closed.
+func (c *completer) run() {
+	g := newGatherer(c.in, c.batchSize, c.linger)
+	batch := make([]*item, 0, c.batchSize)
+	ids := make([]string, 0, c.batchSize)
 	var keys []DeliveryKey
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	for it := range o.doneCh {
-		batch = append(batch[:0], it)
-		var lingered <-chan time.Time // nil: do not wait
-		if o.cfg.CompletionLinger > 0 {
-			linger.Reset(o.cfg.CompletionLinger)
-			lingered = linger.C
+	for {
+		var ok bool
+		if batch, ok = g.next(batch); !ok {
+			return
 		}
-	fill:
-		for len(batch) < o.cfg.CompletionBatchSize {
-			select {
-			case it, ok := <-o.doneCh:
-				if !ok {
-					break fill // closing: write what there is now
-				}
-				batch = append(batch, it)
-				continue
-			default:
-			}
-			if lingered == nil {
-				break
-			}
-			select {
-			case it, ok := <-o.doneCh:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, it)
-			case <-lingered:
-				break fill
-			}
-		}
-		linger.Stop()
 		ids = ids[:0]
 		keys = keys[:0]
 		for _, it := range batch {
@@ -60,41 +70,49 @@ func (o *Outbox) complete() {
 			}
 		}
 		if len(ids) > 0 {
-			o.markDone(ids)
+			c.markDone(ids)
 		}
 		if len(keys) > 0 {
-			o.completeDeliveries(keys)
+			c.completeDeliveries(keys)
 		}
 		for _, it := range batch {
-			o.inflight.release(it.key())
+			c.inflight.release(it.key())
 		}
 	}
 }
 
-func (o *Outbox) completeDeliveries(keys []DeliveryKey) {
+func (c *completer) completeDeliveries(keys []DeliveryKey) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	n, err := retryStore(ctx, func() (int, error) { return o.dstore.CompleteDeliveries(ctx, o.cfg.InstanceID, keys) })
+	start := time.Now()
+	n, err := retryStore(ctx, func() (int, error) { return c.dstore.CompleteDeliveries(ctx, c.owner, keys) })
+	c.m.Statement("complete_deliveries", n, time.Since(start))
 	if err != nil {
-		o.log.Error("mark deliveries done; they will be delivered again", slog.Int("deliveries", len(keys)), slog.Any("error", err))
+		c.health.completeFails.Add(1)
+		c.log.Error("mark deliveries done; they will be delivered again", slog.Int("deliveries", len(keys)), slog.Any("error", err))
 		return
 	}
+	c.health.completeFails.Store(0)
 	if n < len(keys) {
-		o.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("deliveries", len(keys)-n))
+		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("deliveries", len(keys)-n))
 	}
 }
 
-func (o *Outbox) markDone(ids []string) {
+func (c *completer) markDone(ids []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	n, err := retryStore(ctx, func() (int, error) { return o.store.MarkDone(ctx, o.cfg.InstanceID, ids) })
+	start := time.Now()
+	n, err := retryStore(ctx, func() (int, error) { return c.store.MarkDone(ctx, c.owner, ids) })
+	c.m.Statement("mark_done", n, time.Since(start))
 	if err != nil {
 		// The rows keep their lease and are delivered again once it
 		// expires: at least once, never lost.
-		o.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
+		c.health.completeFails.Add(1)
+		c.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
 		return
 	}
+	c.health.completeFails.Store(0)
 	if n < len(ids) {
-		o.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
+		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}
 }

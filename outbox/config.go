@@ -36,8 +36,10 @@ const (
 // Config tunes an Outbox. The zero value means the defaults; durations that
 // can be switched off are switched off by a negative value.
 type Config struct {
-	// Workers is the number of goroutines running listeners; it bounds how
-	// many events are delivered at once. Defaults to 4.
+	// Workers is the number of goroutines delivering events to the
+	// Handler and Tx subscriptions; it bounds how many events are in
+	// delivery at once (batch subscriptions have goroutines of their own).
+	// Defaults to 4.
 	Workers int
 	// HotQueueSize bounds the queue of events handed over after commit.
 	// When it is full, Publish still succeeds and the poller delivers the
@@ -57,7 +59,8 @@ type Config struct {
 	// to 5s.
 	PollInterval time.Duration
 	// PollMaxInterval caps the poller's back-off: each poll that finds
-	// nothing doubles the wait up to this. Defaults to 15s.
+	// nothing doubles the wait up to this. Defaults to 15s, or to
+	// PollInterval if that is longer.
 	PollMaxInterval time.Duration
 	// PollBatchSize is the most events claimed per poll. Defaults to 200.
 	// Larger batches drain a backlog faster, since each claim is one
@@ -72,7 +75,7 @@ type Config struct {
 	SkipRecent time.Duration
 	// Lease is how long a claim on an event holds without renewal. The
 	// engine renews the leases of events it holds every Lease/3, so a
-	// live instance keeps its events however slow its listeners; the
+	// live instance keeps its events however slow its handlers; the
 	// events of a dead instance are taken by another once the lease runs
 	// out. A published event's lease starts at its INSERT: if the
 	// transaction commits more than Lease/2 later, the hot path leaves the
@@ -81,12 +84,14 @@ type Config struct {
 	// well above your longest transaction. Defaults to 30s.
 	Lease time.Duration
 
-	// ListenerTimeout bounds each listener call; its context is cancelled
-	// then, and a listener that ignores its context is abandoned and the
-	// attempt counts as failed. Negative: no timeout. Defaults to 10s.
+	// ListenerTimeout bounds each handler call of the subscriptions that
+	// do not set their own Timeout; its context is cancelled then, and a
+	// handler that ignores its context is abandoned and the attempt counts
+	// as failed. Negative: no timeout. Defaults to 10s.
 	ListenerTimeout time.Duration
-	// MaxAttempts is the number of failed deliveries after which an event
-	// is DEAD. Defaults to 10.
+	// MaxAttempts is the number of failed attempts after which a
+	// subscription's delivery of an event is DEAD, for the subscriptions
+	// that do not set their own. Defaults to 10.
 	MaxAttempts int
 	// Retry computes the wait before the next attempt. Defaults to
 	// ExponentialBackoff{Base: 200ms, Max: 60s}.
@@ -128,9 +133,9 @@ type Config struct {
 	// a cleanup repeats it until fewer are left. Defaults to 1000.
 	CleanupBatchSize int
 
-	// NoListenerDelay is how long an event this instance has no listener
+	// NoListenerDelay is how long an event this instance has no subscription
 	// for stays away from every poller after this instance gives it back
-	// (an instance never completes an event no listener of its own
+	// (an instance never completes an event no subscription of its own
 	// accepted; in a rolling deploy, the old version gives the new types
 	// back). No attempt is counted. Defaults to 5s.
 	NoListenerDelay time.Duration
@@ -276,7 +281,7 @@ func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.5 + rand.Float64()))
 }
 
-// Decision is what to do with an event whose listener failed.
+// Decision is what to do with an event whose handler failed.
 type Decision int
 
 const (
@@ -287,7 +292,7 @@ const (
 	DecisionDead
 )
 
-// Classifier decides, from a listener's error, whether to retry.
+// Classifier decides, from a handler's error, whether to retry.
 type Classifier func(err error) Decision
 
 // DefaultClassifier retries every error except those wrapped with
@@ -306,7 +311,7 @@ func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Permanent marks err as not worth retrying: with the DefaultClassifier the
-// event goes DEAD at once. A listener returns it for input it can never
+// event goes DEAD at once. A handler returns it for input it can never
 // handle.
 func Permanent(err error) error {
 	if err == nil {

@@ -108,6 +108,12 @@ type DeliveryStore interface {
 
 	// ReleaseDeliveries is Release for deliveries.
 	ReleaseDeliveries(ctx context.Context, owner string, keys []DeliveryKey, delay time.Duration) error
+
+	// DueNow makes the deliveries of subscription sub that wait without a
+	// lease (NEW, due later: deferred while its destination was down) due
+	// at once, and returns how many. The engine calls it when the
+	// subscription's circuit closes.
+	DueNow(ctx context.Context, sub string) (int, error)
 }
 
 // Lag is what one subscription has not delivered yet: events it has not

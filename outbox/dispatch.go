@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -57,6 +58,18 @@ const (
 	resCancelled            // cut by shutdown: hand the whole item back
 )
 
+func (k resultKind) outcome() Outcome {
+	switch k {
+	case resRetry:
+		return OutcomeRetry
+	case resDead:
+		return OutcomeDead
+	case resDefer:
+		return OutcomeDeferred
+	}
+	return OutcomeDone
+}
+
 type result struct {
 	sub      string
 	kind     resultKind
@@ -97,11 +110,13 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 	it.results = make([]result, 0, len(targets)+len(owed))
 	for _, s := range targets {
 		if reg.paused[s.Name] {
+			o.m.Delivered(s.Name, OutcomeDeferred, 0)
 			it.add(result{sub: s.Name, kind: resDefer, attempts: it.attempts})
 			continue
 		}
 		ok, probe, wait := s.circuit.acquire(time.Now())
 		if !ok {
+			o.m.Delivered(s.Name, OutcomeDeferred, 0)
 			it.add(result{sub: s.Name, kind: resDefer, delay: wait, attempts: it.attempts})
 			continue
 		}
@@ -117,15 +132,16 @@ func (o *Outbox) process(ctx context.Context, it *item) {
 			continue
 		}
 		ev.Subscription = s.Name
+		start := time.Now()
 		if s.Tx != nil {
 			err := o.callTx(ctx, s, ev)
-			r := o.outcome(ctx, s, it, probe, err)
+			r := o.outcome(ctx, s, it, probe, err, time.Since(start))
 			r.recorded = err == nil
 			it.add(r)
 			continue
 		}
 		err := o.callOne(ctx, s, ev)
-		it.add(o.outcome(ctx, s, it, probe, err))
+		it.add(o.outcome(ctx, s, it, probe, err, time.Since(start)))
 	}
 	for _, name := range owed {
 		it.add(result{sub: name, kind: resDefer, attempts: it.attempts})
@@ -153,12 +169,26 @@ func (o *Outbox) settle(it *item) {
 
 // outcome turns a call's error into the subscription's result, updating
 // its circuit.
-func (o *Outbox) outcome(ctx context.Context, s *subscription, it *item, probe bool, err error) result {
-	r := result{sub: s.Name, attempts: it.attempts}
+func (o *Outbox) outcome(ctx context.Context, s *subscription, it *item, probe bool, err error, took time.Duration) (r result) {
+	r = result{sub: s.Name, attempts: it.attempts}
+	defer func() {
+		if r.kind != resCancelled {
+			o.m.Delivered(s.Name, r.kind.outcome(), took)
+		}
+	}()
 	now := time.Now()
 	if err == nil {
 		if s.circuit.success() {
+			// What waited for the circuit is due now, not at its probe time.
+			dctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			n, err := o.dstore.DueNow(dctx, s.Name)
+			cancel()
+			if err != nil {
+				o.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
+			}
+			o.wakePoller()
 			o.m.Circuit(s.Name, CircuitClosed)
+			o.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
 			o.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
 		}
 		return r // resDone
@@ -223,7 +253,7 @@ func (o *Outbox) finish(it *item) {
 			o.inflight.release(it.key())
 			return
 		}
-		o.doneCh <- it // the completer releases it after the write
+		o.comp.add(it) // the completer releases it after the write
 		return
 	}
 	if outcome != OutcomeDone {
@@ -269,6 +299,12 @@ func (o *Outbox) recordFailures(it *item) {
 	// lease keeps every claim off it.
 	o.inflight.release(it.key())
 	write := func(writes []DeliveryWrite) (bool, error) {
+		start := time.Now()
+		name := "split"
+		if it.sub != nil {
+			name = "fail_delivery"
+		}
+		defer func() { o.m.Statement(name, len(writes), time.Since(start)) }()
 		return retryStore(ctx, func() (bool, error) {
 			if it.sub == nil {
 				return o.dstore.Split(ctx, o.cfg.InstanceID, it.env.ID, writes)
@@ -348,12 +384,16 @@ func (o *Outbox) call(ctx context.Context, timeout time.Duration, f func(context
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	done := make(chan error, 1)
+	var state atomic.Int32 // 0 running, 1 abandoned, 2 returned in time
 	o.stragglers.Add(1)
 	o.running.Add(1)
 	go func() {
 		defer o.stragglers.Done()
 		defer o.running.Add(-1) // runs before Done: see Close
 		done <- safeCall(ctx, f)
+		if !state.CompareAndSwap(0, 2) {
+			o.health.abandoned.Add(-1) // it was counted as abandoned
+		}
 	}()
 	select {
 	case err := <-done:
@@ -363,6 +403,9 @@ func (o *Outbox) call(ctx context.Context, timeout time.Duration, f func(context
 		case err := <-done:
 			return err
 		default:
+		}
+		if state.CompareAndSwap(0, 1) {
+			o.health.abandoned.Add(1)
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fmt.Errorf("outbox: handler did not return within %v: %w", timeout, ctx.Err())
@@ -423,41 +466,12 @@ func (b *batcher) add(ctx context.Context, t task) bool {
 // run collects batches until in is closed, then flushes what is left.
 func (b *batcher) run(ctx context.Context) {
 	b.ctx = ctx
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	defer linger.Stop()
-	for t := range b.in {
-		batch := []task{t}
-		var lingered <-chan time.Time
-		if b.s.BatchLinger > 0 {
-			linger.Reset(b.s.BatchLinger)
-			lingered = linger.C
+	g := newGatherer(b.in, b.s.BatchSize, b.s.BatchLinger)
+	for {
+		batch, ok := g.next(nil)
+		if !ok {
+			break
 		}
-	fill:
-		for len(batch) < b.s.BatchSize {
-			select {
-			case t, ok := <-b.in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, t)
-				continue
-			default:
-			}
-			if lingered == nil {
-				break
-			}
-			select {
-			case t, ok := <-b.in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, t)
-			case <-lingered:
-				break fill
-			}
-		}
-		linger.Stop()
 		b.s.sem <- struct{}{}
 		b.wg.Go(func() {
 			defer func() { <-b.s.sem }()
@@ -473,7 +487,9 @@ func (b *batcher) deliver(batch []task) {
 		evs[i] = t.ev
 		evs[i].Subscription = b.s.Name
 	}
+	start := time.Now()
 	err := b.o.call(b.ctx, b.s.Timeout, func(ctx context.Context) error { return b.s.Batch(ctx, evs) })
+	took := time.Since(start)
 	var be *BatchError
 	if errors.As(err, &be) && len(be.Errs) != len(batch) {
 		err = fmt.Errorf("outbox: batch handler of %q returned %d outcomes for %d events", b.s.Name, len(be.Errs), len(batch))
@@ -484,7 +500,7 @@ func (b *batcher) deliver(batch []task) {
 		if be != nil {
 			e = be.Errs[i]
 		}
-		t.it.add(b.o.outcome(b.ctx, b.s, t.it, t.probe, e))
+		t.it.add(b.o.outcome(b.ctx, b.s, t.it, t.probe, e, took))
 		b.o.settle(t.it)
 	}
 }

@@ -1,6 +1,6 @@
 // Package outbox is the core of txoutbox: a transactional outbox that
 // writes events in the caller's database transaction and, once that
-// transaction commits, delivers them to listeners at least once.
+// transaction commits, delivers them to subscriptions at least once.
 //
 // It depends on the standard library and github.com/oklog/ulid/v2 only.
 // Storage is behind the [Store] interface (outbox/sqlstore implements it for
@@ -22,7 +22,7 @@
 // values, headers of at most [MaxHeadersBytes] encoded), gives it a ULID that grows monotonically within the process,
 // copies the payload once and inserts the row (status NEW) through the
 // transaction. Without a transaction it fails with [ErrNoTx] and writes
-// nothing; an invalid envelope fails with a [*ValidationError]. A rolled-back transaction leaves no row and runs no listener.
+// nothing; an invalid envelope fails with a [*ValidationError]. A rolled-back transaction leaves no row and runs no handler.
 //
 // A unit of work that emits several events publishes them together with
 // [PublishAll] (or [Outbox.PublishAllTx]): all are validated first, then
@@ -30,25 +30,59 @@
 // in one transaction on MariaDB: 0.78 ms instead of 2.1 ms one by one
 // (BenchmarkPublishTen).
 //
-// # Delivery
+// # Subscriptions and delivery
+//
+// Events go to subscriptions: named destinations registered before
+// [Outbox.Start] with [Outbox.Handle] (a [Handler] and the event types it
+// takes) or [Outbox.Subscribe] (a [Subscription] with its own timeout,
+// max attempts, retry policy, classifier, concurrency, batches and
+// circuit). The name is what the database records about the subscription,
+// so keep it stable across deploys; after Start, Subscribe returns
+// [ErrStarted]. Every instance registers its subscriptions in the database
+// at start and every PollInterval, and an event is complete only once
+// every subscription registered there has it ([Config.SubscriptionExpiry]).
 //
 // After a successful commit the event goes to a bounded in-memory hot
-// queue; a pool of workers runs the listeners of its type in registration
-// order ([Outbox.On]), then those registered with [Outbox.OnAll]. When all
-// succeed the event is marked DONE (in batched UPDATEs); when one fails the
-// event is retried after [Config.Retry]'s back-off (exponential with
-// jitter; the instance wakes its poller when the retry falls due, so the
-// schedule does not wait for the next poll), and goes DEAD after
-// [Config.MaxAttempts], or at once for errors wrapped with [Permanent].
-// Panics are recovered and count as failures; each listener call is bounded
-// by [Config.ListenerTimeout]. An error text the database could not store
+// queue; a pool of workers delivers it to each subscription of this
+// instance that takes its type. When all succeed the event is marked DONE
+// (in batched UPDATEs: the only write of the common case). When some do
+// not, one transaction splits the event ([StatusSplit]) and records a
+// delivery for each subscription that still owes it ([DeliveryStore]);
+// from then on each of them retries, goes dead and is replayed on its own,
+// and a subscription that succeeded never runs again for that event. A
+// failed attempt is retried after the subscription's back-off (exponential
+// with jitter; the instance wakes its poller when the retry falls due, so
+// the schedule does not wait for the next poll), and goes DEAD after its
+// max attempts, or at once for errors wrapped with [Permanent]. Panics are
+// recovered and count as failures; each call is bounded by the
+// subscription's timeout. An error text the database could not store
 // (invalid UTF-8, NUL) is cleaned before it is written.
 //
-// An instance never marks DONE an event that none of its own listeners
-// accepted: an event of a type it has no listener for is written free for
+// A handler that returns [Unavailable] reports an outage of its
+// destination, not a problem of the event: no attempt is counted, and
+// after a few in a row the subscription's circuit opens: its events wait
+// while one probe at a time tries the destination ([Outbox.CircuitStates],
+// [Metrics].Circuit). A [BatchHandler] takes up to BatchSize events per
+// call and may fail some of them ([BatchError]). A [TxHandler] writes
+// through a transaction on the outbox's own database in which the
+// delivery's done mark commits too: its effect happens exactly once.
+// [Outbox.Pause] and [Outbox.Resume] act on every instance; [Outbox.Lag]
+// tells what each subscription has not delivered yet.
+//
+// An instance never completes an event for a subscription it does not
+// run: an event of a type no subscription here takes is written free for
 // any instance and, when it claims one anyway, handed back untouched for
-// [Config.NoListenerDelay] (a rolling deploy, a listener registered after
-// Start).
+// [Config.NoListenerDelay] (a rolling deploy); a subscription that only
+// other instances run gets a delivery of its own when this instance splits
+// the event.
+//
+// # Order
+//
+// There is no ordering guarantee, not even per aggregate: events are
+// delivered concurrently by several workers and instances, a retry comes
+// after later events of the same aggregate, and a transaction that commits
+// late is delivered after events published after it. A handler that needs
+// order must tolerate it (versions in the payload, idempotent upserts).
 //
 // If the hot queue is full, Publish still succeeds: the event stays in the
 // table and the poller delivers it. The poller also picks up retries and
@@ -66,20 +100,20 @@
 // the database has it). The publishing instance holds the lease from the
 // insert, and renews the leases of everything it has queued or running
 // every Lease/3, so no other instance takes an event it is delivering,
-// however slow the listener. Every DONE, RETRY or DEAD write succeeds only
+// however slow the handler. Every DONE, RETRY or DEAD write succeeds only
 // while the writer still owns the row: a worker whose lease expired and was
 // taken over changes nothing. The events of a dead instance are taken over
 // when its leases run out ([Config.Lease], 30 s by default).
 //
-// Delivery is at least once: a listener can see an event again (after a
-// crash between the listener and the DONE write, or after a lease expired)
+// Delivery is at least once: a handler can see an event again (after a
+// crash between the handler and the DONE write, or after a lease expired)
 // and must de-duplicate on Event.ID.
 //
 // # Lifecycle
 //
 // New builds an Outbox; Start launches its goroutines; Close(ctx) stops the
 // poller, lets the workers deliver what is queued until ctx ends, then
-// cancels running listeners, hands the rest back to the database, writes
+// cancels running handlers, hands the rest back to the database, writes
 // the last completions and waits for every goroutine. Both are safe to
 // call twice; Close works without Start. Cancelling Start's context stops
 // the engine without draining: to drain on shutdown, give Start a context
@@ -108,8 +142,8 @@
 // # Defaults
 //
 // 4 workers, hot and cold queues of 1000, poll every 5 s (backing off to
-// 15 s), batches of 200, skip rows younger than 1 s, lease 30 s, listener
+// 15 s), batches of 200, skip rows younger than 1 s, lease 30 s, handler
 // timeout 10 s, retry 200 ms doubling to 60 s with jitter ×0.5–1.5, 10
 // attempts, payloads up to 1 MiB, last_error up to 4000 characters. Status
-// codes: 0 NEW, 1 DONE, 2 RETRY, 3 DEAD.
+// codes: 0 NEW, 1 DONE, 2 RETRY, 3 DEAD, 4 SPLIT (delivery state per subscription).
 package outbox

@@ -32,6 +32,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return fmt.Errorf("outbox: Start: register the subscriptions: %w", err)
 	}
 	o.started = true
+	o.health.pollBeat.Store(time.Now().UnixNano())
 	o.m.QueueCapacities(cap(o.hot), cap(o.cold))
 	runCtx, cancel := context.WithCancel(ctx)
 	o.cancelRun = cancel
@@ -45,8 +46,8 @@ func (o *Outbox) Start(ctx context.Context) error {
 		o.workers.Go(func() { o.work(runCtx) })
 	}
 	o.background.Go(func() { o.registryLoop(runCtx) })
-	o.completer.Go(o.complete)
-	o.background.Go(func() { o.renewLeases(runCtx) })
+	o.comp.start()
+	o.background.Go(func() { o.leases.run(runCtx) })
 	o.background.Go(func() { o.sample(runCtx) })
 	if o.cfg.Retention > 0 {
 		o.background.Go(func() { o.cleanupLoop(runCtx) })
@@ -120,8 +121,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 		<-batchersDone
 	}
 	o.handBack()
-	close(o.doneCh)
-	o.completer.Wait()
+	o.comp.stop()
 	o.cancelRun()
 	o.background.Wait()
 

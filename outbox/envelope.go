@@ -34,7 +34,7 @@ const (
 	// MaxPayloadBytes is the largest payload accepted: exactly 1 MiB is
 	// allowed, one byte more is rejected.
 	MaxPayloadBytes = 1 << 20
-	// MaxErrorChars is the most characters of a listener's error kept in
+	// MaxErrorChars is the most characters of a handler's error kept in
 	// the row's last_error column.
 	MaxErrorChars = 4000
 	// MaxIDLen is the longest event id accepted.
@@ -55,11 +55,11 @@ const (
 )
 
 // Envelope is one event as published by business code and as received by
-// listeners. Exactly one of JSON and Bytes carries the payload.
+// handlers. Exactly one of JSON and Bytes carries the payload.
 //
 // Publish copies the payload and the headers, so the caller may reuse them
-// afterwards; listeners receive their own copy and must not assume anything
-// about sharing.
+// afterwards. The handlers of the subscriptions of one event share that
+// copy: they must not modify the payload or the headers.
 type Envelope struct {
 	// ID identifies the event; consumers de-duplicate on it. Defaults to a
 	// new ULID, monotonic within the process.
@@ -201,7 +201,7 @@ func isToken(s string) bool {
 	return true
 }
 
-// clone returns a deep copy of e, so that neither the caller nor a listener
+// clone returns a deep copy of e, so that neither the caller nor a handler
 // can change what the other sees.
 func (e Envelope) clone() Envelope {
 	if e.JSON != nil {

@@ -32,3 +32,5 @@ func (nopDeliveries) ExtendDeliveryLeases(_ context.Context, _ string, keys []De
 func (nopDeliveries) ReleaseDeliveries(context.Context, string, []DeliveryKey, time.Duration) error {
 	return nil
 }
+
+func (nopDeliveries) DueNow(context.Context, string) (int, error) { return 0, nil }

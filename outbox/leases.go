@@ -6,9 +6,24 @@ import (
 	"time"
 )
 
-// The lease keeper: renews the leases of everything this instance holds,
-// and gives leases back (on close, on overflow, for events it cannot
-// deliver).
+// leaseKeeper renews the leases of everything this instance holds (the
+// in-flight set) every Lease/3, and gives leases back: on close, on
+// hot-queue overflow, for events this instance cannot deliver. Its
+// goroutine runs from Start until the engine's context ends.
+type leaseKeeper struct {
+	store    Store
+	dstore   DeliveryStore
+	owner    string
+	lease    time.Duration
+	inflight *inflightSet
+	log      *slog.Logger
+	health   *health
+	m        Metrics
+}
+
+func newLeaseKeeper(o *Outbox) *leaseKeeper {
+	return &leaseKeeper{store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID, lease: o.cfg.Lease, inflight: &o.inflight, log: o.log, health: &o.health, m: o.m}
+}
 
 // handBack empties the queues and releases the leases of what was in them.
 func (o *Outbox) handBack() {
@@ -47,10 +62,17 @@ func (o *Outbox) handBack() {
 
 // releaseDeliveries is releaseAfter for deliveries.
 func (o *Outbox) releaseDeliveries(ctx context.Context, keys []DeliveryKey, delay time.Duration, what string) {
+	o.leases.releaseDeliveries(ctx, keys, delay, what)
+}
+
+func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []DeliveryKey, delay time.Duration, what string) {
 	for len(keys) > 0 {
 		n := min(500, len(keys))
-		if err := o.dstore.ReleaseDeliveries(ctx, o.cfg.InstanceID, keys[:n], delay); err != nil {
-			o.log.Error(what, slog.Int("deliveries", n), slog.Any("error", err))
+		start := time.Now()
+		err := k.dstore.ReleaseDeliveries(ctx, k.owner, keys[:n], delay)
+		k.m.Statement("release", n, time.Since(start))
+		if err != nil {
+			k.log.Error(what, slog.Int("deliveries", n), slog.Any("error", err))
 		}
 		keys = keys[n:]
 	}
@@ -66,15 +88,23 @@ func (o *Outbox) releaseLeases(ctx context.Context, ids []string, what string) {
 // releaseAfter is releaseLeases with the events due again only after
 // delay.
 func (o *Outbox) releaseAfter(ctx context.Context, ids []string, delay time.Duration, what string) {
+	o.leases.release(ctx, ids, delay, what)
+}
+
+func (k *leaseKeeper) release(ctx context.Context, ids []string, delay time.Duration, what string) {
 	for chunk := range chunks(ids, 500) {
-		if err := o.store.Release(ctx, o.cfg.InstanceID, chunk, delay); err != nil {
-			o.log.Error(what, slog.Int("events", len(chunk)), slog.Any("error", err))
+		start := time.Now()
+		err := k.store.Release(ctx, k.owner, chunk, delay)
+		k.m.Statement("release", len(chunk), time.Since(start))
+		if err != nil {
+			k.log.Error(what, slog.Int("events", len(chunk)), slog.Any("error", err))
 		}
 	}
 }
 
-func (o *Outbox) renewLeases(ctx context.Context) {
-	t := time.NewTicker(o.cfg.Lease / 3)
+// run renews leases until ctx ends.
+func (k *leaseKeeper) run(ctx context.Context) {
+	t := time.NewTicker(k.lease / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -84,28 +114,42 @@ func (o *Outbox) renewLeases(ctx context.Context) {
 		}
 		var ids []string
 		var keys []DeliveryKey
-		for _, k := range o.inflight.snapshot() {
-			if dk, ok := parseDeliveryKey(k); ok {
+		for _, key := range k.inflight.snapshot() {
+			if dk, ok := parseDeliveryKey(key); ok {
 				keys = append(keys, dk)
 			} else {
-				ids = append(ids, k)
+				ids = append(ids, key)
 			}
 		}
+		failed := false
 		for len(keys) > 0 {
 			n := min(500, len(keys))
-			wctx, cancel := context.WithTimeout(ctx, o.cfg.Lease/3)
-			if _, err := o.dstore.ExtendDeliveryLeases(wctx, o.cfg.InstanceID, keys[:n], o.cfg.Lease); err != nil && ctx.Err() == nil {
-				o.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
+			wctx, cancel := context.WithTimeout(ctx, k.lease/3)
+			start := time.Now()
+			got, err := k.dstore.ExtendDeliveryLeases(wctx, k.owner, keys[:n], k.lease)
+			k.m.Statement("extend_leases", got, time.Since(start))
+			if err != nil && ctx.Err() == nil {
+				failed = true
+				k.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
 			}
 			cancel()
 			keys = keys[n:]
 		}
 		for chunk := range chunks(ids, 500) {
-			wctx, cancel := context.WithTimeout(ctx, o.cfg.Lease/3)
-			if _, err := o.store.ExtendLeases(wctx, o.cfg.InstanceID, chunk, o.cfg.Lease); err != nil && ctx.Err() == nil {
-				o.log.Error("renew leases", slog.Int("events", len(chunk)), slog.Any("error", err))
+			wctx, cancel := context.WithTimeout(ctx, k.lease/3)
+			start := time.Now()
+			got, err := k.store.ExtendLeases(wctx, k.owner, chunk, k.lease)
+			k.m.Statement("extend_leases", got, time.Since(start))
+			if err != nil && ctx.Err() == nil {
+				failed = true
+				k.log.Error("renew leases", slog.Int("events", len(chunk)), slog.Any("error", err))
 			}
 			cancel()
+		}
+		if failed {
+			k.health.renewFails.Add(1)
+		} else {
+			k.health.renewFails.Store(0)
 		}
 	}
 }

@@ -19,6 +19,10 @@ const (
 	OutcomeDone  Outcome = "done"  // every listener succeeded
 	OutcomeRetry Outcome = "retry" // a listener failed; another attempt is scheduled
 	OutcomeDead  Outcome = "dead"  // a listener failed for the last time
+	// OutcomeDeferred is a subscription's delivery put off without an
+	// attempt: paused, its circuit open, its destination unavailable, or
+	// owed by another instance.
+	OutcomeDeferred Outcome = "deferred"
 )
 
 // Metrics receives the engine's measurements. Implementations must be safe
@@ -67,6 +71,18 @@ type Metrics interface {
 	// instance: CircuitOpen when its destination is unavailable (events
 	// wait without spending attempts), CircuitClosed when it is back.
 	Circuit(subscription string, s CircuitState)
+	// Delivered reports one subscription's outcome for one event (a batch
+	// reports each of its events, with the batch call's duration).
+	Delivered(subscription string, o Outcome, took time.Duration)
+	// SubscriptionLag reports a sample of every subscription's lag (see
+	// Outbox.Lag), every Config.StatsInterval, if the store is an
+	// OperatorStore.
+	SubscriptionLag(lags []Lag)
+	// Statement reports one of the engine's own store calls by name
+	// ("claim", "claim_deliveries", "mark_done", "complete_deliveries",
+	// "split", "fail_delivery", "extend_leases", "release"): the rows it
+	// returned or changed, and how long it took.
+	Statement(name string, rows int, took time.Duration)
 }
 
 // NopMetrics discards every measurement.
@@ -85,5 +101,8 @@ func (NopMetrics) Backlog(Stats)                                      {}
 func (NopMetrics) LeasesReclaimed(int)                                {}
 func (NopMetrics) NoListener(EventType)                               {}
 func (NopMetrics) Circuit(string, CircuitState)                       {}
+func (NopMetrics) Delivered(string, Outcome, time.Duration)           {}
+func (NopMetrics) SubscriptionLag([]Lag)                              {}
+func (NopMetrics) Statement(string, int, time.Duration)               {}
 
 var _ Metrics = NopMetrics{}

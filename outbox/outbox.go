@@ -14,6 +14,7 @@ import (
 var (
 	// ErrNoTx is returned by Publish when ctx carries no transaction.
 	ErrNoTx = errors.New("outbox: no transaction in context; wrap the handler with txmw.Transactional (or an adapter's middleware), or use PublishTx")
+
 	// ErrNoOutbox is returned by the package-level Publish when neither ctx
 	// nor the package default carries an *Outbox.
 	ErrNoOutbox = errors.New("outbox: no outbox in context and no default; call outbox.SetDefault(ob), or use ob.Publish")
@@ -54,7 +55,9 @@ type Outbox struct {
 
 	hot, cold chan *item
 	inflight  inflightSet
-	doneCh    chan *item
+	comp      *completer
+	health    health
+	leases    *leaseKeeper
 	dropped   chan string    // ids dropped from a full hot queue, for the poller to release
 	nudge     chan struct{}  // wakes the poller; capacity 1
 	retryDue  chan time.Time // due times of retries scheduled here, for the poller
@@ -70,7 +73,6 @@ type Outbox struct {
 
 	workers    sync.WaitGroup
 	poller     sync.WaitGroup
-	completer  sync.WaitGroup
 	batchers   sync.WaitGroup
 	background sync.WaitGroup // lease renewer, sampler
 	stragglers sync.WaitGroup // listener calls, including those abandoned after their timeout
@@ -103,7 +105,6 @@ func New(store Store, cfg Config) (*Outbox, error) {
 		hot:       make(chan *item, cfg.HotQueueSize),
 		cold:      make(chan *item, cfg.ColdQueueSize),
 		inflight:  inflightSet{m: make(map[string]struct{})},
-		doneCh:    make(chan *item, 4*cfg.CompletionBatchSize),
 		dropped:   make(chan string, max(10*cfg.HotQueueSize, 10000)),
 		nudge:     make(chan struct{}, 1),
 		retryDue:  make(chan time.Time, 1024),
@@ -116,6 +117,8 @@ func New(store Store, cfg Config) (*Outbox, error) {
 	reg := &registry{byName: map[string]*subscription{}}
 	reg.index()
 	o.subs.Store(reg)
+	o.comp = newCompleter(o)
+	o.leases = newLeaseKeeper(o)
 	return o, nil
 }
 
@@ -134,7 +137,7 @@ func (o *Outbox) Config() Config { return o.cfg }
 func (o *Outbox) Publish(ctx context.Context, env Envelope) (string, error) {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		return "", ErrNoTx
+		return "", noTxError(ctx)
 	}
 	return o.PublishTx(ctx, tx, env)
 }
@@ -162,7 +165,7 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 func (o *Outbox) PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		return nil, ErrNoTx
+		return nil, noTxError(ctx)
 	}
 	return o.PublishAllTx(ctx, tx, envs...)
 }

@@ -61,6 +61,7 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		// other instances can take them.
 		released := 0
 		for cap(o.cold)-len(o.cold) < min(o.cfg.PollBatchSize, cap(o.cold))/2+1 {
+			o.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
 			released += o.releaseDropped(ctx)
 			roomy := time.NewTimer(o.cfg.PollInterval)
 			select {
@@ -74,6 +75,9 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		}
 		released += o.releaseDropped(ctx)
 		n, limit, err := o.poll(ctx)
+		if err == nil {
+			o.health.pollBeat.Store(time.Now().UnixNano())
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
@@ -148,12 +152,14 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	// which Close drains or hands back.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
+	claimStart := time.Now()
 	rows, err := o.store.Claim(ctx, ClaimRequest{
 		Owner:      o.cfg.InstanceID,
 		Limit:      limit,
 		Lease:      o.cfg.Lease,
 		SkipRecent: o.cfg.SkipRecent,
 	})
+	o.m.Statement("claim", len(rows), time.Since(claimStart))
 	if err != nil {
 		return 0, limit, err
 	}
@@ -187,36 +193,51 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	// that are neither paused nor waiting for their circuit.
 	var unqueuedDeliveries []DeliveryKey
 	if room := limit - len(rows); room > 0 {
-		if names := reg.claimable(); len(names) > 0 {
-			ds, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
+		// Subscriptions with a closed circuit in one claim; one whose
+		// circuit waits for a probe gets one delivery, the probe, instead
+		// of a batch it would only defer again.
+		closed, probing := reg.claimable()
+		var ds []Delivery
+		claim := func(limit int, names []string) {
+			if limit <= 0 || len(names) == 0 {
+				return
+			}
+			start := time.Now()
+			got, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
 				Owner:      o.cfg.InstanceID,
-				Limit:      room,
+				Limit:      limit,
 				Lease:      o.cfg.Lease,
 				SkipRecent: -1,
 			}, names)
+			o.m.Statement("claim_deliveries", len(got), time.Since(start))
 			if err != nil {
 				o.log.Error("claim deliveries", slog.Any("error", err))
 			}
-			for i := range ds {
-				d := &ds[i]
-				key := DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
-				if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
-					reclaimed++
-				}
-				s := reg.byName[d.Subscription]
-				env, err := decode(&d.Row)
-				if err != nil || s == nil {
-					// An event that cannot be read was buried when it was
-					// claimed as a whole; a delivery of it would be too.
-					unqueuedDeliveries = append(unqueuedDeliveries, key)
-					continue
-				}
-				switch o.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
-				case offerQueued:
-					queued++
-				case offerFull:
-					unqueuedDeliveries = append(unqueuedDeliveries, key)
-				}
+			ds = append(ds, got...)
+		}
+		claim(room, closed)
+		for _, name := range probing {
+			claim(min(1, room-len(ds)), []string{name})
+		}
+		for i := range ds {
+			d := &ds[i]
+			key := DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+			if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
+				reclaimed++
+			}
+			s := reg.byName[d.Subscription]
+			env, err := decode(&d.Row)
+			if err != nil || s == nil {
+				// An event that cannot be read was buried when it was
+				// claimed as a whole; a delivery of it would be too.
+				unqueuedDeliveries = append(unqueuedDeliveries, key)
+				continue
+			}
+			switch o.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
+			case offerQueued:
+				queued++
+			case offerFull:
+				unqueuedDeliveries = append(unqueuedDeliveries, key)
 			}
 		}
 	}

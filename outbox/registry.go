@@ -83,16 +83,22 @@ func (r *registry) owedElsewhere(t EventType) []string {
 	return names
 }
 
-// names returns the names of this instance's subscriptions that are not
-// paused, for the delivery claim.
-func (r *registry) claimable() []string {
-	names := make([]string, 0, len(r.local))
+// claimable returns the names of this instance's subscriptions whose
+// deliveries the poller should claim: those with a closed circuit, and
+// those whose open circuit is due for a probe. Paused ones take nothing.
+func (r *registry) claimable() (closed, probing []string) {
 	for _, s := range r.local {
-		if !r.paused[s.Name] && s.circuit.mayClaim() {
-			names = append(names, s.Name)
+		if r.paused[s.Name] {
+			continue
+		}
+		switch s.circuit.claim() {
+		case claimAll:
+			closed = append(closed, s.Name)
+		case claimProbe:
+			probing = append(probing, s.Name)
 		}
 	}
-	return names
+	return closed, probing
 }
 
 // syncRegistry registers this instance's subscriptions and learns the

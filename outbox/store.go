@@ -84,8 +84,22 @@ type ClaimRequest struct {
 // instance that took the row over. Times (due times, leases) are taken from
 // the database's clock, never from the caller's.
 //
+// Who retries what: a store retries the transient errors it can
+// recognise (deadlocks, lock-wait timeouts, a busy database) itself, a few
+// times with a short jittered back-off, before it returns (sqlstore: up to
+// 6 attempts over about 150 ms). The engine retries each of its own writes
+// that failed anyway (completion, retry and dead marks, splits,
+// deliveries) up to 4 times over about 175 ms, within a 15 s deadline per
+// write; a write that still fails is logged, and the row's lease makes it
+// due again later, so nothing is lost (the event may be delivered once
+// more). A sqlstore write can thus run up to 24 statements. Insert is
+// never retried: it runs in the caller's transaction, whose fate the
+// caller decides. Claim is retried by the store only; a failed poll is
+// repeated at the next poll.
+//
 // The package outbox/sqlstore implements Store for MySQL/MariaDB,
-// PostgreSQL and SQLite; outbox/storetest checks an implementation.
+// PostgreSQL and SQLite; outbox/outboxtest has an in-memory one;
+// outbox/storetest checks an implementation.
 type Store interface {
 	// Insert writes row with status NEW through exec, the caller's open
 	// transaction, owned by owner with a lease of lease from now; with an
@@ -149,6 +163,22 @@ type DeliveryRecord struct {
 	Attempts     int
 	Owner        string
 	LastError    string
+	// History is the last failed attempts, newest first (at most
+	// MaxHistory).
+	History []Attempt
+}
+
+// MaxHistory is the most failed attempts Inspect returns per delivery.
+const MaxHistory = 10
+
+// Attempt is one failed delivery attempt as recorded.
+type Attempt struct {
+	// N is the attempt's number (1 for the first).
+	N int
+	// At is when it was recorded, on the database's clock.
+	At time.Time
+	// Error is its error text.
+	Error string
 }
 
 // Inspector is implemented by stores that can look up one event by id, for

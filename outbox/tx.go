@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 )
 
@@ -52,13 +53,13 @@ func TxFromContext(ctx context.Context) (TxContext, bool) {
 // Savepoints matter because an event published inside a savepoint that is
 // rolled back left no row: its after-commit hook must never run, even if
 // the transaction commits. An implementation that lets callers use
-// savepoints reports them with Savepoint, RollbackTo and Release:
+// savepoints reports them with Savepoint, RollbackToSavepoint and ReleaseSavepoint:
 //
-//   - RollbackTo(s) drops the after-commit hooks registered since s was
+//   - RollbackToSavepoint(s) drops the after-commit hooks registered since s was
 //     set, and makes the after-rollback hooks registered since then due:
 //     they run when the transaction ends, whatever its outcome. s itself
 //     stays, as in SQL.
-//   - Release(s) merges what was registered since s into the enclosing
+//   - ReleaseSavepoint(s) merges what was registered since s into the enclosing
 //     level.
 //   - Committed runs the surviving after-commit hooks and the due
 //     after-rollback hooks in registration order; RolledBack runs every
@@ -114,9 +115,9 @@ func (h *Hooks) Savepoint(name string) {
 	}
 }
 
-// RollbackTo records a rollback to the savepoint name and reports whether
+// RollbackToSavepoint records a rollback to the savepoint name and reports whether
 // the savepoint was known.
-func (h *Hooks) RollbackTo(name string) bool {
+func (h *Hooks) RollbackToSavepoint(name string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	i := h.find(name)
@@ -137,9 +138,9 @@ func (h *Hooks) RollbackTo(name string) bool {
 	return true
 }
 
-// Release records that the savepoint name was released and reports
+// ReleaseSavepoint records that the savepoint name was released and reports
 // whether it was known.
-func (h *Hooks) Release(name string) bool {
+func (h *Hooks) ReleaseSavepoint(name string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	i := h.find(name)
@@ -244,6 +245,7 @@ func runHook(fn func()) (perr *HookPanicError) {
 type Tx struct {
 	*sql.Tx
 	Hooks
+	ctx context.Context // of BeginTx, for EndTx's logger
 }
 
 // BeginTx starts a transaction on db.
@@ -252,29 +254,130 @@ func BeginTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*Tx, error) 
 	if err != nil {
 		return nil, fmt.Errorf("outbox: begin transaction: %w", err)
 	}
-	return &Tx{Tx: stx}, nil
+	return &Tx{Tx: stx, ctx: ctx}, nil
 }
 
-// Commit commits the transaction and then runs the after-commit hooks. If
-// the commit fails, the after-rollback hooks run instead and the commit
-// error is returned. Panics in hooks are recovered and dropped; use Hooks
-// directly to observe them.
-func (tx *Tx) Commit() error {
-	if err := tx.Tx.Commit(); err != nil {
-		_ = tx.Hooks.RolledBack()
-		return err
+// Commit commits the transaction and then runs its hooks (see EndTx).
+func (tx *Tx) Commit() error { return EndTx(tx.ctx, tx.Tx.Commit, true, &tx.Hooks) }
+
+// Rollback rolls the transaction back and runs the after-rollback hooks
+// (see EndTx). After Commit it does nothing and returns sql.ErrTxDone, so
+// it is safe to defer.
+func (tx *Tx) Rollback() error { return EndTx(tx.ctx, tx.Tx.Rollback, false, &tx.Hooks) }
+
+// HookFirer runs the hooks of a transaction that has ended; *Hooks
+// implements it.
+type HookFirer interface {
+	Committed() error
+	RolledBack() error
+}
+
+// EndTx ends a transaction and runs its hooks: the one contract of every
+// transaction type of this module (Tx, the transactions of txmw, the GORM
+// and ent adapters, outboxtest), so that their Commit and Rollback mean
+// the same thing. end is the transaction's own Commit (commit true) or
+// Rollback (commit false):
+//
+//   - Commit: after a successful COMMIT the after-commit hooks run; if the
+//     COMMIT fails, the transaction is over anyway (the database rolled it
+//     back), so the after-rollback hooks run, and the COMMIT's error is
+//     returned.
+//   - Rollback: the after-rollback hooks run whatever ROLLBACK returns
+//     (sql.ErrTxDone without a Commit means database/sql already rolled
+//     back for a cancelled context: the hooks are still due), and its
+//     error is returned.
+//
+// Hooks run once: a second EndTx on the same hooks runs none. A hook that
+// panics does not stop the others; the panics are logged with the logger
+// ContextWithLogger put in ctx (slog.Default() otherwise), never returned,
+// so that a Commit that succeeded never reports a hook's failure as its
+// own.
+func EndTx(ctx context.Context, end func() error, commit bool, hooks HookFirer) error {
+	if ctx == nil {
+		ctx = context.Background()
 	}
-	_ = tx.Hooks.Committed()
+	err := end()
+	kind, herr := "after-rollback", error(nil)
+	if commit && err == nil {
+		kind, herr = "after-commit", hooks.Committed()
+	} else {
+		herr = hooks.RolledBack()
+	}
+	if herr != nil {
+		LoggerFrom(ctx).LogAttrs(ctx, slog.LevelError, "outbox: "+kind+" hook panicked; the other hooks ran", slog.Any("error", herr))
+	}
+	return err
+}
+
+type loggerKey struct{}
+
+// ContextWithLogger returns a copy of ctx that carries log for EndTx's
+// report of panicking hooks (middleware puts its own there, with the
+// request's method and path).
+func ContextWithLogger(ctx context.Context, log *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey{}, log)
+}
+
+// LoggerFrom returns the logger ContextWithLogger put in ctx, or
+// slog.Default().
+func LoggerFrom(ctx context.Context) *slog.Logger {
+	if ctx != nil {
+		if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok && l != nil {
+			return l
+		}
+	}
+	return slog.Default()
+}
+
+type noTxKey struct{}
+
+// WithoutTx returns a copy of ctx that says why it carries no transaction
+// on purpose; Publish then fails with an error that wraps ErrNoTx and
+// gives that reason instead of the generic advice. Middleware calls it for
+// requests it lets through without a transaction (GET and HEAD by
+// default).
+func WithoutTx(ctx context.Context, reason string) context.Context {
+	return context.WithValue(ctx, noTxKey{}, reason)
+}
+
+// noTxError is the error of a Publish without a transaction in ctx.
+func noTxError(ctx context.Context) error {
+	if reason, ok := ctx.Value(noTxKey{}).(string); ok && reason != "" {
+		return &noTxErr{reason: reason}
+	}
+	return ErrNoTx
+}
+
+// noTxErr is ErrNoTx with the reason middleware gave.
+type noTxErr struct{ reason string }
+
+func (e *noTxErr) Error() string        { return "outbox: no transaction in context: " + e.reason }
+func (e *noTxErr) Is(target error) bool { return target == ErrNoTx }
+
+// AfterCommit registers fn to run once the transaction that ctx carries
+// has committed, after the hooks registered before it; inside a savepoint
+// that is rolled back, fn is dropped. It returns ErrNoTx if ctx carries no
+// transaction. fn runs under its own recover and should be quick (an HTTP
+// response waits for it). It works with every middleware and adapter of
+// this module (txmw, gormoutbox, entoutbox, middleware).
+func AfterCommit(ctx context.Context, fn func()) error {
+	t, ok := TxFromContext(ctx)
+	if !ok {
+		return noTxError(ctx)
+	}
+	t.AfterCommit(fn)
 	return nil
 }
 
-// Rollback rolls the transaction back and runs the after-rollback hooks. It
-// is a no-op returning sql.ErrTxDone after Commit, so it is safe to defer.
-func (tx *Tx) Rollback() error {
-	err := tx.Tx.Rollback()
-	// After Commit the hooks have fired and this does nothing. Without a
-	// Commit, ErrTxDone means database/sql rolled back for a cancelled
-	// context: the after-rollback hooks are still due.
-	_ = tx.Hooks.RolledBack()
-	return err
+// AfterRollback registers fn to run once the transaction that ctx carries
+// has rolled back (or failed to commit), or once it ends if the savepoint
+// fn was registered in was rolled back. It returns ErrNoTx if ctx carries
+// no transaction.
+func AfterRollback(ctx context.Context, fn func()) error {
+	t, ok := TxFromContext(ctx)
+	if !ok {
+		return noTxError(ctx)
+	}
+	t.AfterRollback(fn)
+	return nil
 }

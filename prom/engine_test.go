@@ -127,6 +127,23 @@ txoutbox_queue_capacity{queue="hot"} 7
 		"txoutbox_hot_dropped_total", "txoutbox_hot_enqueued_total", "txoutbox_leases_reclaimed_total", "txoutbox_queue_capacity"); err != nil {
 		t.Error(err)
 	}
+	// Per subscription: the good one delivered twice, the bad one dead.
+	for _, c := range []struct {
+		sub, outcome string
+		want         float64
+	}{{"good", "done", 2}, {"bad", "dead", 1}, {"bad", "done", 0}} {
+		if got := testutil.ToFloat64(m.SubscriptionDeliveries(c.sub, c.outcome)); got != c.want {
+			t.Errorf("subscription_deliveries_total{subscription=%q,outcome=%q} = %v, want %v", c.sub, c.outcome, got, c.want)
+		}
+	}
+	// The engine's statements: one claim that took the expired event, and
+	// the DONE writes.
+	if got := testutil.ToFloat64(m.StatementRows("claim")); got < 1 {
+		t.Errorf("store_statement_rows_total{statement=claim} = %v, want ≥ 1", got)
+	}
+	if got := testutil.ToFloat64(m.StatementRows("mark_done")); got != 2 {
+		t.Errorf("store_statement_rows_total{statement=mark_done} = %v, want 2", got)
+	}
 	// One latency observation per attempt, split by path.
 	for path, want := range map[string]uint64{"hot": 2, "cold": 1} {
 		if got := histogramCount(t, reg, "txoutbox_delivery_latency_seconds", path); got != want {

@@ -122,6 +122,13 @@ type Metrics struct {
 	noListener       *prometheus.CounterVec
 	unknownStatus    prometheus.Gauge
 	circuitOpen      *prometheus.GaugeVec
+	subCalls         *prometheus.CounterVec
+	subDuration      *prometheus.HistogramVec
+	subLag           *prometheus.GaugeVec
+	subOldest        *prometheus.GaugeVec
+	statements       *prometheus.CounterVec
+	statementRows    *prometheus.CounterVec
+	statementTime    *prometheus.HistogramVec
 
 	// Children resolved once, so that the hot path does no label lookup.
 	dispatchedBy map[outbox.Path]map[outbox.Outcome]prometheus.Counter
@@ -192,6 +199,25 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Help: "Events this instance had no listener for, by event type: handed back to the table (no attempt spent) for an instance that has one."}, []string{"event_type"}),
 		circuitOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "circuit_open", ConstLabels: cl,
 			Help: "1 while a subscription's circuit is open on this instance (its destination is unavailable: events wait without spending attempts), else 0."}, []string{"subscription"}),
+		subCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "subscription_deliveries_total", ConstLabels: cl,
+			Help: "Outcomes of each subscription's deliveries: done, retry (failed, another attempt scheduled), dead (failed for the last time), deferred (paused, circuit open, destination unavailable or owed elsewhere: no attempt spent)."},
+			[]string{"subscription", "outcome"}),
+		subDuration: histogram("subscription_call_duration_seconds",
+			"Time one handler call of a subscription took (a batch call once per event of the batch).", o.durationBuckets, "subscription"),
+		subLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "subscription_lag_events", ConstLabels: cl,
+			Help: "What each subscription has not delivered yet, by state: pending (new events of its types and deferred deliveries), retrying, dead; sampled every Config.StatsInterval."},
+			[]string{"subscription", "state"}),
+		subOldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "subscription_oldest_age_seconds", ConstLabels: cl,
+			Help: "Age of the oldest event a subscription has not delivered yet (pending or retrying), 0 if none; sampled every Config.StatsInterval."},
+			[]string{"subscription"}),
+		statements: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_statements_total", ConstLabels: cl,
+			Help: "The engine's own store calls, by statement: claim, claim_deliveries, mark_done, complete_deliveries, split, fail_delivery, extend_leases, release."},
+			[]string{"statement"}),
+		statementRows: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_statement_rows_total", ConstLabels: cl,
+			Help: "Rows the engine's store calls returned or changed, by statement; divided by store_statements_total: rows per statement."},
+			[]string{"statement"}),
+		statementTime: histogram("store_statement_duration_seconds",
+			"Time the engine's store calls took (with the engine's retries), by statement.", o.durationBuckets, "statement"),
 		unknownStatus: gauge("unknown_status_events", "Rows whose status the engine does not know (never delivered; written by hand or by a newer version); sampled every Config.StatsInterval."),
 
 		dispatchedBy: map[outbox.Path]map[outbox.Outcome]prometheus.Counter{},
@@ -212,7 +238,8 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
-		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus, m.circuitOpen}
+		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus, m.circuitOpen,
+		m.subCalls, m.subDuration, m.subLag, m.subOldest, m.statements, m.statementRows, m.statementTime}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
@@ -309,3 +336,28 @@ func (m *Metrics) Cleaned(n int64) { m.cleaned.Add(float64(n)) }
 
 // LeasesReclaimed implements outbox.Metrics.
 func (m *Metrics) LeasesReclaimed(n int) { m.leasesReclaimed.Add(float64(n)) }
+
+// Delivered implements outbox.Metrics.
+func (m *Metrics) Delivered(sub string, o outbox.Outcome, took time.Duration) {
+	m.subCalls.WithLabelValues(sub, string(o)).Inc()
+	if o != outbox.OutcomeDeferred {
+		m.subDuration.WithLabelValues(sub).Observe(took.Seconds())
+	}
+}
+
+// SubscriptionLag implements outbox.Metrics.
+func (m *Metrics) SubscriptionLag(lags []outbox.Lag) {
+	for _, l := range lags {
+		m.subLag.WithLabelValues(l.Subscription, "pending").Set(float64(l.Pending))
+		m.subLag.WithLabelValues(l.Subscription, "retrying").Set(float64(l.Retrying))
+		m.subLag.WithLabelValues(l.Subscription, "dead").Set(float64(l.Dead))
+		m.subOldest.WithLabelValues(l.Subscription).Set(l.Oldest.Seconds())
+	}
+}
+
+// Statement implements outbox.Metrics.
+func (m *Metrics) Statement(name string, rows int, took time.Duration) {
+	m.statements.WithLabelValues(name).Inc()
+	m.statementRows.WithLabelValues(name).Add(float64(rows))
+	m.statementTime.WithLabelValues(name).Observe(took.Seconds())
+}

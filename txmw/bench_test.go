@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/txmw"
 )
 
@@ -21,7 +22,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write(body)
 	})
-	streamAll := txmw.WithStreaming(func(*http.Request) bool { return true })
+	streamAll := middleware.WithStreaming(func(*http.Request) bool { return true })
 	cases := []struct {
 		name   string
 		h      http.Handler

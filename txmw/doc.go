@@ -3,7 +3,7 @@
 // unit of work:
 //
 //	r := chi.NewRouter()
-//	r.Use(middleware.Recoverer, txmw.Transactional(db, txmw.WithOutbox(ob)))
+//	r.Use(middleware.Recoverer, txmw.Transactional(db, middleware.WithOutbox(ob)))
 //	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 //		tx := txmw.Tx(r.Context()) // the request's *sqlx.Tx
 //		if _, err := tx.ExecContext(r.Context(), "INSERT INTO orders (id) VALUES (?)", id); err != nil {
@@ -22,9 +22,9 @@
 //
 // A 2xx the client sees means the data is committed: the response is
 // buffered until COMMIT succeeds. If COMMIT fails, the client gets a 500
-// (see [WithErrorHandler]) and none of the handler's output, and no
+// (see [middleware.WithErrorHandler]) and none of the handler's output, and no
 // after-commit hook runs. Any other status rolls back and goes out as
-// written ([WithCommitPolicy] changes which statuses commit). A panic rolls
+// written ([middleware.WithCommitPolicy] changes which statuses commit). A panic rolls
 // back, sends nothing and keeps panicking, for a recoverer further out.
 // After-commit hooks — the outbox's hand-off to its dispatcher among them
 // — run after a successful commit, in registration order, each under its
@@ -36,13 +36,13 @@
 // TRACE do not: they must not change state, and a transaction would cost a
 // connection and a round trip for nothing and would buffer downloads and
 // event streams. outbox.Publish in such a request fails with
-// outbox.ErrNoTx, and [Tx] panics. Use [WithMethods] to change the set.
+// outbox.ErrNoTx, and [Tx] panics. Use [middleware.WithMethods] to change the set.
 //
 // # Client disconnects
 //
 // The transaction does not end when the client goes away: the handler's
 // r.Context() keeps the request's values but is cancelled only by the
-// transaction's own deadline ([WithTimeout], 30 s by default). The unit of
+// transaction's own deadline ([middleware.WithTimeout], 30 s by default). The unit of
 // work finishes and commits or rolls back by status as usual; the client
 // simply never reads the answer. A handler that prefers to give up can
 // watch middleware.ClientContext(r.Context()). A deadline that passes
@@ -51,7 +51,7 @@
 //
 // # Pool exhaustion
 //
-// Begin waits at most [WithBeginTimeout] (5 s by default) for a
+// Begin waits at most [middleware.WithBeginTimeout] (5 s by default) for a
 // connection, then the request gets 503 with Retry-After and the handler
 // does not run.
 //
@@ -66,7 +66,7 @@
 //
 // Buffering makes Flush a no-op and Hijack an error (middleware.ErrHijack)
 // in transactional requests. Routes that must stream opt out with
-// [WithStreaming]: their bytes go out as written and the transaction is
+// [middleware.WithStreaming]: their bytes go out as written and the transaction is
 // still decided by the status, but a streamed 2xx precedes the commit, so
 // a failed commit can only abort the connection.
 //

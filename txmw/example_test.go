@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "modernc.org/sqlite"
 
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 	"github.com/txoutbox/txoutbox/txmw"
@@ -60,7 +61,7 @@ func Example() {
 		w.WriteHeader(http.StatusCreated) // commit, then hooks, then the 201
 		fmt.Fprintf(w, "order %s placed", id)
 	})
-	h := txmw.Transactional(db, txmw.WithOutbox(ob))(mux)
+	h := txmw.Transactional(db, middleware.WithOutbox(ob))(mux)
 
 	for _, id := range []string{"42", "42"} {
 		rec := httptest.NewRecorder()

@@ -5,9 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -15,8 +13,9 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// Option configures Transactional. It is middleware.Option, so the options
-// of package middleware work here too.
+// Option configures Transactional: pass the options of package middleware
+// (middleware.WithOutbox, WithMethods, WithTimeout, WithIsolation, …)
+// directly; this package has no copies of them.
 type Option = middleware.Option
 
 // Transactional returns a middleware that runs each POST, PUT, PATCH and
@@ -37,12 +36,12 @@ func Begin(db *sqlx.DB) middleware.BeginFunc {
 	if db == nil {
 		panic("txmw: Begin: db is nil")
 	}
-	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		tx, err := db.BeginTxx(ctx, opts)
 		if err != nil {
 			return nil, err
 		}
-		return &sqlTx{Tx: tx}, nil
+		return &sqlTx{Tx: tx, ctx: ctx}, nil
 	}
 }
 
@@ -51,9 +50,16 @@ func Begin(db *sqlx.DB) middleware.BeginFunc {
 type sqlTx struct {
 	*sqlx.Tx
 	outbox.Hooks
+	ctx context.Context // of the begin, for EndTx's logger
 }
 
-var _ middleware.Tx = (*sqlTx)(nil)
+var _ middleware.Unit = (*sqlTx)(nil)
+
+// Commit commits and runs the hooks (outbox.EndTx).
+func (t *sqlTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &t.Hooks) }
+
+// Rollback rolls back and runs the after-rollback hooks (outbox.EndTx).
+func (t *sqlTx) Rollback() error { return outbox.EndTx(t.ctx, t.Tx.Rollback, false, &t.Hooks) }
 
 // TxFrom returns the *sqlx.Tx of the request (or of Transact) that ctx
 // belongs to, and reports whether there is one.
@@ -83,31 +89,6 @@ func Tx(ctx context.Context) *sqlx.Tx {
 	panic("txmw: Tx: no transaction in context; wrap the route with txmw.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or use txmw.Transact")
 }
 
-// AfterCommit registers fn to run once the transaction of ctx has
-// committed, after the hooks registered before it. It returns
-// outbox.ErrNoTx if ctx carries no transaction. fn runs under its own
-// recover; it must be quick, because the response waits for it.
-func AfterCommit(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterCommit(fn)
-	return nil
-}
-
-// AfterRollback registers fn to run once the transaction of ctx has rolled
-// back (including a failed commit). It returns outbox.ErrNoTx if ctx
-// carries no transaction.
-func AfterRollback(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterRollback(fn)
-	return nil
-}
-
 // Transact runs fn in a transaction on db, for code outside HTTP handlers
 // (jobs, consumers, CLIs). The ctx passed to fn carries the transaction,
 // so outbox.Publish(ctx, env) and Tx(ctx) work in it. If fn returns nil,
@@ -134,12 +115,11 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 	if err != nil {
 		return fmt.Errorf("txmw: begin transaction: %w", err)
 	}
-	tx := &sqlTx{Tx: stx}
+	tx := &sqlTx{Tx: stx, ctx: ctx}
 	done := false
 	defer func() {
 		if !done {
-			_ = tx.Rollback()
-			logHooks(ctx, tx.RolledBack(), "after-rollback")
+			_ = tx.Rollback() // fn panicked
 		}
 	}()
 	err = fn(outbox.ContextWithTx(ctx, tx), stx)
@@ -148,59 +128,12 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 		if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			err = errors.Join(err, fmt.Errorf("txmw: roll back: %w", rerr))
 		}
-		logHooks(ctx, tx.RolledBack(), "after-rollback")
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		logHooks(ctx, tx.RolledBack(), "after-rollback")
 		return fmt.Errorf("txmw: commit transaction: %w", err)
 	}
-	logHooks(ctx, tx.Committed(), "after-commit")
 	return nil
 }
 
-func logHooks(ctx context.Context, err error, kind string) {
-	if err != nil {
-		slog.Default().LogAttrs(ctx, slog.LevelError, "txmw: "+kind+" hook failed", slog.Any("error", err))
-	}
-}
-
 // The options of package middleware, under this package's name.
-
-// WithOutbox puts ob into every request's context, so that
-// outbox.Publish(r.Context(), env) uses it; without it, Publish uses the
-// outbox set with outbox.SetDefault. See middleware.WithOutbox.
-func WithOutbox(ob *outbox.Outbox) Option { return middleware.WithOutbox(ob) }
-
-// WithIsolation sets the isolation level. See middleware.WithIsolation.
-func WithIsolation(level sql.IsolationLevel) Option { return middleware.WithIsolation(level) }
-
-// WithReadOnly makes the transactions read-only. See middleware.WithReadOnly.
-func WithReadOnly(readOnly bool) Option { return middleware.WithReadOnly(readOnly) }
-
-// WithMethods sets the methods that get a transaction; defaults to POST,
-// PUT, PATCH and DELETE. See middleware.WithMethods.
-func WithMethods(methods ...string) Option { return middleware.WithMethods(methods...) }
-
-// WithTimeout bounds each transaction. See middleware.WithTimeout.
-func WithTimeout(d time.Duration) Option { return middleware.WithTimeout(d) }
-
-// WithBeginTimeout bounds the wait for a connection; past it the request
-// gets a 503. See middleware.WithBeginTimeout.
-func WithBeginTimeout(d time.Duration) Option { return middleware.WithBeginTimeout(d) }
-
-// WithCommitPolicy sets which statuses commit. See middleware.WithCommitPolicy.
-func WithCommitPolicy(p middleware.CommitPolicy) Option { return middleware.WithCommitPolicy(p) }
-
-// WithStreaming makes matching requests stream instead of buffering. See
-// middleware.WithStreaming.
-func WithStreaming(match func(r *http.Request) bool) Option {
-	return middleware.WithStreaming(match)
-}
-
-// WithErrorHandler sets what answers a failed begin or commit. See
-// middleware.WithErrorHandler.
-func WithErrorHandler(h middleware.ErrorHandler) Option { return middleware.WithErrorHandler(h) }
-
-// WithLogger sets the logger. See middleware.WithLogger.
-func WithLogger(l *slog.Logger) Option { return middleware.WithLogger(l) }

@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/txmw"
 )
@@ -91,9 +92,9 @@ func TestTransact(t *testing.T) {
 			if txmw.Tx(ctx) != tx {
 				t.Error("Tx(ctx) is not the transaction passed to fn")
 			}
-			txmw.AfterCommit(ctx, c.add("commit1"))
-			txmw.AfterRollback(ctx, c.add("rollback1"))
-			txmw.AfterCommit(ctx, c.add("commit2"))
+			outbox.AfterCommit(ctx, c.add("commit1"))
+			outbox.AfterRollback(ctx, c.add("rollback1"))
+			outbox.AfterCommit(ctx, c.add("commit2"))
 			// A nested Transact joins.
 			return txmw.Transact(ctx, e.db, func(ctx context.Context, inner *sqlx.Tx) error {
 				if inner != tx {
@@ -112,8 +113,8 @@ func TestTransact(t *testing.T) {
 		c = calls{}
 		boom := errors.New("boom")
 		err = txmw.Transact(ctx, e.db, func(ctx context.Context, tx *sqlx.Tx) error {
-			txmw.AfterCommit(ctx, c.add("commit"))
-			txmw.AfterRollback(ctx, c.add("rollback"))
+			outbox.AfterCommit(ctx, c.add("commit"))
+			outbox.AfterRollback(ctx, c.add("rollback"))
 			if err := e.write(ctx, tx, "failed"); err != nil {
 				return err
 			}
@@ -127,7 +128,7 @@ func TestTransact(t *testing.T) {
 		func() {
 			defer func() { recover() }()
 			txmw.Transact(ctx, e.db, func(ctx context.Context, tx *sqlx.Tx) error {
-				txmw.AfterRollback(ctx, c.add("rollback"))
+				outbox.AfterRollback(ctx, c.add("rollback"))
 				e.write(ctx, tx, "panicked")
 				panic("boom")
 			})
@@ -143,10 +144,10 @@ func TestAccessorsOutsideATransaction(t *testing.T) {
 	if _, ok := txmw.TxFrom(ctx); ok {
 		t.Error("TxFrom found a transaction in an empty context")
 	}
-	if err := txmw.AfterCommit(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
+	if err := outbox.AfterCommit(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
 		t.Errorf("AfterCommit: %v", err)
 	}
-	if err := txmw.AfterRollback(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
+	if err := outbox.AfterRollback(ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
 		t.Errorf("AfterRollback: %v", err)
 	}
 	defer func() {
@@ -160,14 +161,14 @@ func TestAccessorsOutsideATransaction(t *testing.T) {
 func TestTransactional(t *testing.T) {
 	eachDB(t, func(t *testing.T, e *env) {
 		var c calls
-		h := txmw.Transactional(e.db, txmw.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := txmw.Transactional(e.db, middleware.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			id := r.URL.Query().Get("id")
 			if err := e.write(r.Context(), txmw.Tx(r.Context()), id); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			txmw.AfterCommit(r.Context(), c.add("commit:"+id))
-			txmw.AfterRollback(r.Context(), c.add("rollback:"+id))
+			outbox.AfterCommit(r.Context(), c.add("commit:"+id))
+			outbox.AfterRollback(r.Context(), c.add("rollback:"+id))
 			if id == "bad" {
 				w.WriteHeader(http.StatusUnprocessableEntity)
 				return
@@ -220,5 +221,29 @@ func TestDefaultOutbox(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", nil))
 	if rec.Code != http.StatusAccepted || e.count(t, e.table, "dflt") != 1 {
 		t.Errorf("response %d %q; the event was not stored through the default outbox", rec.Code, rec.Body)
+	}
+}
+
+// Publish in a GET handler wrapped by Transactional says why there is no
+// transaction (GET gets none by default) and names WithMethods; the error
+// still matches outbox.ErrNoTx.
+func TestPublishInAGETHandlerSaysWhy(t *testing.T) {
+	e := setup(t, "sqlite")
+	var got error
+	h := txmw.Transactional(e.db, middleware.WithOutbox(e.ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, got = outbox.Publish(r.Context(), outbox.Envelope{Type: "item.viewed", JSON: []byte(`{}`)})
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	if !errors.Is(got, outbox.ErrNoTx) {
+		t.Fatalf("Publish in a GET handler = %v; want an error matching ErrNoTx", got)
+	}
+	for _, want := range []string{"GET request", "WithMethods", "DELETE, PATCH, POST, PUT"} {
+		if !strings.Contains(got.Error(), want) {
+			t.Errorf("error %q does not mention %q", got, want)
+		}
+	}
+	// Outside any middleware: the generic advice.
+	if _, err := outbox.Publish(outbox.NewContext(context.Background(), e.ob), outbox.Envelope{Type: "x", JSON: []byte(`{}`)}); err != outbox.ErrNoTx {
+		t.Fatalf("Publish without middleware = %v; want ErrNoTx itself", err)
 	}
 }

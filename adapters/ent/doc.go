@@ -19,7 +19,7 @@
 // (with entc: gen.Config{Features: []gen.Feature{gen.FeatureExecQuery}}).
 // Without it, the compiler rejects every call with a message like
 //
-//	T (type *ent.Tx) does not satisfy entoutbox.ExecQueryTx[T, CH, C, RH, R] (missing method ExecContext)
+//	T (type *ent.Tx) does not satisfy entoutbox.GeneratedWithExecQuery[T, CH, C, RH, R] (missing method ExecContext)
 //
 // and regenerating with the feature is the fix.
 //
@@ -43,7 +43,7 @@
 // events and runs the after-rollback hooks. Without a bound transaction,
 // outbox.Publish returns outbox.ErrNoTx and writes nothing. [Tx] and
 // [TxFrom] return the bound *ent.Tx (tx.Client() gives a client bound to
-// it); [AfterCommit] and [AfterRollback] register hooks of one's own.
+// it); [outbox.AfterCommit] and [outbox.AfterRollback] register hooks of one's own.
 //
 // # Savepoints
 //
@@ -62,7 +62,7 @@
 // 2xx commits before it goes out and then the after-commit hooks run; any
 // other status or a panic rolls back.
 //
-//	r.Use(entoutbox.Transactional(client, entoutbox.WithOutbox(ob)))
+//	r.Use(entoutbox.Transactional(client, middleware.WithOutbox(ob)))
 //	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 //		tx := entoutbox.Tx[*ent.Tx](r.Context())
 //		tx.Order.Create().SetCustomer("ada").SaveX(r.Context())
@@ -78,5 +78,5 @@
 //   - ent code generated without sql/execquery (it does not compile).
 //   - Savepoint statements sent with tx.ExecContext directly.
 //   - Hooks registered with tx.OnCommit do not know about savepoints; use
-//     AfterCommit for work that must follow them.
+//     outbox.AfterCommit for work that must follow them.
 package entoutbox

@@ -32,7 +32,7 @@ func TestCommitDeliversOnce(t *testing.T) {
 		f.createOrder(ctx, tx, "ada")
 		f.publish(ctx, "placed")
 		committed := false
-		entoutbox.AfterCommit(ctx, func() { committed = true })
+		outbox.AfterCommit(ctx, func() { committed = true })
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func TestRollbackLeavesNothing(t *testing.T) {
 		f.createOrder(ctx, tx, "ada")
 		f.publish(ctx, "placed")
 		rolledBack := 0
-		entoutbox.AfterRollback(ctx, func() { rolledBack++ })
+		outbox.AfterRollback(ctx, func() { rolledBack++ })
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestPanicRollsBack(t *testing.T) {
 			withTx(f.ctx, f.client, func(ctx context.Context, tx *testent.Tx) error {
 				f.createOrder(ctx, tx, "ada")
 				f.publish(ctx, "placed")
-				entoutbox.AfterRollback(ctx, func() { rolledBack = true })
+				outbox.AfterRollback(ctx, func() { rolledBack = true })
 				panic("boom")
 			})
 		}()
@@ -143,7 +143,7 @@ func TestRolledBackSavepointIsNeverDelivered(t *testing.T) {
 			err := entoutbox.Savepoint(ctx, func(ctx context.Context) error {
 				f.createOrder(ctx, tx, "rolled-back")
 				f.publish(ctx, "B")
-				entoutbox.AfterRollback(ctx, func() { spRolledBack++ })
+				outbox.AfterRollback(ctx, func() { spRolledBack++ })
 				// Released inside a savepoint that then rolls back.
 				if err := entoutbox.Savepoint(ctx, func(ctx context.Context) error {
 					f.publish(ctx, "B2")
@@ -206,7 +206,7 @@ func TestOutsideTransaction(t *testing.T) {
 		if err := entoutbox.Savepoint(f.ctx, func(context.Context) error { return nil }); !errors.Is(err, outbox.ErrNoTx) {
 			t.Fatalf("Savepoint: %v, want outbox.ErrNoTx", err)
 		}
-		if err := entoutbox.AfterCommit(f.ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
+		if err := outbox.AfterCommit(f.ctx, func() {}); !errors.Is(err, outbox.ErrNoTx) {
 			t.Fatalf("AfterCommit: %v, want outbox.ErrNoTx", err)
 		}
 		if _, ok := entoutbox.TxFrom[*testent.Tx](f.ctx); ok {

@@ -4,26 +4,27 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 
 	"github.com/txoutbox/txoutbox/adapters/internal/txhooks"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// ExecQueryTx is what entoutbox needs of a transaction: the *ent.Tx that
-// ent generates for your schema, built with the sql/execquery feature.
+// GeneratedWithExecQuery is what entoutbox needs of a transaction: the
+// *ent.Tx that ent generates for your schema, built with the sql/execquery
+// feature. Its name is what the compiler shows when the feature is
+// missing; see "Troubleshooting" in the package's README.
 // Type inference fills in all of its type parameters from the *ent.Tx;
 // you never write them.
 //
 // If the compiler reports that your *ent.Tx "does not satisfy
-// ExecQueryTx (missing method ExecContext)", the ent code was generated
+// GeneratedWithExecQuery (missing method ExecContext)", the ent code was generated
 // without the sql/execquery feature. Regenerate it with the feature on:
 //
 //	go run -mod=mod entgo.io/ent/cmd/ent generate --feature sql/execquery ./ent/schema
 //
 // or, with entc, gen.FeatureExecQuery in gen.Config.Features.
-type ExecQueryTx[T any, CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]] interface {
+type GeneratedWithExecQuery[T any, CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]] interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	OnCommit(CH)
 	OnRollback(RH)
@@ -50,7 +51,8 @@ type binding[T any] struct {
 	commit   func() error
 	rollback func() error
 	hooks    txhooks.Hooks
-	seq      atomic.Int64 // savepoint names
+	seq      atomic.Int64    // savepoint names
+	ctx      context.Context // of the begin, for EndTx's logger; may be nil
 }
 
 var _ outbox.TxContext = (*binding[*struct{}])(nil)
@@ -68,12 +70,11 @@ func (b *binding[T]) ExecContext(ctx context.Context, query string, args ...any)
 func (b *binding[T]) AfterCommit(fn func())   { b.hooks.AfterCommit(fn) }
 func (b *binding[T]) AfterRollback(fn func()) { b.hooks.AfterRollback(fn) }
 
-// Commit, Rollback, Committed and RolledBack make a binding the
-// middleware's Tx. Commit and Rollback leave the hooks to the middleware.
-func (b *binding[T]) Commit() error     { return b.commit() }
-func (b *binding[T]) Rollback() error   { return b.rollback() }
-func (b *binding[T]) Committed() error  { return b.hooks.Committed() }
-func (b *binding[T]) RolledBack() error { return b.hooks.RolledBack() }
+// Commit and Rollback make a binding the middleware's Tx: they end the
+// transaction and run its hooks (outbox.EndTx; the hooks run once, also
+// when ent's own commit hook ran them already).
+func (b *binding[T]) Commit() error   { return outbox.EndTx(b.ctx, b.commit, true, &b.hooks) }
+func (b *binding[T]) Rollback() error { return outbox.EndTx(b.ctx, b.rollback, false, &b.hooks) }
 
 func (b *binding[T]) nextSavepoint() string {
 	return fmt.Sprintf("entoutbox_sp%d", b.seq.Add(1))
@@ -87,7 +88,7 @@ type bound interface {
 	same(tx any) bool
 }
 
-func newBinding[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
+func newBinding[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
 	return &binding[T]{tx: tx, exec: tx.ExecContext, commit: tx.Commit, rollback: tx.Rollback}
 }
 
@@ -100,11 +101,11 @@ func newBinding[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], R
 //
 // It panics if T's commit or rollback hook types are not ent's generated
 // ones.
-func Wrap[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) outbox.TxContext {
+func Wrap[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) outbox.TxContext {
 	return wrap(tx)
 }
 
-func wrap[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
+func wrap[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) *binding[T] {
 	b := newBinding(tx)
 	if _, ok := any(committer[T]{}).(C); !ok {
 		panic(fmt.Sprintf("entoutbox: the commit hook type of %T is not ent's generated one", tx))
@@ -123,13 +124,7 @@ type committer[T any] struct {
 }
 
 func (c committer[T]) Commit(ctx context.Context, tx T) error {
-	err := c.next.Commit(ctx, tx)
-	if err != nil {
-		logHooks(ctx, c.hooks.RolledBack(), "after-rollback")
-	} else {
-		logHooks(ctx, c.hooks.Committed(), "after-commit")
-	}
-	return err
+	return outbox.EndTx(ctx, func() error { return c.next.Commit(ctx, tx) }, true, c.hooks)
 }
 
 type rollbacker[T any] struct {
@@ -138,15 +133,7 @@ type rollbacker[T any] struct {
 }
 
 func (r rollbacker[T]) Rollback(ctx context.Context, tx T) error {
-	err := r.next.Rollback(ctx, tx)
-	logHooks(ctx, r.hooks.RolledBack(), "after-rollback")
-	return err
-}
-
-func logHooks(ctx context.Context, err error, kind string) {
-	if err != nil {
-		slog.Default().LogAttrs(ctx, slog.LevelError, "entoutbox: "+kind+" hook panicked", slog.Any("error", err))
-	}
+	return outbox.EndTx(ctx, func() error { return r.next.Rollback(ctx, tx) }, false, r.hooks)
 }
 
 // Bind returns a copy of ctx that carries tx, so that outbox.Publish(ctx,
@@ -162,7 +149,7 @@ func logHooks(ctx context.Context, err error, kind string) {
 //
 // If ctx already carries tx, Bind returns ctx unchanged. It panics like
 // Wrap.
-func Bind[T ExecQueryTx[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
+func Bind[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
 	if t, ok := outbox.TxFromContext(ctx); ok {
 		if b, ok := t.(bound); ok && b.same(tx) {
 			return ctx
@@ -203,31 +190,4 @@ func Tx[T any](ctx context.Context) T {
 		panic(fmt.Sprintf("entoutbox: Tx: the context carries a %T, not an ent transaction of type %T; use the accessor of the middleware that began it", t, want))
 	}
 	panic("entoutbox: Tx: no transaction in context; wrap the route with entoutbox.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or call entoutbox.Bind")
-}
-
-// AfterCommit registers fn to run once the transaction that ctx carries
-// has committed, after the hooks registered before it; inside a Savepoint
-// that rolls back, fn is dropped. It returns outbox.ErrNoTx if ctx
-// carries no transaction. fn runs under its own recover and should be
-// quick.
-func AfterCommit(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterCommit(fn)
-	return nil
-}
-
-// AfterRollback registers fn to run once the transaction that ctx carries
-// has rolled back (or failed to commit), or once it ends if the Savepoint
-// fn was registered in rolls back. It returns outbox.ErrNoTx if ctx
-// carries no transaction.
-func AfterRollback(ctx context.Context, fn func()) error {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return outbox.ErrNoTx
-	}
-	t.AfterRollback(fn)
-	return nil
 }

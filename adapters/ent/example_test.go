@@ -17,6 +17,7 @@ import (
 	entoutbox "github.com/txoutbox/txoutbox/adapters/ent"
 	// Stands for your generated package, built with --feature sql/execquery.
 	ent "github.com/txoutbox/txoutbox/adapters/ent/internal/testent"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
@@ -82,7 +83,7 @@ func ExampleTransactional() {
 	defer client.Close()
 	defer ob.Close(ctx)
 
-	mw := entoutbox.Transactional(client, entoutbox.WithOutbox(ob))
+	mw := entoutbox.Transactional(client, middleware.WithOutbox(ob))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx := entoutbox.Tx[*ent.Tx](r.Context())
 		order, err := tx.Order.Create().SetCustomer("ada").SetTotal(42).Save(r.Context())

@@ -2,7 +2,6 @@ module github.com/txoutbox/txoutbox/adapters/ent
 
 go 1.26.0
 
-replace github.com/txoutbox/txoutbox => ../..
 
 require (
 	entgo.io/ent v0.14.5
@@ -10,7 +9,7 @@ require (
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jmoiron/sqlx v1.4.0
-	github.com/txoutbox/txoutbox v0.0.0-00010101000000-000000000000
+	github.com/txoutbox/txoutbox v0.1.0
 	modernc.org/sqlite v1.61.1
 )
 

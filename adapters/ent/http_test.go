@@ -16,6 +16,7 @@ import (
 
 	entoutbox "github.com/txoutbox/txoutbox/adapters/ent"
 	"github.com/txoutbox/txoutbox/adapters/ent/internal/testent"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -28,7 +29,7 @@ func TestHTTP(t *testing.T) {
 
 		r := chi.NewRouter()
 		r.Use(chimw.Recoverer)
-		r.Use(entoutbox.Transactional(f.client, entoutbox.WithOutbox(f.ob)))
+		r.Use(entoutbox.Transactional(f.client, middleware.WithOutbox(f.ob)))
 		r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 			status, _ := strconv.Atoi(r.URL.Query().Get("status"))
 			w.WriteHeader(status)
@@ -41,7 +42,7 @@ func TestHTTP(t *testing.T) {
 			if _, err := outbox.Publish(ctx, outbox.Envelope{Type: "placed", JSON: []byte(`{}`)}); err != nil {
 				t.Errorf("Publish: %v", err)
 			}
-			entoutbox.AfterCommit(ctx, func() { hooksRan.Add(1) })
+			outbox.AfterCommit(ctx, func() { hooksRan.Add(1) })
 			if r.URL.Query().Get("panic") != "" {
 				panic("boom")
 			}

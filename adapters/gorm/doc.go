@@ -61,7 +61,7 @@
 // other status or a panic rolls back. Handlers take the request's
 // transaction with [DB] and publish with the request's context:
 //
-//	r.Use(gormoutbox.Transactional(db, gormoutbox.WithOutbox(ob)))
+//	r.Use(gormoutbox.Transactional(db, middleware.WithOutbox(ob)))
 //	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 //		gormoutbox.DB(r.Context()).Create(&order)
 //		outbox.Publish(r.Context(), outbox.Envelope{Type: "order.placed", JSON: body})

@@ -16,6 +16,7 @@ import (
 	_ "modernc.org/sqlite" // driver "sqlite"
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
@@ -86,7 +87,7 @@ func ExampleTransactional() {
 	ob.Start(ctx)
 	defer ob.Close(ctx)
 
-	mw := gormoutbox.Transactional(db, gormoutbox.WithOutbox(ob))
+	mw := gormoutbox.Transactional(db, middleware.WithOutbox(ob))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		order := Order{Customer: "ada", Total: 42}
 		if err := gormoutbox.DB(r.Context()).Create(&order).Error; err != nil {

@@ -2,13 +2,12 @@ module github.com/txoutbox/txoutbox/adapters/gorm
 
 go 1.26.0
 
-replace github.com/txoutbox/txoutbox => ../..
 
 require (
 	github.com/gavv/httpexpect/v2 v2.17.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/jmoiron/sqlx v1.4.0
-	github.com/txoutbox/txoutbox v0.0.0-00010101000000-000000000000
+	github.com/txoutbox/txoutbox v0.1.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/sqlite v1.6.0
 	gorm.io/gorm v1.31.2

@@ -277,7 +277,7 @@ func TestContextCarriesTheTransaction(t *testing.T) {
 					outbox.Publish(ctx, outbox.Envelope{Type: "B", JSON: []byte(`{}`)})
 					return errAbort
 				})
-				txc, err := gormoutbox.TxContext(tx)
+				txc, err := gormoutbox.Wrap(tx)
 				if err != nil {
 					return err
 				}

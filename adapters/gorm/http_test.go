@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -29,7 +30,7 @@ func TestHTTP(t *testing.T) {
 
 			r := chi.NewRouter()
 			r.Use(chimw.Recoverer)
-			r.Use(gormoutbox.Transactional(f.db, gormoutbox.WithOutbox(f.ob)))
+			r.Use(gormoutbox.Transactional(f.db, middleware.WithOutbox(f.ob)))
 			place := func(w http.ResponseWriter, r *http.Request) {
 				status, _ := strconv.Atoi(r.URL.Query().Get("status"))
 				w.WriteHeader(status)

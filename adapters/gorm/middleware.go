@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"time"
 
 	"gorm.io/gorm"
 
@@ -14,8 +12,9 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// Option configures Transactional. It is middleware.Option, so the options
-// of package middleware work here too.
+// Option configures Transactional: pass the options of package middleware
+// (middleware.WithOutbox, WithMethods, WithTimeout, WithIsolation, …)
+// directly; this package has no copies of them.
 type Option = middleware.Option
 
 // Transactional returns a middleware that runs each POST, PUT, PATCH and
@@ -47,7 +46,7 @@ func Begin(db *gorm.DB) middleware.BeginFunc {
 	if !installed(db) {
 		panic("gormoutbox: the plugin is not installed on db; call db.Use(&gormoutbox.Plugin{}) right after gorm.Open")
 	}
-	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		tx := db.WithContext(ctx).Begin(opts)
 		if tx.Error != nil {
 			return nil, tx.Error
@@ -57,7 +56,6 @@ func Begin(db *gorm.DB) middleware.BeginFunc {
 			tx.Rollback()
 			return nil, err
 		}
-		c.manual = true
 		return &boundTx{conn: c, db: tx}, nil
 	}
 }
@@ -69,7 +67,7 @@ type boundTx struct {
 	db   *gorm.DB
 }
 
-var _ middleware.Tx = (*boundTx)(nil)
+var _ middleware.Unit = (*boundTx)(nil)
 
 func (t *boundTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	return t.conn.ExecContext(ctx, query, args...)
@@ -78,8 +76,6 @@ func (t *boundTx) AfterCommit(fn func())   { t.conn.AfterCommit(fn) }
 func (t *boundTx) AfterRollback(fn func()) { t.conn.AfterRollback(fn) }
 func (t *boundTx) Commit() error           { return t.conn.Commit() }
 func (t *boundTx) Rollback() error         { return t.conn.Rollback() }
-func (t *boundTx) Committed() error        { return t.conn.hooks.Committed() }
-func (t *boundTx) RolledBack() error       { return t.conn.hooks.RolledBack() }
 
 // DBFrom returns the *gorm.DB of the transaction that ctx carries (from
 // Transactional or Context), bound to ctx, and reports whether there is
@@ -116,42 +112,3 @@ func DB(ctx context.Context) *gorm.DB {
 }
 
 // The options of package middleware, under this package's name.
-
-// WithOutbox puts ob into every request's context, so that
-// outbox.Publish(r.Context(), env) and Publish(tx, env) use it; without
-// it, they use the outbox set with outbox.SetDefault. See
-// middleware.WithOutbox.
-func WithOutbox(ob *outbox.Outbox) Option { return middleware.WithOutbox(ob) }
-
-// WithIsolation sets the isolation level. See middleware.WithIsolation.
-func WithIsolation(level sql.IsolationLevel) Option { return middleware.WithIsolation(level) }
-
-// WithReadOnly makes the transactions read-only. See middleware.WithReadOnly.
-func WithReadOnly(readOnly bool) Option { return middleware.WithReadOnly(readOnly) }
-
-// WithMethods sets the methods that get a transaction; defaults to POST,
-// PUT, PATCH and DELETE. See middleware.WithMethods.
-func WithMethods(methods ...string) Option { return middleware.WithMethods(methods...) }
-
-// WithTimeout bounds each transaction. See middleware.WithTimeout.
-func WithTimeout(d time.Duration) Option { return middleware.WithTimeout(d) }
-
-// WithBeginTimeout bounds the wait for a connection; past it the request
-// gets a 503. See middleware.WithBeginTimeout.
-func WithBeginTimeout(d time.Duration) Option { return middleware.WithBeginTimeout(d) }
-
-// WithCommitPolicy sets which statuses commit. See middleware.WithCommitPolicy.
-func WithCommitPolicy(p middleware.CommitPolicy) Option { return middleware.WithCommitPolicy(p) }
-
-// WithStreaming makes matching requests stream instead of buffering. See
-// middleware.WithStreaming.
-func WithStreaming(match func(r *http.Request) bool) Option {
-	return middleware.WithStreaming(match)
-}
-
-// WithErrorHandler sets what answers a failed begin or commit. See
-// middleware.WithErrorHandler.
-func WithErrorHandler(h middleware.ErrorHandler) Option { return middleware.WithErrorHandler(h) }
-
-// WithLogger sets the logger. See middleware.WithLogger.
-func WithLogger(l *slog.Logger) Option { return middleware.WithLogger(l) }

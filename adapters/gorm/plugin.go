@@ -132,7 +132,7 @@ func (p *pool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool,
 	default:
 		return nil, gorm.ErrInvalidTransaction
 	}
-	return &connTx{Tx: tx, pool: p}, nil
+	return &connTx{Tx: tx, pool: p, ctx: ctx}, nil
 }
 
 // GetDBConn returns the *sql.DB under the pool, for gorm.DB.DB.
@@ -162,9 +162,7 @@ type connTx struct {
 	gorm.Tx
 	pool  *pool
 	hooks txhooks.Hooks
-	// manual: Commit and Rollback leave the hooks to the caller (the
-	// HTTP middleware, which logs panics its own way).
-	manual bool
+	ctx   context.Context // of the begin, for EndTx's logger
 }
 
 var (
@@ -186,42 +184,15 @@ func (t *connTx) ExecContext(ctx context.Context, query string, args ...any) (sq
 func (t *connTx) AfterCommit(fn func())   { t.hooks.AfterCommit(fn) }
 func (t *connTx) AfterRollback(fn func()) { t.hooks.AfterRollback(fn) }
 
-// Commit commits and then runs the after-commit hooks; if the commit
-// fails, the after-rollback hooks run instead.
-func (t *connTx) Commit() error {
-	err := t.Tx.Commit()
-	if !t.manual {
-		if err != nil {
-			t.logHooks(t.hooks.RolledBack(), "after-rollback")
-		} else {
-			t.logHooks(t.hooks.Committed(), "after-commit")
-		}
-	}
-	return err
-}
+// Commit commits and then runs the hooks (outbox.EndTx): the after-commit
+// hooks, or the after-rollback ones if the commit fails.
+func (t *connTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &t.hooks) }
 
 // Rollback rolls back and runs the after-rollback hooks. After Commit it
 // does nothing but return the driver's error (sql.ErrTxDone).
-func (t *connTx) Rollback() error {
-	err := t.Tx.Rollback()
-	if !t.manual {
-		t.logHooks(t.hooks.RolledBack(), "after-rollback")
-	}
-	return err
-}
+func (t *connTx) Rollback() error { return outbox.EndTx(t.ctx, t.Tx.Rollback, false, &t.hooks) }
 
 func (t *connTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
-
-func (t *connTx) logHooks(err error, kind string) {
-	if err == nil {
-		return
-	}
-	l := t.pool.log
-	if l == nil {
-		l = slog.Default()
-	}
-	l.LogAttrs(context.Background(), slog.LevelError, "gormoutbox: "+kind+" hook panicked", slog.Any("error", err))
-}
 
 // Errors.
 var (

@@ -33,10 +33,10 @@ func Publish(tx *gorm.DB, env outbox.Envelope) (string, error) {
 	return ob.PublishTx(ctx, c, env)
 }
 
-// TxContext returns the transaction tx runs in as an outbox.TxContext, for
+// Wrap returns the transaction tx runs in as an outbox.TxContext, for
 // ob.PublishTx(ctx, txc, env) with an explicit outbox. It fails like
 // Publish.
-func TxContext(tx *gorm.DB) (outbox.TxContext, error) {
+func Wrap(tx *gorm.DB) (outbox.TxContext, error) {
 	c, err := conn(tx)
 	if err != nil {
 		return nil, err

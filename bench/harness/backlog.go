@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
 // DrainResult is one drain of a prefilled backlog.
@@ -92,7 +93,7 @@ func RawUpdateRate(ctx context.Context, db *sqlx.DB, n int64, batch int) (float6
 	if err != nil {
 		return 0, err
 	}
-	defer dropTables(ctx, db, st.Table(), st.SchemaTable())
+	defer dropTables(ctx, db, storeTables(st)...)
 	if err := prefillOutbox(ctx, db, st.Table(), 0, n); err != nil {
 		return 0, err
 	}
@@ -137,6 +138,11 @@ type DrainOptions struct {
 	// Kick drives the poller from outside with ob.Poll whenever the cold
 	// queue has room: a workaround for a poll loop that stops polling.
 	Kick bool
+	// Destination, if positive, makes the subscription a fake destination
+	// that takes this long per call: per event, or, with Batch, per batch
+	// of up to 500 (4 calls at once).
+	Destination time.Duration
+	Batch       bool
 	// Tuned drains with the settings of Watermill's tuned forwarder:
 	// batches of 1000 and a 10 ms poll interval (and a cold queue that
 	// holds two batches).
@@ -165,7 +171,7 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 	if err != nil {
 		return res, err
 	}
-	defer func() { err = errors.Join(err, dropTables(ctx, db, st.Table(), st.SchemaTable())) }()
+	defer func() { err = errors.Join(err, dropTables(ctx, db, storeTables(st)...)) }()
 	t0 := time.Now()
 	if err := prefillOutbox(ctx, db, st.Table(), 0, o.N); err != nil {
 		return res, err
@@ -190,10 +196,29 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 	if err != nil {
 		return res, err
 	}
-	ob.Handle("bench", func(_ context.Context, ev outbox.Event) error {
-		rec.Delivered(seqOf(ev.AggregateID))
-		return nil
-	}, OrderPlaced)
+	sub := outbox.Subscription{Name: "bench", Types: []outbox.EventType{OrderPlaced},
+		Handler: func(_ context.Context, ev outbox.Event) error {
+			time.Sleep(o.Destination)
+			rec.Delivered(seqOf(ev.AggregateID))
+			return nil
+		}}
+	if o.Destination > 0 {
+		res.System = PerEventSubName
+		if o.Batch {
+			res.System = BatchSubName
+			sub.Handler, sub.BatchSize, sub.Concurrency = nil, 500, 4
+			sub.Batch = func(_ context.Context, evs []outbox.Event) error {
+				time.Sleep(o.Destination)
+				for _, ev := range evs {
+					rec.Delivered(seqOf(ev.AggregateID))
+				}
+				return nil
+			}
+		}
+	}
+	if err := ob.Subscribe(sub); err != nil {
+		return res, err
+	}
 
 	stopSampling := startSampling(o.SampleMemory, rec, &res.Mem)
 	start := rec.Since()
@@ -376,4 +401,9 @@ func logf(l func(string, ...any), format string, args ...any) {
 	if l != nil {
 		l(format, args...)
 	}
+}
+
+// storeTables lists the tables a migrated store has.
+func storeTables(st *sqlstore.Store) []string {
+	return []string{st.Table(), st.SchemaTable(), st.SubscriptionsTable(), st.DeliveriesTable(), st.AttemptsTable()}
 }

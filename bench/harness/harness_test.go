@@ -103,3 +103,32 @@ func TestDrainAndReport(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadSmoke runs the load test briefly (two instances behind real
+// loopback listeners, a few clients, closed loop and paced) and renders
+// its report section, so CI proves it still measures.
+func TestLoadSmoke(t *testing.T) {
+	db := testdb.MySQL(t)
+	ctx := context.Background()
+	var runs []LoadResult
+	for _, o := range []LoadOptions{{Baseline: true}, {}, {Rate: 100}} {
+		o.Clients, o.Duration, o.Instances = 4, time.Second, 2
+		res, err := RunLoad(ctx, db, testdb.MySQLDSN(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", res)
+		if res.Requests == 0 || res.Errors > 0 || res.Committed != res.Requests {
+			t.Fatalf("%s: %d requests, %d errors, %d committed", res.System, res.Requests, res.Errors, res.Committed)
+		}
+		if !o.Baseline && (res.Lost != 0 || res.Delivered != res.Committed) {
+			t.Fatalf("%s: delivered %d of %d, lost %d", res.System, res.Delivered, res.Committed, res.Lost)
+		}
+		runs = append(runs, res)
+	}
+	var sb strings.Builder
+	WriteLoad(&sb, runs)
+	if !strings.Contains(sb.String(), "paced 100 req/s") || len(LoadTargets(runs)) != 8 {
+		t.Fatalf("report:\n%s", sb.String())
+	}
+}

@@ -183,7 +183,7 @@ func (s *Txoutbox) Teardown(ctx context.Context) error {
 		cancel()
 	}
 	if s.store != nil {
-		if derr := dropTables(ctx, s.env.DB, s.store.Table(), s.store.SchemaTable()); err == nil {
+		if derr := dropTables(ctx, s.env.DB, storeTables(s.store)...); err == nil {
 			err = derr
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/txmw"
 )
@@ -32,7 +33,7 @@ type seqKey struct{}
 // package-level outbox.Publish, and a 201 commits.
 func txmwRunner(env *Env, ob *outbox.Outbox) txRunner {
 	q := fmt.Sprintf(insertOrder, env.Orders)
-	h := txmw.Transactional(env.DB, txmw.WithOutbox(ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := txmw.Transactional(env.DB, middleware.WithOutbox(ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		seq := ctx.Value(seqKey{}).(int64)
 		if _, err := txmw.Tx(ctx).ExecContext(ctx, q, orderArgs(seq)...); err != nil {
@@ -41,7 +42,7 @@ func txmwRunner(env *Env, ob *outbox.Outbox) txRunner {
 		}
 		// Registered first, so it runs first after COMMIT: the commit time
 		// is taken before the event can reach the dispatcher.
-		if err := txmw.AfterCommit(ctx, func() { env.Rec.Committed(seq) }); err != nil {
+		if err := outbox.AfterCommit(ctx, func() { env.Rec.Committed(seq) }); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}

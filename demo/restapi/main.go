@@ -128,13 +128,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	a, err := newApp(ctx, appOptions{config: cfg, logger: log})
-	if err != nil {
-		return err
-	}
+	// Listen first: a taken address fails before anything has started.
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return errors.Join(fmt.Errorf("restapi: listen: %w", err), a.close(context.Background()))
+		return fmt.Errorf("restapi: cannot listen on %s (%w); is another process using it? Choose another address with -addr or ADDR, e.g. ADDR=:8081 make run", cfg.Addr, err)
+	}
+	a, err := newApp(ctx, appOptions{config: cfg, logger: log})
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	a.start(ctx)
 	srv := &http.Server{

@@ -16,6 +16,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/txmw"
 )
@@ -305,7 +306,7 @@ func (a *app) routes(r chi.Router) {
 	// One transaction per POST; GETs read without one. The middleware
 	// commits on a 2xx and only then hands the published events to the
 	// outbox; any other status rolls the order and its events back.
-	r.Use(txmw.Transactional(a.db, txmw.WithOutbox(a.ob)))
+	r.Use(txmw.Transactional(a.db, middleware.WithOutbox(a.ob)))
 	r.Post("/", a.createOrder)
 	r.Get("/", a.listOrders)
 	r.Get("/{id}", a.getOrder)

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -281,3 +284,104 @@ func TestParseDSN(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+// An address in use fails at once with an error that names -addr and
+// ADDR, before the database is opened or the outbox started (nothing is
+// logged, nothing is created).
+func TestAddressInUseNamesTheFix(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	err = run(context.Background(), []string{"-addr", ln.Addr().String()}, func(k string) string { return map[string]string{"DATA_DIR": dir}[k] }, io.Discard, log)
+	if err == nil {
+		t.Fatal("run on a taken address succeeded")
+	}
+	for _, want := range []string{ln.Addr().String(), "-addr", "ADDR"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Errorf("logged before failing:\n%s", logs.String())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("created %d files in the data directory before failing", len(entries))
+	}
+}
+
+// What requests publish, seen through outboxtest's recorder: a created
+// order publishes one OrderPlaced about it; a rejected request and a
+// second cancel (rolled back) publish nothing.
+func TestRequestsPublishWhatTheyShould(t *testing.T) {
+	h := startTestApp(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if status, body := h.do(t, http.MethodPost, "/orders", validOrder); status != http.StatusCreated {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	evs, err := h.rec.WaitFor(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := evs[0]; ev.Type != OrderPlaced || ev.AggregateType != "order" || ev.AggregateID != "1" {
+		t.Fatalf("published %s about %s %s; want OrderPlaced about order 1", ev.Type, ev.AggregateType, ev.AggregateID)
+	}
+	if status, _ := h.do(t, http.MethodPost, "/orders", `{"customer":""}`); status != http.StatusBadRequest {
+		t.Fatalf("bad order: %d, want 400", status)
+	}
+	if status, _ := h.do(t, http.MethodPost, "/orders/1/cancel", ""); status != http.StatusOK {
+		t.Fatalf("cancel: %d", status)
+	}
+	if status, _ := h.do(t, http.MethodPost, "/orders/1/cancel", ""); status != http.StatusConflict {
+		t.Fatalf("second cancel: %d, want 409", status)
+	}
+	if _, err := h.rec.WaitFor(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	h.waitDelivered(t)
+	if types := h.rec.Types(); len(types) != 2 || types[0] != OrderPlaced || types[1] != OrderCancelled {
+		t.Fatalf("published %v; want [OrderPlaced OrderCancelled] (nothing for the 400 and the 409)", types)
+	}
+}
+
+// make run builds the demo and execs it, so that Ctrl-C (SIGINT) ends it
+// with its own exit status: 0 after a clean drain (go run would report
+// the signal as exit 1).
+func TestMakeRunExitsZeroOnInterrupt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the demo")
+	}
+	recipe := makeRecipe(t, "run")
+	if strings.Contains(recipe, "go run") || !strings.Contains(recipe, "exec ./bin/restapi") {
+		t.Fatalf("make run's recipe:\n%s\nwant a build, then exec of the binary", recipe)
+	}
+	bin := filepath.Join(t.TempDir(), "restapi")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATA_DIR="+t.TempDir())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !bufio.NewScanner(stdout).Scan() { // the banner: serving
+		cmd.Process.Kill()
+		t.Fatalf("no banner; %v", cmd.Wait())
+	}
+	go io.Copy(io.Discard, stdout)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGINT: %v; want exit status 0", err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -192,6 +193,7 @@ func makeRecipe(t *testing.T, target string) string {
 // tells when the outbox marked events delivered.
 type testApp struct {
 	*app
+	rec      *outboxtest.Recorder // every event the app published and delivered
 	srv      *httptest.Server
 	marked   chan struct{} // a MarkDone happened; capacity 1
 	stepping *steppingClock
@@ -233,6 +235,7 @@ func startTestApp(t *testing.T, dsn string) *testApp {
 			t.Error(err)
 		}
 	})
+	h.rec = outboxtest.Record(a.ob, "test-recorder")
 	a.start(ctx)
 	h.srv = httptest.NewServer(a.handler)
 	return h

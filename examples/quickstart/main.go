@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "modernc.org/sqlite" // or _ "github.com/go-sql-driver/mysql"
 
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 	"github.com/txoutbox/txoutbox/txmw"
@@ -43,7 +44,7 @@ func main() {
 	defer ob.Close(ctx) // drains the queues, waits for every goroutine
 
 	r := chi.NewRouter()
-	r.Use(chimw.Recoverer, txmw.Transactional(db, txmw.WithOutbox(ob)))
+	r.Use(chimw.Recoverer, txmw.Transactional(db, middleware.WithOutbox(ob)))
 	r.Post("/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
 		ctx, id := r.Context(), chi.URLParam(r, "id")
 		if _, err := txmw.Tx(ctx).ExecContext(ctx, `INSERT INTO orders (id, item) VALUES (?, 'book')`, id); err != nil {

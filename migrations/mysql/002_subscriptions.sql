@@ -25,3 +25,13 @@ CREATE TABLE IF NOT EXISTS {{deliveries}} (
   PRIMARY KEY (event_id, subscription),
   KEY {{name}}_deliveries_due (status, subscription, available_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+-- The failed attempts of each delivery, for operators (last errors and
+-- when they happened); written only on failure.
+CREATE TABLE IF NOT EXISTS {{attempts}} (
+  event_id     VARCHAR(64)  NOT NULL,
+  subscription VARCHAR(100) NOT NULL,
+  attempt      INT          NOT NULL,
+  at           DATETIME(6)  NOT NULL,
+  error        TEXT         NULL,
+  KEY {{name}}_attempts_delivery (event_id, subscription, at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

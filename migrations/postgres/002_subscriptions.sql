@@ -22,3 +22,13 @@ CREATE TABLE IF NOT EXISTS {{deliveries}} (
   PRIMARY KEY (event_id, subscription)
 );
 CREATE INDEX IF NOT EXISTS {{name}}_deliveries_due ON {{deliveries}} (status, subscription, available_at);
+-- The failed attempts of each delivery, for operators (last errors and
+-- when they happened); written only on failure.
+CREATE TABLE IF NOT EXISTS {{attempts}} (
+  event_id     VARCHAR(64) NOT NULL,
+  subscription VARCHAR(100) NOT NULL,
+  attempt      INTEGER NOT NULL,
+  at           TIMESTAMPTZ NOT NULL,
+  error        TEXT NULL
+);
+CREATE INDEX IF NOT EXISTS {{name}}_attempts_delivery ON {{attempts}} (event_id, subscription, at);

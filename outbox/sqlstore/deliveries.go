@@ -24,6 +24,31 @@ func (s *Store) SubscriptionsTable() string { return s.suffixed("_subscriptions"
 // delivery state: the outbox table's name with "_deliveries" appended.
 func (s *Store) DeliveriesTable() string { return s.suffixed("_deliveries") }
 
+// AttemptsTable returns the quoted name of the table of failed attempts:
+// the outbox table's name with "_attempts" appended.
+func (s *Store) AttemptsTable() string { return s.suffixed("_attempts") }
+
+// recordAttempts writes the counted failed attempts among ws.
+func (s *Store) recordAttempts(ctx context.Context, tx *sqlx.Tx, eventID string, ws []outbox.DeliveryWrite) error {
+	var sb strings.Builder
+	var args []any
+	for _, w := range ws {
+		if w.Status != outbox.StatusRetry && w.Status != outbox.StatusDead {
+			continue
+		}
+		if len(args) > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteString(`(?, ?, ?, ` + s.d.now + `, ?)`)
+		args = append(args, eventID, w.Subscription, w.Attempts, nullIfEmpty(w.Error))
+	}
+	if len(args) == 0 {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, s.rebind(`INSERT INTO `+s.AttemptsTable()+` (event_id, subscription, attempt, at, error) VALUES `+sb.String()), args...)
+	return err
+}
+
 func (s *Store) suffixed(suffix string) string {
 	return s.table[:len(s.table)-1] + suffix + s.table[len(s.table)-1:]
 }
@@ -171,8 +196,10 @@ WHERE id = ? AND locked_by = ? AND status IN (0, 2)`), eventID, owner)
 			sb.WriteString(`(?, ?, ?, ?, ` + s.d.nowPlus + `, ` + s.d.now + `, CASE WHEN ? = 3 THEN ` + s.d.now + ` END, ?)`)
 			args = append(args, eventID, w.Subscription, int(w.Status), w.Attempts, max(0, w.Delay).Microseconds(), int(w.Status), nullIfEmpty(w.Error))
 		}
-		_, err = tx.ExecContext(ctx, s.rebind(sb.String()), args...)
-		return err
+		if _, err = tx.ExecContext(ctx, s.rebind(sb.String()), args...); err != nil {
+			return err
+		}
+		return s.recordAttempts(ctx, tx, eventID, writes)
 	})
 	if err != nil {
 		return false, s.explainSubs(fmt.Errorf("sqlstore: split %s: %w", eventID, err))
@@ -336,16 +363,28 @@ func eventIDs(keys []outbox.DeliveryKey) []string {
 	return ids
 }
 
-// FailDelivery implements outbox.DeliveryStore.
+// FailDelivery implements outbox.DeliveryStore: one UPDATE, and the
+// attempt's record if it counts, in one transaction.
 func (s *Store) FailDelivery(ctx context.Context, owner string, key outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
 	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + ` SET status = ?, attempts = ?, available_at = ` + s.d.nowPlus + `,
   done_at = CASE WHEN ? = 3 THEN ` + s.d.now + ` END, last_error = COALESCE(?, last_error), locked_by = NULL, locked_until = NULL
 WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
-	n, err := s.execCount(ctx, q, int(w.Status), w.Attempts, max(0, w.Delay).Microseconds(), int(w.Status), nullIfEmpty(w.Error), key.EventID, key.Subscription, owner)
+	held := false
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		res, err := tx.ExecContext(ctx, q, int(w.Status), w.Attempts, max(0, w.Delay).Microseconds(), int(w.Status), nullIfEmpty(w.Error), key.EventID, key.Subscription, owner)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if held = n == 1; err != nil || !held {
+			return err
+		}
+		return s.recordAttempts(ctx, tx, key.EventID, []outbox.DeliveryWrite{{Subscription: key.Subscription, Status: w.Status, Attempts: w.Attempts, Error: w.Error}})
+	})
 	if err != nil {
 		return false, fmt.Errorf("sqlstore: record delivery %s to %q: %w", key.EventID, key.Subscription, err)
 	}
-	return n == 1, nil
+	return held, nil
 }
 
 // ExtendDeliveryLeases implements outbox.DeliveryStore.
@@ -433,4 +472,15 @@ WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTa
 		return false, fmt.Errorf("sqlstore: deliver in a transaction: commit: %w", err)
 	}
 	return false, nil
+}
+
+// DueNow implements outbox.DeliveryStore.
+func (s *Store) DueNow(ctx context.Context, sub string) (int, error) {
+	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET available_at = ` + s.d.now + `
+WHERE status = 0 AND subscription = ? AND locked_by IS NULL AND available_at > ` + s.d.now)
+	n, err := s.execCount(ctx, q, sub)
+	if err != nil {
+		return n, fmt.Errorf("sqlstore: make the deliveries of %q due: %w", sub, err)
+	}
+	return n, nil
 }

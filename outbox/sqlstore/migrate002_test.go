@@ -26,7 +26,7 @@ func TestMigrate002OnPopulated001Table(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				testdb.DropTable(t, db, st.Table(), st.SchemaTable(), st.SubscriptionsTable(), st.DeliveriesTable())
+				testdb.DropTable(t, db, st.Table(), st.SchemaTable(), st.SubscriptionsTable(), st.DeliveriesTable(), st.AttemptsTable())
 			})
 			steps, err := st.Migrations()
 			if err != nil || len(steps) < 2 || steps[0].Version != 1 || steps[1].Version != 2 {

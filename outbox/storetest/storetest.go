@@ -99,6 +99,11 @@ func Run(t *testing.T, h Harness) {
 		{"DeadLettersPerSubscription", testDeadPerSubscription},
 		{"SubscribeValidation", testSubscribeValidation},
 		{"LagAndDeadFilters", testLagAndDeadFilters},
+		{"Method/Subscriptions", testMethodSubscriptions},
+		{"Method/Split", testMethodSplit},
+		{"Method/ClaimDeliveries", testMethodClaimDeliveries},
+		{"Method/DeliveryWrites", testMethodDeliveryWrites},
+		{"Method/DueNow", testMethodDueNow},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -79,6 +79,10 @@ func testSubscriptionsFailAlone(t *testing.T, e *env) {
 		rec := e.inspect(t, id)
 		if len(rec.Deliveries) != 1 || rec.Deliveries[0].Subscription != "flaky" || rec.Deliveries[0].Status != outbox.StatusDone || rec.Deliveries[0].Attempts != 1 {
 			t.Errorf("event %s deliveries %+v; want flaky DONE after 1 failed attempt", id, rec.Deliveries)
+			continue
+		}
+		if h := rec.Deliveries[0].History; len(h) != 1 || h[0].N != 1 || h[0].Error != "flaky: first attempt fails" || h[0].At.IsZero() {
+			t.Errorf("event %s: history %+v; want the first attempt's failure", id, h)
 		}
 	}
 }

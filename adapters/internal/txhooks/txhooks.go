@@ -31,9 +31,9 @@ func Observe(h *outbox.Hooks, query string) bool {
 	case OpSavepoint:
 		h.Savepoint(name)
 	case OpRollbackTo:
-		h.RollbackTo(name)
+		h.RollbackToSavepoint(name)
 	case OpRelease:
-		h.Release(name)
+		h.ReleaseSavepoint(name)
 	}
 	return true
 }

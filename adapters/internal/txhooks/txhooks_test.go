@@ -70,7 +70,7 @@ func TestSavepoints(t *testing.T) {
 			h.AfterRollback(r.hook("r-sp2"))
 			Observe(&h, "RELEASE SAVEPOINT sp2") // merged into sp1's level
 			Observe(&h, "RELEASE SAVEPOINT sp1")
-			if h.RollbackTo("sp2") {
+			if h.RollbackToSavepoint("sp2") {
 				t.Fatal("RollbackTo a released savepoint reported it known")
 			}
 			h.AfterCommit(r.hook("c-after"))
@@ -104,7 +104,7 @@ func TestRepeatedNamesAreAStack(t *testing.T) {
 	h.AfterCommit(r.hook("outer-a"))
 	h.Savepoint("a")
 	h.AfterCommit(r.hook("inner-a"))
-	h.RollbackTo("a") // the most recent a
+	h.RollbackToSavepoint("a") // the most recent a
 	h.Committed()
 	if want := []string{"outer-a"}; !slices.Equal(r.got, want) {
 		t.Fatalf("ran %v, want %v", r.got, want)

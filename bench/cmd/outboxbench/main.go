@@ -50,6 +50,12 @@ func main() {
 		mutexprof   = flag.String("mutexprofile", "", "write a mutex profile of the producer workload to this file")
 		child       = flag.String("child", "", "internal: run one measurement in a child process")
 		experiments = flag.Bool("experiments", false, "add the experiments: completion (MarkDone delayed 10ms, as DELETE, skipped) on the hot path, and a drain with the claim split into NEW and RETRY SELECTs")
+		loadOn      = flag.Bool("load", true, "run the load test: 64 HTTP clients, two instances (see -load-*)")
+		onlyLoad    = flag.Bool("only-load", false, "run the load test only")
+		loadDur     = flag.Duration("load-duration", 20*time.Second, "duration of each load run")
+		loadClients = flag.Int("load-clients", 64, "HTTP clients of the load test")
+		loadRepeats = flag.Int("load-repeats", 3, "repeats of the load test")
+		loadRates   = flag.String("load-rates", "0.25,0.5", "paced load runs, as fractions of the baseline's closed-loop throughput")
 		kickFlag    = flag.Bool("kick", false, "internal: drive the poller with ob.Poll (workaround for a stalled poll loop)")
 	)
 	flag.Parse()
@@ -102,6 +108,45 @@ func main() {
 		{cold.Name(), "poller only with a short poll and no SkipRecent: " + harness.ConfigSummary(db, false)},
 	}
 
+	if *loadOn || *onlyLoad {
+		var fracs []float64
+		for _, f := range strings.Split(*loadRates, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			v, err := strconv.ParseFloat(f, 64)
+			if err != nil || v <= 0 {
+				fatal("-load-rates: %q is not a positive fraction", f)
+			}
+			fracs = append(fracs, v)
+		}
+		for r := range *loadRepeats {
+			run := func(o harness.LoadOptions) harness.LoadResult {
+				o.Clients, o.Duration, o.Instances, o.Log = *loadClients, *loadDur, 2, logf
+				res, err := harness.RunLoad(ctx, db, *dsn, o)
+				if err != nil {
+					fatal("load: %v", err)
+				}
+				logf("load, repeat %d, %s, rate %.0f: %.0f req/s, p50 %v p99 %v max %v, errors %d, hot %.2f%%, lost %d, dups %d",
+					r+1, res.System, res.Rate, res.ReqPerSec, res.P50.Round(time.Microsecond), res.P99.Round(time.Microsecond), res.Max.Round(time.Microsecond),
+					res.Errors, 100*res.HotShare(), res.Lost, res.Dups)
+				rep.Load = append(rep.Load, res)
+				return res
+			}
+			base := run(harness.LoadOptions{Baseline: true})
+			run(harness.LoadOptions{})
+			for _, f := range fracs {
+				rate := f * base.ReqPerSec
+				run(harness.LoadOptions{Baseline: true, Rate: rate})
+				run(harness.LoadOptions{Rate: rate})
+			}
+		}
+	}
+	if *onlyLoad {
+		concs, sizes, *memN = nil, nil, 0
+		rep.Concurrency = nil
+	}
+
 	all := harness.Systems()
 	var chosen []harness.System
 	for _, s := range all {
@@ -116,6 +161,9 @@ func main() {
 
 	// Raw batched UPDATE rate.
 	for r := range *repeats {
+		if *onlyLoad {
+			break
+		}
 		rate, err := harness.RawUpdateRate(ctx, db, rep.UpdateRows, rep.UpdateBatch)
 		if err != nil {
 			fatal("batched update: %v", err)
@@ -127,6 +175,9 @@ func main() {
 	// Producer workload.
 	stopProfile := profile(*cpuprofile, *mutexprof)
 	for r := range *repeats {
+		if *onlyLoad {
+			break
+		}
 		for _, conc := range concs {
 			for _, proto := range chosen {
 				sys := fresh(proto)
@@ -179,6 +230,14 @@ func main() {
 				drains = append(drains, func() (harness.DrainResult, error) {
 					return harness.DrainTxoutbox(ctx, db, harness.DrainOptions{N: int64(n), Timeout: 10 * time.Minute, SplitClaim: true})
 				})
+			}
+			if n <= 50_000 {
+				// Subscriptions to a destination that takes 1 ms per call.
+				for _, batch := range []bool{true, false} {
+					drains = append(drains, func() (harness.DrainResult, error) {
+						return harness.DrainTxoutbox(ctx, db, harness.DrainOptions{N: int64(n), Timeout: 10 * time.Minute, Tuned: true, Destination: time.Millisecond, Batch: batch})
+					})
+				}
 			}
 			if matches("Watermill", *systems) {
 				for _, tuned := range []bool{false, true} {
