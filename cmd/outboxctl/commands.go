@@ -655,6 +655,11 @@ func (c *cli) deadReplay(args []string) error {
 			return fmt.Errorf("replayed %d, then: %w", v.Count, err)
 		}
 		if v.Count == 0 {
+			if c.json {
+				if err := c.out(v, nil); err != nil {
+					return err
+				}
+			}
 			return nothing("no dead letters matched")
 		}
 		return c.out(v, func(w *tabwriter.Writer) {
@@ -704,6 +709,11 @@ func (c *cli) deadPurge(args []string) error {
 			return fmt.Errorf("purged %d, then: %w", v.Count, err)
 		}
 		if v.Count == 0 {
+			if c.json {
+				if err := c.out(v, nil); err != nil {
+					return err
+				}
+			}
 			return nothing("no dead letters matched")
 		}
 		if err := c.out(v, func(w *tabwriter.Writer) {

@@ -250,6 +250,7 @@ func TestCommands(t *testing.T) {
 				t.Errorf("replay of 2 dead letters at -rate 2 took %v; want ≥ 1s", el)
 			}
 			f.golden("replay_again", f.run("dead", "replay", "-sub", "billing"))
+			f.golden("replay_again_json", f.run("dead", "replay", "-sub", "billing", "-json"))
 			f.golden("stats_after_replay", f.run("stats"))
 			f.golden("peek_after_replay", f.run("peek", "-limit", "3"))
 
