@@ -6,513 +6,826 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/go-sql-driver/mysql" // driver "mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx"
 	"github.com/jmoiron/sqlx"
-	_ "modernc.org/sqlite"
+	_ "modernc.org/sqlite" // driver "sqlite"
 
 	"github.com/txoutbox/txoutbox/internal/dsn"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
-type cli struct {
-	out   io.Writer
-	json  bool
-	db    *sqlx.DB
-	store *sqlstore.Store
+// redact takes the DSN's password out of err.
+func (c *cli) redact(err error) error {
+	var ee *exitErr
+	if errors.As(err, &ee) {
+		if r := dsn.Redact(errors.New(ee.msg), dsn.Password(c.dsnValue())); r != nil {
+			return &exitErr{code: ee.code, msg: r.Error()}
+		}
+		return err
+	}
+	return dsn.Redact(err, dsn.Password(c.dsnValue()))
 }
 
-func (c *cli) open(ctx context.Context, s, table string) error {
-	d, err := dsn.Parse(s, "")
+func (c *cli) dsnValue() string {
+	if c.dsn != "" {
+		return c.dsn
+	}
+	return c.env("DATABASE_URL")
+}
+
+// open opens the store. A SQLite file must exist: outboxctl never creates
+// a database by mistake, except for migrate up.
+func (c *cli) open(create bool) (*sqlstore.Store, func(), error) {
+	d, err := dsn.Parse(c.dsnValue())
 	if err != nil {
-		return fmt.Errorf("%w (set -dsn or DATABASE_URL)", err)
+		if c.dsnValue() == "" {
+			return nil, nil, usageErr("no database: give -dsn or set DATABASE_URL (%v)", dsn.ErrForm)
+		}
+		return nil, nil, usageErr("%v", err)
+	}
+	if d.Path != "" {
+		if _, err := os.Stat(d.Path); err != nil {
+			if !create {
+				return nil, nil, fmt.Errorf("%s: %w", d.Display, err)
+			}
+			if err := os.MkdirAll(filepath.Dir(d.Path), 0o755); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	db, err := sqlx.Open(d.Driver, d.DSN)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", d.Display, err)
+		return nil, nil, fmt.Errorf("open %s: %w", d.Display, err)
 	}
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return fmt.Errorf("connect to %s: %w", d.Display, err)
-	}
-	st, err := sqlstore.New(db, sqlstore.Options{Table: table})
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	err = db.PingContext(ctx)
+	cancel()
 	if err != nil {
 		db.Close()
+		return nil, nil, fmt.Errorf("connect to %s: %w", d.Display, err)
+	}
+	s, err := sqlstore.New(db, sqlstore.Options{Table: c.table})
+	if err != nil {
+		db.Close()
+		return nil, nil, usageErr("%v", err)
+	}
+	return s, func() { db.Close() }, nil
+}
+
+// withStore parses a command's flags and runs f on the store.
+func (c *cli) withStore(fs *flag.FlagSet, args []string, nargs func(int) bool, f func(s *sqlstore.Store, args []string) error) error {
+	rest, err := parse(fs, args)
+	if err != nil {
 		return err
 	}
-	c.db, c.store = db, st
-	return nil
-}
-
-func (c *cli) close() { c.db.Close() }
-
-func (c *cli) dispatch(ctx context.Context, args []string) error {
-	switch args[0] {
-	case "migrate":
-		if len(args) != 2 || (args[1] != "up" && args[1] != "status") {
-			return &usageError{"migrate takes up or status"}
-		}
-		if args[1] == "up" {
-			return c.migrateUp(ctx)
-		}
-		return c.migrateStatus(ctx)
-	case "stats":
-		return c.stats(ctx)
-	case "dead":
-		if len(args) < 2 {
-			return &usageError{"dead takes list, show or replay"}
-		}
-		switch args[1] {
-		case "list":
-			return c.deadList(ctx, args[2:])
-		case "show":
-			return c.deadShow(ctx, args[2:])
-		case "replay":
-			return c.deadReplay(ctx, args[2:])
-		}
-		return &usageError{fmt.Sprintf("dead %s: unknown; want list, show or replay", args[1])}
-	case "pause", "resume":
-		if len(args) != 2 {
-			return &usageError{args[0] + " takes one subscription name"}
-		}
-		return c.pause(ctx, args[1], args[0] == "pause")
-	case "cleanup":
-		return c.cleanup(ctx, args[1:])
+	if nargs != nil && !nargs(len(rest)) {
+		return usageErr("%s: wrong number of arguments", fs.Name())
 	}
-	return &usageError{fmt.Sprintf("unknown command %q", args[0])}
+	s, closeDB, err := c.open(fs.Name() == "migrate up")
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	return f(s, rest)
 }
 
-// print writes v as JSON, or calls text with an aligned writer.
-func (c *cli) print(v any, text func(w io.Writer)) error {
+func exactly(n int) func(int) bool { return func(k int) bool { return k == n } }
+
+// out prints v as JSON with -json, and otherwise calls text with an
+// aligned writer.
+func (c *cli) out(v any, text func(w *tabwriter.Writer)) error {
 	if c.json {
-		enc := json.NewEncoder(c.out)
+		enc := json.NewEncoder(c.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
-	tw := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
-	text(tw)
-	return tw.Flush()
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	text(w)
+	return w.Flush()
 }
 
-func (c *cli) migrateUp(ctx context.Context) error {
-	if err := c.store.Migrate(ctx); err != nil {
-		return err
+// age formats a duration for people: "-" for none.
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return "<1s"
 	}
-	return c.migrateStatus(ctx)
+	return d.Round(time.Second).String()
 }
 
-type migration struct {
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+func status(s outbox.Status) string {
+	if s == outbox.StatusSplit {
+		return "split"
+	}
+	return s.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// --- migrate
+
+type migrationJSON struct {
 	Version int    `json:"version"`
 	Name    string `json:"name"`
 	Applied bool   `json:"applied"`
 }
 
-func (c *cli) migrateStatus(ctx context.Context) error {
-	steps, err := c.store.Migrations()
+func (c *cli) migrations(s *sqlstore.Store) ([]migrationJSON, error) {
+	all, err := s.Migrations()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	applied := map[int]bool{}
-	var versions []int
-	if err := c.db.SelectContext(ctx, &versions, `SELECT version FROM `+c.store.SchemaTable()); err == nil {
-		for _, v := range versions {
-			applied[v] = true
-		}
-	}
-	out := make([]migration, len(steps))
-	for i, m := range steps {
-		out[i] = migration{Version: m.Version, Name: m.Name, Applied: applied[m.Version]}
-	}
-	return c.print(out, func(w io.Writer) {
-		fmt.Fprintln(w, "VERSION\tNAME\tAPPLIED")
-		for _, m := range out {
-			fmt.Fprintf(w, "%03d\t%s\t%v\n", m.Version, m.Name, m.Applied)
-		}
-	})
-}
-
-type statsDoc struct {
-	Events struct {
-		New, Retry, Split, Done, Dead, Unknown int64
-		OldestPendingSeconds                   float64
-	} `json:"events"`
-	Subscriptions []subDoc `json:"subscriptions"`
-}
-
-type subDoc struct {
-	Name          string   `json:"name"`
-	Types         []string `json:"types,omitempty"`
-	Paused        bool     `json:"paused"`
-	IdleSeconds   float64  `json:"idle_seconds"`
-	Pending       int64    `json:"pending"`
-	Retrying      int64    `json:"retrying"`
-	Dead          int64    `json:"dead"`
-	OldestSeconds float64  `json:"oldest_seconds"`
-}
-
-func (c *cli) stats(ctx context.Context) error {
-	st, err := c.store.Stats(ctx)
+	applied, err := s.AppliedMigrations(c.ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var doc statsDoc
-	doc.Events.New, doc.Events.Retry, doc.Events.Split, doc.Events.Done, doc.Events.Dead, doc.Events.Unknown = st.New, st.Retry, st.Split, st.Done, st.Dead, st.Unknown
-	doc.Events.OldestPendingSeconds = st.OldestPending.Seconds()
-	// Registering nothing returns what is registered.
-	subs, err := c.store.SyncSubscriptions(ctx, nil)
-	if err != nil {
-		return err
+	done := map[int]bool{}
+	for _, m := range applied {
+		done[m.Version] = true
 	}
-	infos := make([]outbox.SubscriptionInfo, len(subs))
-	for i, s := range subs {
-		infos[i] = s.SubscriptionInfo
+	out := make([]migrationJSON, len(all))
+	for i, m := range all {
+		out[i] = migrationJSON{Version: m.Version, Name: m.Name, Applied: done[m.Version]}
 	}
-	lags, err := c.store.Lag(ctx, infos)
-	if err != nil {
-		return err
-	}
-	doc.Subscriptions = []subDoc{}
-	for i, s := range subs {
-		d := subDoc{Name: s.Name, Paused: s.Paused, IdleSeconds: s.Idle.Seconds(),
-			Pending: lags[i].Pending, Retrying: lags[i].Retrying, Dead: lags[i].Dead, OldestSeconds: lags[i].Oldest.Seconds()}
-		for _, t := range s.Types {
-			d.Types = append(d.Types, string(t))
-		}
-		doc.Subscriptions = append(doc.Subscriptions, d)
-	}
-	return c.print(doc, func(w io.Writer) {
-		e := doc.Events
-		fmt.Fprintln(w, "EVENTS\tNEW\tRETRY\tSPLIT\tDONE\tDEAD\tUNKNOWN\tOLDEST PENDING")
-		fmt.Fprintf(w, "\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", e.New, e.Retry, e.Split, e.Done, e.Dead, e.Unknown, secs(e.OldestPendingSeconds))
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "SUBSCRIPTION\tTYPES\tPAUSED\tPENDING\tRETRYING\tDEAD\tOLDEST\tLAST SEEN")
-		for _, s := range doc.Subscriptions {
-			types := strings.Join(s.Types, ",")
-			if types == "" {
-				types = "*"
-			}
-			fmt.Fprintf(w, "%s\t%s\t%v\t%d\t%d\t%d\t%s\t%s ago\n", s.Name, types, s.Paused, s.Pending, s.Retrying, s.Dead, secs(s.OldestSeconds), secs(s.IdleSeconds))
-		}
-	})
+	return out, nil
 }
 
-func secs(s float64) string {
-	return time.Duration(s * float64(time.Second)).Round(time.Second).String()
-}
-
-// filterFlags parses the dead-letter filters of args.
-func filterFlags(name string, args []string, extra func(fs *flag.FlagSet)) (outbox.DeadFilter, *flag.FlagSet, error) {
-	var f outbox.DeadFilter
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&f.Subscription, "subscription", "", "only this subscription's dead deliveries")
-	typ := fs.String("type", "", "only this event type")
-	since := fs.String("since", "", "only events created at or after (RFC 3339)")
-	until := fs.String("until", "", "only events created before (RFC 3339)")
-	fs.StringVar(&f.ErrorContains, "error", "", "only dead letters whose last error contains this")
-	fs.IntVar(&f.Limit, "limit", 100, "the most to list")
-	if extra != nil {
-		extra(fs)
-	}
-	if err := fs.Parse(args); err != nil {
-		return f, fs, &usageError{fmt.Sprintf("%s: %v", name, err)}
-	}
-	f.Type = outbox.EventType(*typ)
-	for _, t := range []struct {
-		s   string
-		dst *time.Time
-	}{{*since, &f.Since}, {*until, &f.Until}} {
-		if t.s == "" {
-			continue
-		}
-		v, err := time.Parse(time.RFC3339, t.s)
+func (c *cli) migrateStatus(args []string) error {
+	return c.withStore(c.flags("migrate status"), args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		ms, err := c.migrations(s)
 		if err != nil {
-			return f, fs, &usageError{fmt.Sprintf("%s: %q is not an RFC 3339 time (2026-11-23T10:00:00Z)", name, t.s)}
+			return err
 		}
-		*t.dst = v
-	}
-	return f, fs, nil
-}
-
-type deadDoc struct {
-	ID           string    `json:"id"`
-	Subscription string    `json:"subscription,omitempty"`
-	Type         string    `json:"type"`
-	Aggregate    string    `json:"aggregate,omitempty"`
-	Attempts     int       `json:"attempts"`
-	LastError    string    `json:"last_error"`
-	CreatedAt    time.Time `json:"created_at"`
-}
-
-func toDeadDocs(dls []outbox.DeadLetter) []deadDoc {
-	out := make([]deadDoc, 0, len(dls))
-	for _, dl := range dls {
-		agg := ""
-		if dl.AggregateType != "" || dl.AggregateID != "" {
-			agg = dl.AggregateType + "/" + dl.AggregateID
-		}
-		out = append(out, deadDoc{ID: dl.ID, Subscription: dl.Subscription, Type: dl.Type, Aggregate: agg,
-			Attempts: dl.Attempts, LastError: dl.LastError, CreatedAt: dl.CreatedAt.UTC()})
-	}
-	return out
-}
-
-func (c *cli) deadList(ctx context.Context, args []string) error {
-	f, _, err := filterFlags("dead list", args, nil)
-	if err != nil {
-		return err
-	}
-	dls, err := c.store.FindDead(ctx, f)
-	if err != nil {
-		return err
-	}
-	docs := toDeadDocs(dls)
-	return c.print(docs, func(w io.Writer) {
-		fmt.Fprintln(w, "ID\tSUBSCRIPTION\tTYPE\tAGGREGATE\tATTEMPTS\tCREATED\tLAST ERROR")
-		for _, d := range docs {
-			sub := d.Subscription
-			if sub == "" {
-				sub = "(event)"
+		return c.out(map[string]any{"migrations": ms}, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "VERSION\tNAME\tAPPLIED")
+			for _, m := range ms {
+				fmt.Fprintf(w, "%d\t%s\t%s\n", m.Version, m.Name, yesNo(m.Applied))
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, sub, d.Type, d.Aggregate, d.Attempts, d.CreatedAt.Format(time.RFC3339), oneLine(d.LastError, 80))
-		}
+		})
 	})
 }
 
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func (c *cli) migrateUp(args []string) error {
+	return c.withStore(c.flags("migrate up"), args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		before, err := c.migrations(s)
+		if err != nil {
+			return err
+		}
+		if err := s.Migrate(c.ctx); err != nil {
+			return err
+		}
+		var applied []string
+		for _, m := range before {
+			if !m.Applied {
+				applied = append(applied, m.Name)
+			}
+		}
+		return c.out(map[string]any{"applied": orEmpty(applied)}, func(w *tabwriter.Writer) {
+			if len(applied) == 0 {
+				fmt.Fprintln(w, "up to date")
+			}
+			for _, name := range applied {
+				fmt.Fprintln(w, "applied", name)
+			}
+		})
+	})
+}
+
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
 	return s
 }
 
-type showDoc struct {
-	ID         string          `json:"id"`
-	Type       string          `json:"type"`
-	Status     string          `json:"status"`
-	Attempts   int             `json:"attempts"`
-	LastError  string          `json:"last_error,omitempty"`
-	CreatedAt  time.Time       `json:"created_at"`
-	Deliveries []deliveryDoc   `json:"deliveries"`
-	Payload    json.RawMessage `json:"payload,omitempty"`
-	PayloadB   []byte          `json:"payload_bytes,omitempty"`
+// --- stats
+
+type statsJSON struct {
+	Total struct {
+		New           int64   `json:"new"`
+		Retry         int64   `json:"retry"`
+		Done          int64   `json:"done"`
+		Dead          int64   `json:"dead"`
+		Split         int64   `json:"split"`
+		Unknown       int64   `json:"unknown"`
+		OldestSeconds float64 `json:"oldest_seconds"`
+	} `json:"total"`
+	Types         []typeJSON `json:"types"`
+	Subscriptions []subJSON  `json:"subscriptions"`
 }
 
-type deliveryDoc struct {
-	Subscription string       `json:"subscription"`
-	Status       string       `json:"status"`
-	Attempts     int          `json:"attempts"`
-	LastError    string       `json:"last_error,omitempty"`
-	History      []attemptDoc `json:"history,omitempty"`
+type typeJSON struct {
+	Type          string  `json:"type"`
+	New           int64   `json:"new"`
+	Retry         int64   `json:"retry"`
+	Dead          int64   `json:"dead"`
+	Split         int64   `json:"split"`
+	OldestSeconds float64 `json:"oldest_seconds"`
 }
 
-type attemptDoc struct {
-	N     int       `json:"n"`
-	At    time.Time `json:"at"`
-	Error string    `json:"error"`
+type subJSON struct {
+	Name        string   `json:"name"`
+	Types       []string `json:"types"`
+	Paused      bool     `json:"paused"`
+	Pending     int64    `json:"pending"`
+	Retrying    int64    `json:"retrying"`
+	Dead        int64    `json:"dead"`
+	LagSeconds  float64  `json:"lag_seconds"`
+	IdleSeconds float64  `json:"idle_seconds"`
 }
 
-func (c *cli) deadShow(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dead show", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	payload := fs.Bool("payload", false, "include the payload (it may hold personal data)")
-	// The id may come before or after the flag.
-	var id string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		id, args = args[0], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
-		return &usageError{"dead show: " + err.Error()}
-	}
-	if id == "" && fs.NArg() == 1 {
-		id = fs.Arg(0)
-	}
-	if id == "" {
-		return &usageError{"dead show takes an event id"}
-	}
-	rec, err := c.store.Inspect(ctx, id)
-	if errors.Is(err, outbox.ErrNotFound) {
-		return fmt.Errorf("event %s: %w", id, errNoMatch)
-	}
-	if err != nil {
-		return err
-	}
-	doc := showDoc{ID: rec.ID, Type: rec.Type, Status: rec.Status.String(), Attempts: rec.Attempts, LastError: rec.LastError,
-		CreatedAt: rec.CreatedAt.UTC(), Deliveries: []deliveryDoc{}}
-	for _, d := range rec.Deliveries {
-		dd := deliveryDoc{Subscription: d.Subscription, Status: d.Status.String(), Attempts: d.Attempts, LastError: d.LastError}
-		for _, a := range d.History {
-			dd.History = append(dd.History, attemptDoc{N: a.N, At: a.At.UTC(), Error: a.Error})
-		}
-		doc.Deliveries = append(doc.Deliveries, dd)
-	}
-	if *payload {
-		if rec.PayloadJSON {
-			doc.Payload = rec.Payload
-		} else {
-			doc.PayloadB = rec.Payload
-		}
-	}
-	return c.print(doc, func(w io.Writer) {
-		fmt.Fprintf(w, "id\t%s\ntype\t%s\nstatus\t%s\nattempts\t%d\ncreated\t%s\n", doc.ID, doc.Type, doc.Status, doc.Attempts, doc.CreatedAt.Format(time.RFC3339))
-		if doc.LastError != "" {
-			fmt.Fprintf(w, "last error\t%s\n", oneLine(doc.LastError, 200))
-		}
-		for _, d := range doc.Deliveries {
-			fmt.Fprintf(w, "delivery %s\t%s, %d attempts\n", d.Subscription, d.Status, d.Attempts)
-			for _, a := range d.History {
-				fmt.Fprintf(w, "  attempt %d\t%s\t%s\n", a.N, a.At.Format(time.RFC3339), oneLine(a.Error, 160))
-			}
-		}
-		switch {
-		case doc.Payload != nil:
-			fmt.Fprintf(w, "payload\t%s\n", doc.Payload)
-		case doc.PayloadB != nil:
-			fmt.Fprintf(w, "payload\t%d bytes (binary)\n", len(doc.PayloadB))
-		default:
-			fmt.Fprintln(w, "payload\t(hidden; -payload shows it)")
-		}
-	})
-}
-
-type replayDoc struct {
-	DryRun   bool     `json:"dry_run"`
-	Count    int      `json:"count"`
-	FirstIDs []string `json:"first_ids,omitempty"`
-}
-
-func (c *cli) deadReplay(ctx context.Context, args []string) error {
-	var ids string
-	var dry bool
-	var rate float64
-	f, _, err := filterFlags("dead replay", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&ids, "ids", "", "comma-separated event ids (all their dead deliveries)")
-		fs.BoolVar(&dry, "dry-run", false, "count and show the first ids; change nothing")
-		fs.Float64Var(&rate, "rate", 0, "replay at most this many per second (0: no limit)")
-	})
-	if err != nil {
-		return err
-	}
-	doc := replayDoc{DryRun: dry}
-	if ids != "" {
-		list := strings.Split(ids, ",")
-		if dry {
-			doc.Count, doc.FirstIDs = len(list), first(list, 10)
-		} else {
-			if doc.Count, err = c.store.Replay(ctx, list); err != nil {
+func (c *cli) stats(args []string) error {
+	fs := c.flags("stats")
+	watch := fs.Duration("watch", 0, "print again every interval until interrupted")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		for {
+			if err := c.statsOnce(s); err != nil {
 				return err
 			}
-			doc.FirstIDs = first(list, 10)
+			if *watch <= 0 {
+				return nil
+			}
+			select {
+			case <-c.ctx.Done():
+				return nil
+			case <-time.After(*watch):
+			}
+			if !c.json {
+				fmt.Fprintln(c.stdout)
+			}
 		}
-	} else {
-		page, err := c.store.FindDead(ctx, outbox.DeadFilter{Subscription: f.Subscription, Type: f.Type, Since: f.Since, Until: f.Until, ErrorContains: f.ErrorContains, Limit: 10})
+	})
+}
+
+func (c *cli) statsOnce(s *sqlstore.Store) error {
+	st, err := s.Stats(c.ctx)
+	if err != nil {
+		return err
+	}
+	types, err := s.StatsByType(c.ctx)
+	if err != nil {
+		return err
+	}
+	subs, err := s.Subscriptions(c.ctx)
+	if err != nil {
+		return err
+	}
+	infos := make([]outbox.SubscriptionInfo, len(subs))
+	for i, sub := range subs {
+		infos[i] = sub.SubscriptionInfo
+	}
+	lags, err := s.Lag(c.ctx, infos)
+	if err != nil {
+		return err
+	}
+	var v statsJSON
+	v.Total.New, v.Total.Retry, v.Total.Done, v.Total.Dead, v.Total.Split, v.Total.Unknown = st.New, st.Retry, st.Done, st.Dead, st.Split, st.Unknown
+	v.Total.OldestSeconds = seconds(st.OldestPending)
+	v.Types = []typeJSON{}
+	for _, t := range types {
+		v.Types = append(v.Types, typeJSON{Type: string(t.Type), New: t.New, Retry: t.Retry, Dead: t.Dead, Split: t.Split, OldestSeconds: seconds(t.Oldest)})
+	}
+	v.Subscriptions = []subJSON{}
+	for i, sub := range subs {
+		j := subJSON{Name: sub.Name, Types: []string{}, Paused: sub.Paused, IdleSeconds: seconds(sub.Idle)}
+		for _, t := range sub.Types {
+			j.Types = append(j.Types, string(t))
+		}
+		l := lags[i]
+		j.Pending, j.Retrying, j.Dead, j.LagSeconds = l.Pending, l.Retrying, l.Dead, seconds(l.Oldest)
+		v.Subscriptions = append(v.Subscriptions, j)
+	}
+	return c.out(v, func(w *tabwriter.Writer) {
+		fmt.Fprintln(w, "EVENTS\tNEW\tRETRY\tDEAD\tSPLIT\tDONE\tOLDEST")
+		fmt.Fprintf(w, "all\t%d\t%d\t%d\t%d\t%d\t%s\n", st.New, st.Retry, st.Dead, st.Split, st.Done, age(st.OldestPending))
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "TYPE\tNEW\tRETRY\tDEAD\tSPLIT\tOLDEST")
+		for _, t := range types {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.New, t.Retry, t.Dead, t.Split, age(t.Oldest))
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "SUBSCRIPTION\tTYPES\tPAUSED\tPENDING\tRETRYING\tDEAD\tLAG\tIDLE")
+		for _, j := range v.Subscriptions {
+			types := "*"
+			if len(j.Types) > 0 {
+				types = strings.Join(j.Types, ",")
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", j.Name, types, yesNo(j.Paused), j.Pending, j.Retrying, j.Dead,
+				age(time.Duration(j.LagSeconds*float64(time.Second))), age(time.Duration(j.IdleSeconds*float64(time.Second))))
+		}
+	})
+}
+
+// --- dead letters
+
+// filterFlags adds the dead-letter filters to fs.
+func filterFlags(fs *flag.FlagSet) func() (outbox.DeadFilter, error) {
+	var f outbox.DeadFilter
+	fs.StringVar(&f.Subscription, "sub", "", "only the dead deliveries of this subscription")
+	fs.Func("type", "only this event type", func(v string) error { f.Type = outbox.EventType(v); return nil })
+	fs.Func("since", "only events created at or after: RFC 3339, or a duration ago", func(v string) (err error) {
+		f.Since, err = parseTime(v)
+		return err
+	})
+	fs.Func("until", "only events created before: RFC 3339, or a duration ago", func(v string) (err error) {
+		f.Until, err = parseTime(v)
+		return err
+	})
+	fs.StringVar(&f.ErrorContains, "error", "", "only dead letters whose last error contains this text")
+	return func() (outbox.DeadFilter, error) { return f, nil }
+}
+
+func parseTime(v string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t.UTC(), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return time.Now().UTC().Add(-d), nil
+	}
+	return time.Time{}, errors.New("want RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (24h)")
+}
+
+type deadJSON struct {
+	ID            string    `json:"id"`
+	Subscription  string    `json:"subscription,omitempty"`
+	Type          string    `json:"type"`
+	AggregateType string    `json:"aggregate_type,omitempty"`
+	AggregateID   string    `json:"aggregate_id,omitempty"`
+	TenantID      string    `json:"tenant_id,omitempty"`
+	Attempts      int       `json:"attempts"`
+	LastError     string    `json:"last_error"`
+	CreatedAt     time.Time `json:"created_at"`
+}
+
+func deadJSONs(dls []outbox.DeadLetter) []deadJSON {
+	out := make([]deadJSON, len(dls))
+	for i, d := range dls {
+		out[i] = deadJSON{ID: d.ID, Subscription: d.Subscription, Type: string(d.Type), AggregateType: d.AggregateType, AggregateID: d.AggregateID,
+			TenantID: d.TenantID, Attempts: d.Attempts, LastError: d.LastError, CreatedAt: d.CreatedAt.UTC()}
+	}
+	return out
+}
+
+// oneLine shortens an error for a table cell.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:n-1]) + "…"
+	}
+	return s
+}
+
+func (c *cli) deadList(args []string) error {
+	fs := c.flags("dead list")
+	filter := filterFlags(fs)
+	limit := fs.Int("limit", 100, "the most dead letters to list (0: all)")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		f, err := filter()
 		if err != nil {
 			return err
 		}
-		for _, dl := range page {
-			doc.FirstIDs = append(doc.FirstIDs, dl.ID)
-		}
-		f.Limit = 0
-		if dry || rate <= 0 {
-			if doc.Count, err = c.store.ReplayDead(ctx, f, dry); err != nil {
+		var all []outbox.DeadLetter
+		for {
+			f.Limit = 500
+			if *limit > 0 {
+				f.Limit = min(500, *limit-len(all))
+			}
+			page, err := s.FindDead(c.ctx, f)
+			if err != nil {
 				return err
 			}
-		} else {
-			// Rate-limited: pages of at most rate events, one a second.
-			f.Limit = max(1, int(rate))
-			for {
-				page, err := c.store.FindDead(ctx, f)
-				if err != nil || len(page) == 0 {
-					if err != nil {
-						return err
-					}
-					break
+			all = append(all, page...)
+			if len(page) == 0 || (*limit > 0 && len(all) >= *limit) {
+				break
+			}
+			f.After = page[len(page)-1].ID
+		}
+		return c.out(map[string]any{"dead": deadJSONs(all)}, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "ID\tSUBSCRIPTION\tTYPE\tAGGREGATE\tATTEMPTS\tCREATED\tERROR")
+			for _, d := range all {
+				agg := "-"
+				if d.AggregateType != "" || d.AggregateID != "" {
+					agg = d.AggregateType + "/" + d.AggregateID
 				}
-				var ids []string
-				for _, dl := range page {
-					ids = append(ids, dl.ID)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, orDash(d.Subscription), d.Type, agg, d.Attempts,
+					d.CreatedAt.UTC().Format(time.RFC3339), oneLine(d.LastError, 60))
+			}
+		})
+	})
+}
+
+type deliveryJSON struct {
+	Subscription string `json:"subscription"`
+	Status       string `json:"status"`
+	Attempts     int    `json:"attempts"`
+	Owner        string `json:"owner,omitempty"`
+	LastError    string `json:"last_error,omitempty"`
+}
+
+type recordJSON struct {
+	ID            string          `json:"id"`
+	Type          string          `json:"type"`
+	AggregateType string          `json:"aggregate_type"`
+	AggregateID   string          `json:"aggregate_id"`
+	TenantID      string          `json:"tenant_id,omitempty"`
+	Status        string          `json:"status"`
+	Attempts      int             `json:"attempts"`
+	OccurredAt    time.Time       `json:"occurred_at"`
+	CreatedAt     time.Time       `json:"created_at"`
+	Owner         string          `json:"owner,omitempty"`
+	LastError     string          `json:"last_error,omitempty"`
+	ReadError     string          `json:"read_error,omitempty"`
+	Headers       json.RawMessage `json:"headers,omitempty"`
+	Deliveries    []deliveryJSON  `json:"deliveries"`
+	Payload       *string         `json:"payload,omitempty"`
+}
+
+func (c *cli) deadShow(args []string) error {
+	fs := c.flags("dead show")
+	withPayload := fs.Bool("payload", false, "print the payload too (it may hold personal data)")
+	return c.withStore(fs, args, exactly(1), func(s *sqlstore.Store, args []string) error {
+		r, err := s.Inspect(c.ctx, args[0])
+		if errors.Is(err, outbox.ErrNotFound) {
+			return nothing("no event %q", args[0])
+		}
+		if err != nil {
+			return err
+		}
+		v := recordJSON{ID: r.ID, Type: r.Type, AggregateType: r.AggregateType, AggregateID: r.AggregateID, TenantID: r.TenantID,
+			Status: status(r.Status), Attempts: r.Attempts, OccurredAt: r.OccurredAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
+			Owner: r.Owner, LastError: r.LastError, Deliveries: []deliveryJSON{}}
+		if r.ReadError != nil {
+			v.ReadError = r.ReadError.Error()
+		}
+		if len(r.Headers) > 0 && json.Valid(r.Headers) {
+			v.Headers = r.Headers
+		}
+		for _, d := range r.Deliveries {
+			v.Deliveries = append(v.Deliveries, deliveryJSON{Subscription: d.Subscription, Status: status(d.Status), Attempts: d.Attempts, Owner: d.Owner, LastError: d.LastError})
+		}
+		if *withPayload {
+			p := string(r.Payload)
+			if !utf8.Valid(r.Payload) {
+				p = fmt.Sprintf("%q", r.Payload)
+			}
+			v.Payload = &p
+		}
+		return c.out(v, func(w *tabwriter.Writer) {
+			fmt.Fprintf(w, "id\t%s\n", v.ID)
+			fmt.Fprintf(w, "type\t%s\n", v.Type)
+			fmt.Fprintf(w, "aggregate\t%s/%s\n", v.AggregateType, v.AggregateID)
+			if v.TenantID != "" {
+				fmt.Fprintf(w, "tenant\t%s\n", v.TenantID)
+			}
+			fmt.Fprintf(w, "status\t%s\n", v.Status)
+			fmt.Fprintf(w, "attempts\t%d\n", v.Attempts)
+			fmt.Fprintf(w, "occurred\t%s\n", v.OccurredAt.Format(time.RFC3339))
+			fmt.Fprintf(w, "created\t%s\n", v.CreatedAt.Format(time.RFC3339))
+			fmt.Fprintf(w, "owner\t%s\n", orDash(v.Owner))
+			fmt.Fprintf(w, "last error\t%s\n", orDash(oneLine(v.LastError, 200)))
+			if v.ReadError != "" {
+				fmt.Fprintf(w, "read error\t%s\n", v.ReadError)
+			}
+			if v.Headers != nil {
+				fmt.Fprintf(w, "headers\t%s\n", v.Headers)
+			}
+			w.Flush()
+			if len(v.Deliveries) > 0 {
+				fmt.Fprintln(w)
+				fmt.Fprintln(w, "SUBSCRIPTION\tSTATUS\tATTEMPTS\tOWNER\tERROR")
+				for _, d := range v.Deliveries {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", d.Subscription, d.Status, d.Attempts, orDash(d.Owner), orDash(oneLine(d.LastError, 60)))
 				}
-				n, err := c.store.Replay(ctx, ids)
-				doc.Count += n
-				if err != nil {
+				w.Flush()
+			}
+			if v.Payload != nil {
+				fmt.Fprintln(w)
+				fmt.Fprintln(w, "payload:")
+				fmt.Fprintln(w, *v.Payload)
+			} else {
+				fmt.Fprintln(w)
+				fmt.Fprintln(w, "(payload not shown: add -payload)")
+			}
+		})
+	})
+}
+
+// lettersOf returns the dead letters of the given event ids: the event if
+// it is DEAD, and its dead deliveries (of sub only, if set).
+func lettersOf(ctx context.Context, s *sqlstore.Store, ids []string, sub string) ([]outbox.DeadLetter, error) {
+	var out []outbox.DeadLetter
+	for _, id := range ids {
+		r, err := s.Inspect(ctx, id)
+		if errors.Is(err, outbox.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if r.Status == outbox.StatusDead && sub == "" {
+			out = append(out, outbox.DeadLetter{ID: r.ID, Type: r.Type})
+		}
+		for _, d := range r.Deliveries {
+			if d.Status == outbox.StatusDead && (sub == "" || sub == d.Subscription) {
+				out = append(out, outbox.DeadLetter{ID: r.ID, Subscription: d.Subscription, Type: r.Type})
+			}
+		}
+	}
+	return out, nil
+}
+
+// eachPage calls f with the dead letters that ids (if any) or f select,
+// page by page of at most size.
+func eachPage(ctx context.Context, s *sqlstore.Store, ids []string, filter outbox.DeadFilter, size int, f func([]outbox.DeadLetter) error) error {
+	if len(ids) > 0 {
+		dls, err := lettersOf(ctx, s, ids, filter.Subscription)
+		if err != nil {
+			return err
+		}
+		for len(dls) > 0 {
+			k := min(size, len(dls))
+			if err := f(dls[:k]); err != nil {
+				return err
+			}
+			dls = dls[k:]
+		}
+		return nil
+	}
+	filter.Limit = size
+	for {
+		page, err := s.FindDead(ctx, filter)
+		if err != nil || len(page) == 0 {
+			return err
+		}
+		if err := f(page); err != nil {
+			return err
+		}
+		filter.After = page[len(page)-1].ID
+	}
+}
+
+func letterName(d outbox.DeadLetter) string {
+	if d.Subscription == "" {
+		return d.ID
+	}
+	return d.ID + "/" + d.Subscription
+}
+
+// firstIDs is how many ids a dry run prints.
+const firstIDs = 10
+
+type countJSON struct {
+	DryRun bool     `json:"dry_run,omitempty"`
+	Count  int      `json:"count"`
+	First  []string `json:"first,omitempty"`
+}
+
+func (c *cli) deadReplay(args []string) error {
+	fs := c.flags("dead replay")
+	filter := filterFlags(fs)
+	dryRun := fs.Bool("dry-run", false, "change nothing: print the count and the first ids")
+	rate := fs.Float64("rate", 100, "the most dead letters replayed per second (0: no limit)")
+	return c.withStore(fs, args, nil, func(s *sqlstore.Store, ids []string) error {
+		f, err := filter()
+		if err != nil {
+			return err
+		}
+		if *rate < 0 {
+			return usageErr("-rate %v: want ≥ 0", *rate)
+		}
+		size := 500
+		if *rate > 0 {
+			size = max(1, min(500, int(*rate)))
+		}
+		var v countJSON
+		v.DryRun = *dryRun
+		start := time.Now()
+		err = eachPage(c.ctx, s, ids, f, size, func(page []outbox.DeadLetter) error {
+			for _, d := range page {
+				if len(v.First) < firstIDs {
+					v.First = append(v.First, letterName(d))
+				}
+			}
+			if *dryRun {
+				v.Count += len(page)
+				return nil
+			}
+			n, err := s.ReplayLetters(c.ctx, page)
+			v.Count += n
+			if err != nil {
+				return err
+			}
+			if *rate > 0 {
+				// Pace: v.Count letters take at least v.Count / rate.
+				wait := time.Until(start.Add(time.Duration(float64(v.Count) / *rate * float64(time.Second))))
+				select {
+				case <-c.ctx.Done():
+					return c.ctx.Err()
+				case <-time.After(wait):
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("replayed %d, then: %w", v.Count, err)
+		}
+		if v.Count == 0 {
+			if c.json {
+				if err := c.out(v, nil); err != nil {
 					return err
 				}
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(time.Second):
+			}
+			return nothing("no dead letters matched")
+		}
+		return c.out(v, func(w *tabwriter.Writer) {
+			verb := "replayed"
+			if *dryRun {
+				verb = "would replay"
+			}
+			fmt.Fprintf(w, "%s %d dead letters\n", verb, v.Count)
+			if *dryRun {
+				for _, id := range v.First {
+					fmt.Fprintln(w, id)
+				}
+				if v.Count > len(v.First) {
+					fmt.Fprintln(w, "…")
 				}
 			}
-		}
-	}
-	if err := c.print(doc, func(w io.Writer) {
-		verb := "replayed"
-		if dry {
-			verb = "would replay"
-		}
-		fmt.Fprintf(w, "%s %d dead letters\n", verb, doc.Count)
-		for _, id := range doc.FirstIDs {
-			fmt.Fprintf(w, "  %s\n", id)
-		}
-	}); err != nil {
-		return err
-	}
-	if doc.Count == 0 {
-		return fmt.Errorf("replay: %w", errNoMatch)
-	}
-	return nil
-}
-
-func first(s []string, n int) []string { return s[:min(n, len(s))] }
-
-func (c *cli) pause(ctx context.Context, name string, paused bool) error {
-	known, err := c.store.SetPaused(ctx, name, paused)
-	if err != nil {
-		return err
-	}
-	if !known {
-		return fmt.Errorf("no subscription named %q is registered: %w", name, errNoMatch)
-	}
-	state := map[bool]string{true: "paused", false: "resumed"}[paused]
-	return c.print(map[string]any{"subscription": name, "paused": paused}, func(w io.Writer) {
-		fmt.Fprintf(w, "%s %s (every instance obeys within its poll interval)\n", name, state)
+		})
 	})
 }
 
-func (c *cli) cleanup(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	older := fs.Duration("older-than", 0, "delete events delivered more than this long ago (database clock), e.g. 168h")
-	dead := fs.Bool("dead", false, "delete dead letters older than that too")
-	confirm := fs.Bool("confirm", false, "really delete (without it, nothing is deleted)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{"cleanup: " + err.Error()}
-	}
-	if *older <= 0 {
-		return &usageError{"cleanup needs -older-than (e.g. -older-than 168h)"}
-	}
-	if !*confirm {
-		return fmt.Errorf("cleanup deletes rows: add -confirm to go ahead: %w", errNoMatch)
-	}
-	var total int64
-	for {
-		n, err := c.store.Cleanup(ctx, *older, 1000, *dead)
-		total += n
+func (c *cli) deadPurge(args []string) error {
+	fs := c.flags("dead purge")
+	filter := filterFlags(fs)
+	yes := fs.Bool("yes", false, "really delete; without it, count only and exit 3")
+	return c.withStore(fs, args, nil, func(s *sqlstore.Store, ids []string) error {
+		f, err := filter()
 		if err != nil {
 			return err
 		}
-		if n < 1000 {
-			break
+		var v countJSON
+		v.DryRun = !*yes
+		err = eachPage(c.ctx, s, ids, f, 500, func(page []outbox.DeadLetter) error {
+			for _, d := range page {
+				if len(v.First) < firstIDs {
+					v.First = append(v.First, letterName(d))
+				}
+			}
+			if !*yes {
+				v.Count += len(page)
+				return nil
+			}
+			n, err := s.PurgeLetters(c.ctx, page)
+			v.Count += n
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("purged %d, then: %w", v.Count, err)
 		}
-	}
-	return c.print(map[string]any{"deleted": total}, func(w io.Writer) {
-		fmt.Fprintf(w, "deleted %d events\n", total)
+		if v.Count == 0 {
+			if c.json {
+				if err := c.out(v, nil); err != nil {
+					return err
+				}
+			}
+			return nothing("no dead letters matched")
+		}
+		if err := c.out(v, func(w *tabwriter.Writer) {
+			if *yes {
+				fmt.Fprintf(w, "purged %d dead letters\n", v.Count)
+				return
+			}
+			fmt.Fprintf(w, "would purge %d dead letters (add -yes to delete them)\n", v.Count)
+			for _, id := range v.First {
+				fmt.Fprintln(w, id)
+			}
+			if v.Count > len(v.First) {
+				fmt.Fprintln(w, "…")
+			}
+		}); err != nil {
+			return err
+		}
+		if !*yes {
+			return &exitErr{code: exitNothing}
+		}
+		return nil
+	})
+}
+
+// --- pause, cleanup, peek
+
+func (c *cli) pause(cmd string, args []string) error {
+	return c.withStore(c.flags(cmd), args, exactly(1), func(s *sqlstore.Store, args []string) error {
+		ok, err := s.SetPaused(c.ctx, args[0], cmd == "pause")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nothing("no subscription %q", args[0])
+		}
+		return c.out(map[string]any{"subscription": args[0], "paused": cmd == "pause"}, func(w *tabwriter.Writer) {
+			fmt.Fprintf(w, "%sd %s\n", cmd, args[0])
+		})
+	})
+}
+
+func (c *cli) cleanup(args []string) error {
+	fs := c.flags("cleanup")
+	older := fs.Duration("older", 7*24*time.Hour, "delete events delivered (or given up) longer ago than this")
+	dead := fs.Bool("dead", false, "delete dead events too (and finished split events)")
+	limit := fs.Int("limit", 1000, "rows per delete")
+	dryRun := fs.Bool("dry-run", false, "count only")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		if *limit <= 0 {
+			return usageErr("-limit %d: want > 0", *limit)
+		}
+		var total int64
+		if *dryRun {
+			n, err := s.CleanupCount(c.ctx, *older, *dead)
+			if err != nil {
+				return err
+			}
+			total = n
+		} else {
+			for {
+				n, err := s.Cleanup(c.ctx, *older, *limit, *dead)
+				total += n
+				if err != nil {
+					return fmt.Errorf("deleted %d, then: %w", total, err)
+				}
+				if n == 0 {
+					break
+				}
+			}
+		}
+		return c.out(countJSON{DryRun: *dryRun, Count: int(total)}, func(w *tabwriter.Writer) {
+			if *dryRun {
+				fmt.Fprintf(w, "would delete %d events\n", total)
+			} else {
+				fmt.Fprintf(w, "deleted %d events\n", total)
+			}
+		})
+	})
+}
+
+type dueJSON struct {
+	ID           string  `json:"id"`
+	Subscription string  `json:"subscription,omitempty"`
+	Type         string  `json:"type"`
+	Status       string  `json:"status"`
+	Attempts     int     `json:"attempts"`
+	DueInSeconds float64 `json:"due_in_seconds"`
+	Owner        string  `json:"owner,omitempty"`
+}
+
+func (c *cli) peek(args []string) error {
+	fs := c.flags("peek")
+	limit := fs.Int("limit", 20, "how many")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		due, err := s.Peek(c.ctx, *limit)
+		if err != nil {
+			return err
+		}
+		out := make([]dueJSON, len(due))
+		for i, d := range due {
+			out[i] = dueJSON{ID: d.ID, Subscription: d.Subscription, Type: string(d.Type), Status: status(d.Status), Attempts: d.Attempts,
+				DueInSeconds: max(0, seconds(d.In)), Owner: d.Owner}
+		}
+		return c.out(map[string]any{"due": out}, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "ID\tSUBSCRIPTION\tTYPE\tSTATUS\tATTEMPTS\tDUE\tLEASED BY")
+			for _, d := range due {
+				when := "now"
+				if d.In > 0 {
+					when = "in " + age(d.In)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, orDash(d.Subscription), d.Type, status(d.Status), d.Attempts, when, orDash(d.Owner))
+			}
+		})
 	})
 }

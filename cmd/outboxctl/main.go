@@ -1,19 +1,7 @@
-// Command outboxctl operates an outbox table from the command line: it
-// applies and shows migrations, shows the backlog and each subscription's
-// lag, lists, shows and replays dead letters, pauses and resumes
-// subscriptions, and cleans up delivered events. It works on every
-// database sqlstore supports.
-//
-//	outboxctl [-dsn DSN] [-table NAME] [-json] COMMAND [ARGS]
-//
-// The DSN comes from -dsn or DATABASE_URL, in the forms the demo accepts:
-// mysql://user:pw@host:3306/db (or go-sql-driver's user:pw@tcp(host)/db),
-// postgres://user:pw@host:5432/db, sqlite:path/to/file.db. Passwords are
-// never printed.
-//
-// Exit codes: 0 done; 1 the command failed (the database, the DSN); 2 the
-// command line is wrong; 3 nothing matched (a dead letter that is not
-// there, a replay that selects nothing) or a confirmation is missing.
+// Command outboxctl operates a txoutbox outbox table from the command
+// line: migrations, statistics, dead letters, pausing subscriptions,
+// cleanup and a look at the next due events. Run outboxctl -h for the
+// commands and exit codes; see README.md.
 package main
 
 import (
@@ -24,82 +12,215 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"syscall"
 )
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
 
 // Exit codes.
 const (
-	exitOK       = 0
-	exitFailed   = 1
-	exitUsage    = 2
-	exitNoMatch  = 3
-	usageCommand = `commands:
-  migrate up                 create or upgrade the tables (idempotent)
-  migrate status             the migrations and whether each is applied
-  stats                      events by status; each subscription's lag
-  dead list [filters]        dead letters, without payloads
-  dead show ID [-payload]    one event with its deliveries and attempts
-  dead replay [-ids A,B] [filters] [-dry-run] [-rate N]
-                             make dead letters due again (dry run: count and first ids)
-  pause SUB / resume SUB     stop or restart a subscription on every instance
-  cleanup -older-than D [-dead] [-confirm]
-                             delete delivered (and with -dead, dead) events older than D
-
-filters: -subscription S -type T -since RFC3339 -until RFC3339 -error TEXT -limit N`
+	exitOK      = 0 // success
+	exitError   = 1 // the database or the command failed
+	exitUsage   = 2 // bad command line
+	exitNothing = 3 // nothing matched, or a confirmation flag is missing
 )
 
-// errNoMatch is a command that found nothing to act on.
-var errNoMatch = errors.New("nothing matched")
+const usage = `outboxctl operates a txoutbox outbox table.
 
-// usageError is a wrong command line.
-type usageError struct{ msg string }
+Usage:
+  outboxctl [global flags] COMMAND [flags] [args]
 
-func (e *usageError) Error() string { return e.msg }
+Commands:
+  migrate up                 apply the pending schema migrations
+  migrate status             list the migrations and whether they are applied
+  stats [-watch 5s]          counts per event type and per subscription:
+                             pending, retrying, dead, oldest age (lag)
+  dead list [filters]        list dead letters (never payloads)
+  dead show ID [-payload]    one event with its deliveries; the payload
+                             only with -payload
+  dead replay [ID...|filters] [-dry-run] [-rate N]
+                             make dead letters due again, N per second;
+                             -dry-run prints the count and the first ids
+  dead purge [ID...|filters] [-yes]
+                             delete dead letters; without -yes it only
+                             counts them and exits 3
+  pause SUB / resume SUB     pause or resume a subscription everywhere
+  cleanup [-older 168h] [-dead] [-dry-run]
+                             delete delivered events older than -older
+  peek [-limit 20]           the next due events and deliveries, earliest
+                             first, without taking them
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+Filters (dead list, replay, purge):
+  -sub NAME  -type TYPE  -since T  -until T  -error TEXT
+  T is RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (24h).
+
+Global flags (also accepted after the command):
+  -dsn DSN     the database; default $DATABASE_URL. mysql://user:pass@host:3306/db,
+               user:pass@tcp(host:3306)/db, postgres://user:pass@host:5432/db,
+               sqlite:path/to/file.db. Passwords are never printed.
+  -table NAME  the outbox table (default outbox_event)
+  -json        print one JSON document instead of aligned text
+
+Exit codes:
+  0  success
+  1  error (database, migration, I/O)
+  2  usage: unknown command, bad flag or argument
+  3  nothing matched (dead show of an unknown id, dead replay/purge that
+     selected nothing, pause/resume of an unknown subscription), or
+     dead purge without -yes
+`
+
+// cli is one invocation.
+type cli struct {
+	ctx    context.Context
+	env    func(string) string
+	stdout io.Writer
+	stderr io.Writer
+
+	dsn, table string
+	json       bool
 }
 
-// run is the program: it returns the exit code.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("outboxctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dsnFlag := fs.String("dsn", "", "database to operate on (default: $DATABASE_URL)")
-	table := fs.String("table", "", "the outbox table (default: sqlstore's, outbox_event)")
-	jsonOut := fs.Bool("json", false, "print one JSON document instead of aligned text")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: outboxctl [-dsn DSN] [-table NAME] [-json] COMMAND [ARGS]\n\n%s\n\nexit codes: 0 done, 1 failed, 2 usage, 3 nothing matched or confirmation missing\n\nflags:\n", usageCommand)
-		fs.PrintDefaults()
-	}
+// exitErr carries an exit code other than exitError.
+type exitErr struct {
+	code int
+	msg  string
+}
+
+func (e *exitErr) Error() string { return e.msg }
+
+func usageErr(format string, args ...any) error {
+	return &exitErr{code: exitUsage, msg: fmt.Sprintf(format, args...)}
+}
+
+func nothing(format string, args ...any) error {
+	return &exitErr{code: exitNothing, msg: fmt.Sprintf(format, args...)}
+}
+
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	c := &cli{ctx: ctx, env: env, stdout: stdout, stderr: stderr}
+	fs := c.flags("outboxctl")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
 		return exitUsage
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return exitUsage
-	}
-	dsn := *dsnFlag
-	if dsn == "" {
-		dsn = getenv("DATABASE_URL")
-	}
-	c := &cli{out: stdout, json: *jsonOut}
-	err := c.open(ctx, dsn, *table)
+	err := c.dispatch(fs.Args())
 	if err == nil {
-		defer c.close()
-		err = c.dispatch(ctx, fs.Args())
-	}
-	var ue *usageError
-	switch {
-	case err == nil:
 		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "outboxctl: %v\n\n%s\n", err, usageCommand)
-		return exitUsage
-	case errors.Is(err, errNoMatch):
-		fmt.Fprintf(stderr, "outboxctl: %v\n", err)
-		return exitNoMatch
 	}
-	fmt.Fprintf(stderr, "outboxctl: %v\n", err)
-	return exitFailed
+	err = c.redact(err)
+	var ee *exitErr
+	if errors.As(err, &ee) {
+		if ee.msg != "" {
+			fmt.Fprintln(stderr, "outboxctl:", ee.msg)
+		}
+		if ee.code == exitUsage {
+			fmt.Fprintln(stderr, "run outboxctl -h for help")
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "outboxctl:", err)
+	return exitError
+}
+
+// flags returns a flag set with the global flags.
+func (c *cli) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	if name == "outboxctl" {
+		fs.Usage = func() { fmt.Fprint(c.stderr, usage) }
+		fs.StringVar(&c.dsn, "dsn", "", "database DSN (default $DATABASE_URL)")
+		fs.StringVar(&c.table, "table", "", "outbox table (default outbox_event)")
+		fs.BoolVar(&c.json, "json", false, "print JSON")
+		return fs
+	}
+	// After the command, the global flags again, defaulting to what was
+	// given before it.
+	fs.Func("dsn", "database DSN (default $DATABASE_URL)", func(v string) error { c.dsn = v; return nil })
+	fs.Func("table", "outbox table (default outbox_event)", func(v string) error { c.table = v; return nil })
+	fs.BoolFunc("json", "print JSON", func(v string) error { c.json = v != "false"; return nil })
+	return fs
+}
+
+// parse parses a command's flags, which may come before or after its
+// arguments, and returns the arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, &exitErr{code: exitOK}
+			}
+			return nil, &exitErr{code: exitUsage}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return rest, nil
+		}
+		rest = append(rest, args[0])
+		args = args[1:]
+	}
+}
+
+func (c *cli) dispatch(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.stderr, usage)
+		return &exitErr{code: exitUsage}
+	}
+	cmd, args := args[0], args[1:]
+	sub := func() (string, []string, error) {
+		if len(args) == 0 {
+			return "", nil, usageErr("%s: want a subcommand", cmd)
+		}
+		return args[0], args[1:], nil
+	}
+	switch cmd {
+	case "migrate":
+		s, rest, err := sub()
+		if err != nil {
+			return err
+		}
+		switch s {
+		case "up":
+			return c.migrateUp(rest)
+		case "status":
+			return c.migrateStatus(rest)
+		}
+		return usageErr("migrate %s: want up or status", s)
+	case "stats":
+		return c.stats(args)
+	case "dead":
+		s, rest, err := sub()
+		if err != nil {
+			return err
+		}
+		switch s {
+		case "list":
+			return c.deadList(rest)
+		case "show":
+			return c.deadShow(rest)
+		case "replay":
+			return c.deadReplay(rest)
+		case "purge":
+			return c.deadPurge(rest)
+		}
+		return usageErr("dead %s: want list, show, replay or purge", s)
+	case "pause", "resume":
+		return c.pause(cmd, args)
+	case "cleanup":
+		return c.cleanup(args)
+	case "peek":
+		return c.peek(args)
+	case "help":
+		fmt.Fprint(c.stdout, usage)
+		return nil
+	}
+	return usageErr("unknown command %q", cmd)
 }

@@ -71,14 +71,14 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if dbc.Path != "" {
-		if err := os.MkdirAll(filepath.Dir(dbc.Path), 0o755); err != nil {
+	if dbc.path != "" {
+		if err := os.MkdirAll(filepath.Dir(dbc.path), 0o755); err != nil {
 			return nil, fmt.Errorf("restapi: create data directory: %w", err)
 		}
 	}
-	db, err := sqlx.Open(dbc.Driver, dbc.DSN)
+	db, err := sqlx.Open(dbc.driver, dbc.dsn)
 	if err != nil {
-		return nil, fmt.Errorf("restapi: open %s: %w", dbc.Display, err)
+		return nil, fmt.Errorf("restapi: open %s: %w", dbc.display, err)
 	}
 	defer func() {
 		if err != nil {
@@ -89,9 +89,9 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 	err = db.PingContext(pctx)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("restapi: connect to %s: %w", dbc.Display, err)
+		return nil, fmt.Errorf("restapi: connect to %s: %w", dbc.display, err)
 	}
-	if dbc.Dialect == "sqlite" {
+	if dbc.dialect == "sqlite" {
 		// One writer at a time: the DSN's immediate transactions queue
 		// writers behind a busy timeout, so a small pool is enough.
 		db.SetMaxOpenConns(4)

@@ -179,10 +179,10 @@ func TestCompose(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DATABASE_URL: %v", err)
 		}
-		if d.Dialect != "mysql" {
-			t.Fatalf("DATABASE_URL is %s, want mysql", d.Dialect)
+		if d.dialect != "mysql" {
+			t.Fatalf("DATABASE_URL is %s, want mysql", d.dialect)
 		}
-		mc, err := mysql.ParseDSN(d.DSN)
+		mc, err := mysql.ParseDSN(d.dsn)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -146,7 +146,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	banner(stdout, a.db0.Display, ln.Addr())
+	banner(stdout, a.db0.display, ln.Addr())
 
 	select {
 	case <-ctx.Done():

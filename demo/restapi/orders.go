@@ -183,10 +183,10 @@ type orders struct {
 
 func newOrders(db database, table string) *orders {
 	q := `"` + table + `"`
-	if db.Dialect == "mysql" {
+	if db.dialect == "mysql" {
 		q = "`" + table + "`"
 	}
-	return &orders{table: q, dialect: db.Dialect, bind: sqlx.BindType(db.Driver),
+	return &orders{table: q, dialect: db.dialect, bind: sqlx.BindType(db.driver),
 		cols: "id, customer, items, total_cents, status, created_at, cancelled_at"}
 }
 

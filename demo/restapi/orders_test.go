@@ -265,14 +265,14 @@ func TestParseDSN(t *testing.T) {
 			t.Errorf("parseDSN(%q): %v", tc.dsn, err)
 			continue
 		}
-		if d.Driver != tc.driver || d.Dialect != tc.dialect || d.Display != tc.display || !strings.Contains(d.DSN, tc.contains) {
+		if d.driver != tc.driver || d.dialect != tc.dialect || d.display != tc.display || !strings.Contains(d.dsn, tc.contains) {
 			t.Errorf("parseDSN(%q) = %+v; want driver %s, dialect %s, display %q, a DSN containing %q", tc.dsn, d, tc.driver, tc.dialect, tc.display, tc.contains)
 		}
-		if strings.Contains(d.Display, "secret") {
-			t.Errorf("parseDSN(%q): display %q shows the password", tc.dsn, d.Display)
+		if strings.Contains(d.display, "secret") {
+			t.Errorf("parseDSN(%q): display %q shows the password", tc.dsn, d.display)
 		}
-		if tc.driver == "mysql" && (!strings.Contains(d.DSN, "interpolateParams=true") || !strings.Contains(d.DSN, "parseTime=true")) {
-			t.Errorf("parseDSN(%q): mysql DSN %q lacks parseTime or interpolateParams", tc.dsn, d.DSN)
+		if tc.driver == "mysql" && (!strings.Contains(d.dsn, "interpolateParams=true") || !strings.Contains(d.dsn, "parseTime=true")) {
+			t.Errorf("parseDSN(%q): mysql DSN %q lacks parseTime or interpolateParams", tc.dsn, d.dsn)
 		}
 	}
 	for _, bad := range []string{"oracle://u:secret@h/db", "sqlite:", "mysql://u:secret@/x", "whatever secret"} {

@@ -130,7 +130,7 @@ func walkthrough(t *testing.T, dsn string, rewrite bool) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			banner(&b, d.Display, addr)
+			banner(&b, d.display, addr)
 			got = b.String()
 		case strings.HasPrefix(c.text, "curl "):
 			h.waitDelivered(t)

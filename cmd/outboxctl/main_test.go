@@ -1,0 +1,356 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// binary is the outboxctl built once for all tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "outboxctl-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "outboxctl")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "go build:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result is one run of the binary.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCtl(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL=")
+	cmd.Env = append(cmd.Env, env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return r
+}
+
+// fixture is a database with an outbox table for the binary.
+type fixture struct {
+	t     *testing.T
+	db    *sqlx.DB
+	dsn   string
+	table string
+	s     *sqlstore.Store
+	ids   map[string]string // event id → E1, E2, …
+}
+
+func newFixture(t *testing.T, name string) *fixture {
+	f := &fixture{t: t, table: testdb.TableName("ctl"), ids: map[string]string{}}
+	switch name {
+	case "sqlite":
+		path := filepath.Join(t.TempDir(), "ctl.db")
+		db, err := sqlx.Open("sqlite", sqlstore.SQLiteDSN(path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if err := db.Ping(); err != nil { // creates the file
+			t.Fatal(err)
+		}
+		f.db, f.dsn = db, "sqlite:"+path
+	case "mysql":
+		f.db, f.dsn = testdb.MySQL(t), testdb.MySQLDSN()
+	case "postgres":
+		f.db, f.dsn = testdb.Postgres(t), testdb.PostgresDSN()
+	}
+	s, err := sqlstore.New(f.db, sqlstore.Options{Table: f.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.s = s
+	t.Cleanup(func() {
+		testdb.DropTable(t, f.db, s.Table(), s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable())
+	})
+	return f
+}
+
+func (f *fixture) run(args ...string) result {
+	f.t.Helper()
+	return runCtl(f.t, nil, append([]string{"-dsn", f.dsn, "-table", f.table}, args...)...)
+}
+
+var (
+	timeRE   = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+	ageRE    = regexp.MustCompile(`<1s|\b(\d+h)?(\d+m)?\d+(\.\d+)?(s|ms|µs)\b`)
+	spacesRE = regexp.MustCompile(` {2,}`)
+)
+
+// normalize makes a run's output comparable across runs and databases:
+// event ids become E1…, times <time>, ages <age>, and the table <table>;
+// runs of spaces (tabwriter's alignment, which depends on those widths)
+// become two.
+func (f *fixture) normalize(r result) string {
+	s := fmt.Sprintf("exit %d\n--- stdout\n%s--- stderr\n%s", r.code, r.stdout, r.stderr)
+	for id, name := range f.ids {
+		s = strings.ReplaceAll(s, id, name)
+	}
+	s = strings.ReplaceAll(s, f.table, "<table>")
+	s = timeRE.ReplaceAllString(s, "<time>")
+	s = ageRE.ReplaceAllString(s, "<age>")
+	return spacesRE.ReplaceAllString(s, "  ")
+}
+
+// golden compares r with testdata/name.golden.
+func (f *fixture) golden(name string, r result) {
+	f.t.Helper()
+	got := f.normalize(r)
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			f.t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		f.t.Fatalf("%v (run go test -update to write it)", err)
+	}
+	if got != string(want) {
+		f.t.Errorf("%s: output differs from %s\n--- got\n%s\n--- want\n%s", name, path, got, want)
+	}
+}
+
+// seed writes seven events in known states through the store:
+//
+//	E1 order.created  DEAD (card declined)
+//	E2 order.created  split: billing dead
+//	E3 order.paid     split: mailer retrying, due in 2h
+//	E4 user.created   RETRY, due in 1h
+//	E5 order.created  NEW, due now
+//	E6 order.paid     DONE
+//	E7 order.created  split: billing dead, mailer dead
+func (f *fixture) seed() {
+	t, s, ctx := f.t, f.s, context.Background()
+	if _, err := s.SyncSubscriptions(ctx, []outbox.SubscriptionInfo{
+		{Name: "billing", Types: []outbox.EventType{"order.created"}},
+		{Name: "mailer"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	types := []string{"order.created", "order.created", "order.paid", "user.created", "order.created", "order.paid", "order.created"}
+	var ids []string
+	for i, typ := range types {
+		r := outbox.Row{ID: outbox.NewID(), Type: typ, AggregateType: "order", AggregateID: fmt.Sprint(i + 1),
+			Payload: fmt.Appendf(nil, `{"n":%d,"email":"someone@example.com"}`, i+1), PayloadJSON: true, OccurredAt: time.Now()}
+		if err := s.Insert(ctx, s.DB(), &r, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+		f.ids[r.ID] = fmt.Sprintf("E%d", i+1)
+	}
+	time.Sleep(10 * time.Millisecond)
+	rows, err := s.Claim(ctx, outbox.ClaimRequest{Owner: "seed", Limit: 10, Lease: time.Minute})
+	if err != nil || len(rows) != len(ids) {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	must := func(ok bool, err error) {
+		t.Helper()
+		if err != nil || !ok {
+			t.Fatalf("seed: %v, %v", ok, err)
+		}
+	}
+	must(s.MarkDead(ctx, "seed", ids[0], "permanent: card declined"))
+	must(s.Split(ctx, "seed", ids[1], []outbox.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}))
+	must(s.Split(ctx, "seed", ids[2], []outbox.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}))
+	must(s.MarkRetry(ctx, "seed", ids[3], time.Hour, "db down"))
+	if err := s.Release(ctx, "seed", ids[4:5], 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.MarkDone(ctx, "seed", ids[5:6]); n != 1 || err != nil {
+		t.Fatalf("mark done: %d, %v", n, err)
+	}
+	must(s.Split(ctx, "seed", ids[6], []outbox.DeliveryWrite{
+		{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"},
+		{Subscription: "mailer", Status: outbox.StatusDead, Attempts: 3, Error: "mailbox full"},
+	}))
+}
+
+func (f *fixture) id(name string) string {
+	for id, n := range f.ids {
+		if n == name {
+			return id
+		}
+	}
+	f.t.Fatalf("no event %s", name)
+	return ""
+}
+
+// TestCommands runs every command against each database and compares the
+// output with the same golden files: the three databases must agree.
+func TestCommands(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, name)
+			f.golden("migrate_status_before", f.run("migrate", "status"))
+			f.golden("migrate_up", f.run("migrate", "up"))
+			f.golden("migrate_up_again", f.run("migrate", "up"))
+			f.golden("migrate_status", f.run("migrate", "status"))
+			f.seed()
+
+			f.golden("stats", f.run("stats"))
+			f.golden("dead_list", f.run("dead", "list"))
+			f.golden("dead_list_sub", f.run("dead", "list", "-sub", "billing"))
+			f.golden("dead_list_error", f.run("dead", "list", "-error", "declined"))
+			f.golden("dead_list_type", f.run("dead", "list", "-type", "order.created", "-since", "1h", "-until", "2099-01-01T00:00:00Z"))
+			f.golden("dead_list_future", f.run("dead", "list", "-since", "2099-01-01T00:00:00Z"))
+			f.golden("dead_show", f.run("dead", "show", f.id("E7")))
+			f.golden("dead_show_payload", f.run("dead", "show", f.id("E1"), "-payload"))
+			f.golden("dead_show_unknown", f.run("dead", "show", "nope"))
+			f.golden("peek", f.run("peek"))
+			f.golden("replay_dry_run", f.run("dead", "replay", "-dry-run"))
+
+			start := time.Now()
+			f.golden("replay_sub_rate", f.run("dead", "replay", "-sub", "billing", "-rate", "2"))
+			if el := time.Since(start); el < 900*time.Millisecond {
+				t.Errorf("replay of 2 dead letters at -rate 2 took %v; want ≥ 1s", el)
+			}
+			f.golden("replay_again", f.run("dead", "replay", "-sub", "billing"))
+			f.golden("replay_again_json", f.run("dead", "replay", "-sub", "billing", "-json"))
+			f.golden("stats_after_replay", f.run("stats"))
+			f.golden("peek_after_replay", f.run("peek", "-limit", "3"))
+
+			f.golden("purge_unconfirmed", f.run("dead", "purge", "-sub", "mailer"))
+			f.golden("purge_sub", f.run("dead", "purge", "-sub", "mailer", "-yes"))
+			f.golden("purge_id", f.run("dead", "purge", f.id("E1"), "-yes"))
+			f.golden("purge_nothing", f.run("dead", "purge", "-yes"))
+			f.golden("dead_show_purged", f.run("dead", "show", f.id("E1")))
+			f.golden("dead_show_after_purge", f.run("dead", "show", f.id("E7")))
+
+			f.golden("pause", f.run("pause", "billing"))
+			f.golden("pause_unknown", f.run("pause", "nobody"))
+			f.golden("stats_paused", f.run("stats"))
+			f.golden("resume", f.run("resume", "billing"))
+
+			f.golden("cleanup_dry_run", f.run("cleanup", "-older", "0s", "-dry-run"))
+			f.golden("cleanup", f.run("cleanup", "-older", "0s"))
+			f.golden("cleanup_again", f.run("cleanup", "-older", "0s", "-dry-run"))
+
+			// JSON: one document each, checked by decoding.
+			var st statsJSON
+			f.decode(f.run("-json", "stats"), &st)
+			if st.Total.New != 1 || st.Total.Retry != 1 || st.Total.Split != 3 || st.Total.Done != 0 || len(st.Types) != 3 || len(st.Subscriptions) != 2 {
+				t.Errorf("stats -json: %+v", st)
+			}
+			var dl struct{ Dead []deadJSON }
+			f.decode(f.run("dead", "list", "-json"), &dl)
+			if len(dl.Dead) != 0 {
+				t.Errorf("dead list -json: %+v", dl)
+			}
+			var rec recordJSON
+			f.decode(f.run("dead", "show", "-json", "-payload", f.id("E3")), &rec)
+			if rec.Status != "split" || rec.Payload == nil || !strings.Contains(*rec.Payload, `"n":3`) || len(rec.Deliveries) != 1 {
+				t.Errorf("dead show -json: %+v", rec)
+			}
+			var due struct{ Due []dueJSON }
+			f.decode(f.run("peek", "-json"), &due)
+			if len(due.Due) != 5 {
+				t.Errorf("peek -json: %d rows, want 5: %+v", len(due.Due), due)
+			}
+		})
+	}
+}
+
+func (f *fixture) decode(r result, v any) {
+	f.t.Helper()
+	if r.code != 0 {
+		f.t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	if err := dec.Decode(v); err != nil {
+		f.t.Fatalf("decode %q: %v", r.stdout, err)
+	}
+	if dec.More() {
+		f.t.Errorf("more than one JSON document: %q", r.stdout)
+	}
+}
+
+// TestUsageAndSecrets needs no database: usage errors exit 2, and a
+// password in the DSN is never printed, from -dsn or DATABASE_URL.
+func TestUsageAndSecrets(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{nil, exitUsage},
+		{[]string{"bogus"}, exitUsage},
+		{[]string{"-nope"}, exitUsage},
+		{[]string{"migrate"}, exitUsage},
+		{[]string{"migrate", "sideways"}, exitUsage},
+		{[]string{"dead", "show"}, exitUsage},
+		{[]string{"pause"}, exitUsage},
+		{[]string{"-dsn", "sqlite:x.db", "dead", "list", "-since", "yesterday"}, exitUsage},
+		{[]string{"stats"}, exitUsage}, // no database
+		{[]string{"-dsn", "oracle://x", "stats"}, exitUsage},
+		{[]string{"-h"}, exitOK},
+		{[]string{"help"}, exitOK},
+		{[]string{"-dsn", "sqlite:" + filepath.Join(t.TempDir(), "missing.db"), "stats"}, exitError},
+	} {
+		r := runCtl(t, nil, tc.args...)
+		if r.code != tc.code {
+			t.Errorf("outboxctl %q: exit %d, want %d; stderr %s", tc.args, r.code, tc.code, r.stderr)
+		}
+	}
+	if r := runCtl(t, nil, "-h"); !strings.Contains(r.stderr, "Exit codes:") {
+		t.Errorf("-h does not document the exit codes: %s", r.stderr)
+	}
+	for _, dsn := range []string{
+		"mysql://root:s3cr%21et@127.0.0.1:1/test",
+		"root:s3cr!et@tcp(127.0.0.1:1)/test",
+		"postgres://postgres:s3cr!et@127.0.0.1:1/test?sslmode=disable",
+		"mysql://root:s3cr!et@127.0.0.1:1/test?bogus%zz",
+	} {
+		for _, r := range []result{
+			runCtl(t, nil, "-dsn", dsn, "stats"),
+			runCtl(t, []string{"DATABASE_URL=" + dsn}, "dead", "list"),
+		} {
+			if r.code == 0 || strings.Contains(r.stdout+r.stderr, "s3cr") {
+				t.Errorf("DSN %s: exit %d, output shows the password or is no error:\n%s%s", dsn, r.code, r.stdout, r.stderr)
+			}
+		}
+	}
+}
