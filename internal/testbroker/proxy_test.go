@@ -1,0 +1,60 @@
+package testbroker
+
+import (
+	"bufio"
+	"net"
+	"testing"
+)
+
+// The proxy forwards bytes both ways, Cut breaks open connections and
+// refuses new ones, Restore lets them through again.
+func TestProxyCutAndRestore(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); bufio.NewReader(c).WriteTo(c) }()
+		}
+	}()
+	p := NewProxy(t, echo.Addr().String())
+	roundTrip := func() error {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			return err
+		}
+		_, err = bufio.NewReader(c).ReadString('\n')
+		return err
+	}
+	if err := roundTrip(); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	open, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	open.Write([]byte("x\n"))
+	bufio.NewReader(open).ReadString('\n')
+	p.Cut()
+	if _, err := bufio.NewReader(open).ReadString('\n'); err == nil {
+		t.Fatal("an open connection survived Cut")
+	}
+	if err := roundTrip(); err == nil {
+		t.Fatal("a new connection got through a cut proxy")
+	}
+	p.Restore()
+	if err := roundTrip(); err != nil {
+		t.Fatalf("after Restore: %v", err)
+	}
+}
