@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // Background work: the sampler of queue depths and backlog, and the
@@ -13,7 +15,7 @@ func (o *Outbox) sample(ctx context.Context) {
 	depth := time.NewTicker(time.Second)
 	defer depth.Stop()
 	var stats <-chan time.Time
-	sr, ok := o.store.(StatsReader)
+	sr, ok := o.store.(driver.StatsReader)
 	if ok && o.cfg.StatsInterval > 0 {
 		t := time.NewTicker(o.cfg.StatsInterval)
 		defer t.Stop()
@@ -36,7 +38,7 @@ func (o *Outbox) sample(ctx context.Context) {
 				continue
 			}
 			o.m.Backlog(s)
-			if _, ok := o.store.(OperatorStore); ok {
+			if _, ok := o.store.(driver.OperatorStore); ok {
 				lctx, cancel := context.WithTimeout(ctx, o.cfg.StatsInterval)
 				lags, err := o.Lag(lctx)
 				cancel()
@@ -70,7 +72,7 @@ func chunks(s []string, n int) func(func([]string) bool) {
 // cleanupLoop deletes delivered rows older than Config.Retention at start
 // and then every CleanupInterval, until ctx ends.
 func (o *Outbox) cleanupLoop(ctx context.Context) {
-	c := o.store.(Cleaner) // checked by New
+	c := o.store.(driver.Cleaner) // checked by New
 	t := time.NewTicker(o.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
@@ -84,7 +86,7 @@ func (o *Outbox) cleanupLoop(ctx context.Context) {
 }
 
 // cleanup runs one cleanup: batches until fewer than a batch is left.
-func (o *Outbox) cleanup(ctx context.Context, c Cleaner) {
+func (o *Outbox) cleanup(ctx context.Context, c driver.Cleaner) {
 	var total int64
 	for ctx.Err() == nil {
 		n, err := c.Cleanup(ctx, o.cfg.Retention, o.cfg.CleanupBatchSize, o.cfg.CleanupDead)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 )
 
@@ -52,7 +53,7 @@ type countingStore struct {
 	splits              int
 }
 
-func (s *countingStore) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, subs []string) ([]outbox.Delivery, error) {
+func (s *countingStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
 	ds, err := s.Store.ClaimDeliveries(ctx, req, subs)
 	s.mu.Lock()
 	s.claimed += len(ds)
@@ -60,14 +61,14 @@ func (s *countingStore) ClaimDeliveries(ctx context.Context, req outbox.ClaimReq
 	return ds, err
 }
 
-func (s *countingStore) FailDelivery(ctx context.Context, owner string, k outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+func (s *countingStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
 	s.mu.Lock()
 	s.failWrites++
 	s.mu.Unlock()
 	return s.Store.FailDelivery(ctx, owner, k, w)
 }
 
-func (s *countingStore) Split(ctx context.Context, owner, id string, ws []outbox.DeliveryWrite) (bool, error) {
+func (s *countingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
 	s.mu.Lock()
 	s.splits++
 	s.mu.Unlock()

@@ -5,14 +5,16 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // completer is the completion writer: one goroutine that records delivered
 // items as DONE in batches, so that the common case costs one write per
 // batch. The Outbox starts it with the workers and stops it after them.
 type completer struct {
-	store     Store
-	dstore    DeliveryStore
+	store     driver.Store
+	dstore    driver.DeliveryStore
 	owner     string
 	batchSize int
 	linger    time.Duration
@@ -54,7 +56,7 @@ func (c *completer) run() {
 	g := newGatherer(c.in, c.batchSize, c.linger)
 	batch := make([]*item, 0, c.batchSize)
 	ids := make([]string, 0, c.batchSize)
-	var keys []DeliveryKey
+	var keys []driver.DeliveryKey
 	for {
 		var ok bool
 		if batch, ok = g.next(batch); !ok {
@@ -66,7 +68,7 @@ func (c *completer) run() {
 			if it.sub == nil {
 				ids = append(ids, it.env.ID)
 			} else {
-				keys = append(keys, DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+				keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
 			}
 		}
 		if len(ids) > 0 {
@@ -81,7 +83,7 @@ func (c *completer) run() {
 	}
 }
 
-func (c *completer) completeDeliveries(keys []DeliveryKey) {
+func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	start := time.Now()

@@ -119,7 +119,7 @@ type Config struct {
 	// deletes DONE rows older than Retention (by their last due time, on
 	// the database's clock, like leases) at Start and then every
 	// CleanupInterval, in
-	// batches of CleanupBatchSize rows. The store must implement Cleaner.
+	// batches of CleanupBatchSize rows. The store must implement driver.Cleaner.
 	// NEW and RETRY rows are never deleted. Zero (the default) keeps every
 	// row; the store's Cleanup can still be called by hand.
 	Retention time.Duration

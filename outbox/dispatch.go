@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // item is one event on its way through the engine: to every subscription
@@ -39,13 +41,13 @@ func (it *item) key() string {
 
 func deliveryKeyString(id, sub string) string { return id + "\x00" + sub }
 
-func parseDeliveryKey(k string) (DeliveryKey, bool) {
+func parseDeliveryKey(k string) (driver.DeliveryKey, bool) {
 	for i := 0; i < len(k); i++ {
 		if k[i] == 0 {
-			return DeliveryKey{EventID: k[:i], Subscription: k[i+1:]}, true
+			return driver.DeliveryKey{EventID: k[:i], Subscription: k[i+1:]}, true
 		}
 	}
-	return DeliveryKey{}, false
+	return driver.DeliveryKey{}, false
 }
 
 type resultKind int8
@@ -267,28 +269,28 @@ func (o *Outbox) finish(it *item) {
 func (o *Outbox) recordFailures(it *item) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	var writes []DeliveryWrite
+	var writes []driver.DeliveryWrite
 	var wake time.Duration = -1
 	for _, r := range it.results {
-		w := DeliveryWrite{Subscription: r.sub, Attempts: r.attempts, Delay: r.delay, Error: r.err}
+		w := driver.DeliveryWrite{Subscription: r.sub, Attempts: r.attempts, Delay: r.delay, Error: r.err}
 		attrs := []any{slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)),
 			slog.String("subscription", r.sub), slog.String("path", string(it.path))}
 		switch r.kind {
 		case resDone:
 			continue
 		case resRetry:
-			w.Status = StatusRetry
+			w.Status = driver.StatusRetry
 			o.log.Warn("delivery failed; will retry", append(attrs, slog.Int("attempt", r.attempts), slog.Duration("retry_in", r.delay), slog.String("error", r.err))...)
 		case resDead:
-			w.Status = StatusDead
+			w.Status = driver.StatusDead
 			o.log.Error("delivery is dead: failed for the last time", append(attrs, slog.Int("attempt", r.attempts), slog.String("error", r.err))...)
 		case resDefer:
-			w.Status = StatusNew
+			w.Status = driver.StatusNew
 			if r.err != "" {
 				o.log.Debug("destination unavailable; delivery deferred without an attempt", append(attrs, slog.Duration("retry_in", r.delay), slog.String("error", r.err))...)
 			}
 		}
-		if w.Status != StatusDead && (wake < 0 || r.delay < wake) {
+		if w.Status != driver.StatusDead && (wake < 0 || r.delay < wake) {
 			wake = r.delay
 		}
 		writes = append(writes, w)
@@ -298,7 +300,7 @@ func (o *Outbox) recordFailures(it *item) {
 	// must find it free in the in-flight set. Until the write, the live
 	// lease keeps every claim off it.
 	o.inflight.release(it.key())
-	write := func(writes []DeliveryWrite) (bool, error) {
+	write := func(writes []driver.DeliveryWrite) (bool, error) {
 		start := time.Now()
 		name := "split"
 		if it.sub != nil {
@@ -309,7 +311,7 @@ func (o *Outbox) recordFailures(it *item) {
 			if it.sub == nil {
 				return o.dstore.Split(ctx, o.cfg.InstanceID, it.env.ID, writes)
 			}
-			return o.dstore.FailDelivery(ctx, o.cfg.InstanceID, DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
+			return o.dstore.FailDelivery(ctx, o.cfg.InstanceID, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
 		})
 	}
 	held, err := write(writes)
@@ -362,7 +364,7 @@ func (o *Outbox) callTx(ctx context.Context, s *subscription, ev Event) error {
 		return ctx.Err()
 	}
 	defer func() { <-s.sem }()
-	ts := o.store.(TxDeliveryStore) // checked by Subscribe
+	ts := o.store.(driver.TxDeliveryStore) // checked by Subscribe
 	return o.call(ctx, s.Timeout, func(ctx context.Context) error {
 		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error {
 			return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) })

@@ -3,7 +3,7 @@
 // transaction commits, delivers them to subscriptions at least once.
 //
 // It depends on the standard library and github.com/oklog/ulid/v2 only.
-// Storage is behind the [Store] interface (outbox/sqlstore implements it for
+// Storage is behind the [driver.Store] interface (outbox/sqlstore implements it for
 // MySQL/MariaDB, PostgreSQL and SQLite); HTTP request transactions come
 // from txmw (database/sql, sqlx) or the GORM and ent adapters.
 //
@@ -47,7 +47,7 @@
 // instance that takes its type. When all succeed the event is marked DONE
 // (in batched UPDATEs: the only write of the common case). When some do
 // not, one transaction splits the event ([StatusSplit]) and records a
-// delivery for each subscription that still owes it ([DeliveryStore]);
+// delivery for each subscription that still owes it ([driver.DeliveryStore]);
 // from then on each of them retries, goes dead and is replayed on its own,
 // and a subscription that succeeded never runs again for that event. A
 // failed attempt is retried after the subscription's back-off (exponential
@@ -137,7 +137,7 @@
 // github.com/txoutbox/txoutbox/prom exports them to Prometheus. Stores may
 // implement [StatsReader] (backlog, and rows of a status the engine does
 // not know), [DeadLetterStore] (list, replay), [Cleaner] (delete delivered
-// rows) and [Inspector] (look one event up).
+// rows) and [driver.Inspector] (look one event up).
 //
 // # Defaults
 //

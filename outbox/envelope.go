@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // EventType names a kind of event, such as "OrderPlaced". Declare the types
@@ -243,9 +244,9 @@ func NewID() string {
 
 // encode validates env, fills its defaults and returns the row to insert.
 // The payload is copied once; the returned Envelope shares it with the row.
-func encode(env Envelope, now time.Time) (Row, Envelope, error) {
+func encode(env Envelope, now time.Time) (driver.Row, Envelope, error) {
 	if err := env.validate(); err != nil {
-		return Row{}, Envelope{}, err
+		return driver.Row{}, Envelope{}, err
 	}
 	env = env.clone()
 	if env.ID == "" {
@@ -255,7 +256,7 @@ func encode(env Envelope, now time.Time) (Row, Envelope, error) {
 		env.OccurredAt = now
 	}
 	env.OccurredAt = env.OccurredAt.UTC().Truncate(time.Microsecond)
-	row := Row{
+	row := driver.Row{
 		ID:            env.ID,
 		Type:          string(env.Type),
 		AggregateType: string(env.AggregateType),
@@ -268,10 +269,10 @@ func encode(env Envelope, now time.Time) (Row, Envelope, error) {
 	if len(env.Headers) > 0 {
 		h, err := json.Marshal(env.Headers)
 		if err != nil {
-			return Row{}, Envelope{}, invalid("Headers", "cannot be encoded")
+			return driver.Row{}, Envelope{}, invalid("Headers", "cannot be encoded")
 		}
 		if len(h) > MaxHeadersBytes {
-			return Row{}, Envelope{}, invalid("Headers", "%d bytes encoded as JSON, over the limit of %d bytes (MaxHeadersBytes); move large metadata into the payload", len(h), MaxHeadersBytes)
+			return driver.Row{}, Envelope{}, invalid("Headers", "%d bytes encoded as JSON, over the limit of %d bytes (MaxHeadersBytes); move large metadata into the payload", len(h), MaxHeadersBytes)
 		}
 		row.Headers = h
 	}
@@ -290,7 +291,7 @@ func (e *DecodeError) Error() string {
 }
 
 // decode turns a stored row back into an Envelope.
-func decode(r *Row) (Envelope, error) {
+func decode(r *driver.Row) (Envelope, error) {
 	if r.ReadError != nil {
 		return Envelope{}, &DecodeError{ID: r.ID, Reason: r.ReadError.Error()}
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 func TestValidate(t *testing.T) {
@@ -85,7 +87,7 @@ func TestEncodeCopiesAndFillsDefaults(t *testing.T) {
 
 func TestDecodeErrorsNeverQuoteContent(t *testing.T) {
 	const secret = "s3cr3t"
-	for _, r := range []Row{
+	for _, r := range []driver.Row{
 		{ID: "1", Type: "T", Headers: []byte(`{"k":"` + secret), Payload: []byte(`{}`), PayloadJSON: true},
 		{ID: "2", Type: "T", Headers: []byte(`{"k":1}`), Payload: []byte(`{}`), PayloadJSON: true},
 		{ID: "3", Type: "T", Payload: []byte(`{"k":"` + secret), PayloadJSON: true},
@@ -197,8 +199,8 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		t.Error("New(nil store) succeeded")
 	}
 	// A retention needs a store that can delete rows.
-	if _, err := New(&clockStore{}, Config{Retention: time.Hour}); err == nil || !strings.Contains(err.Error(), "outbox.Cleaner") {
-		t.Errorf("New with Retention on a store without Cleanup = %v; want an error naming outbox.Cleaner", err)
+	if _, err := New(&clockStore{}, Config{Retention: time.Hour}); err == nil || !strings.Contains(err.Error(), "driver.Cleaner") {
+		t.Errorf("New with Retention on a store without Cleanup = %v; want an error naming driver.Cleaner", err)
 	}
 }
 

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // nopDeliveries is a DeliveryStore with no subscriptions of other
@@ -10,26 +12,26 @@ import (
 // tests (which never split an event).
 type nopDeliveries struct{}
 
-func (nopDeliveries) SyncSubscriptions(context.Context, []SubscriptionInfo) ([]SubscriptionState, error) {
+func (nopDeliveries) SyncSubscriptions(context.Context, []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
 	return nil, nil
 }
 func (nopDeliveries) SetPaused(context.Context, string, bool) (bool, error) { return false, nil }
-func (nopDeliveries) Split(context.Context, string, string, []DeliveryWrite) (bool, error) {
+func (nopDeliveries) Split(context.Context, string, string, []driver.DeliveryWrite) (bool, error) {
 	return true, nil
 }
-func (nopDeliveries) ClaimDeliveries(context.Context, ClaimRequest, []string) ([]Delivery, error) {
+func (nopDeliveries) ClaimDeliveries(context.Context, driver.ClaimRequest, []string) ([]driver.Delivery, error) {
 	return nil, nil
 }
-func (nopDeliveries) CompleteDeliveries(_ context.Context, _ string, keys []DeliveryKey) (int, error) {
+func (nopDeliveries) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryKey) (int, error) {
 	return len(keys), nil
 }
-func (nopDeliveries) FailDelivery(context.Context, string, DeliveryKey, DeliveryWrite) (bool, error) {
+func (nopDeliveries) FailDelivery(context.Context, string, driver.DeliveryKey, driver.DeliveryWrite) (bool, error) {
 	return true, nil
 }
-func (nopDeliveries) ExtendDeliveryLeases(_ context.Context, _ string, keys []DeliveryKey, _ time.Duration) (int, error) {
+func (nopDeliveries) ExtendDeliveryLeases(_ context.Context, _ string, keys []driver.DeliveryKey, _ time.Duration) (int, error) {
 	return len(keys), nil
 }
-func (nopDeliveries) ReleaseDeliveries(context.Context, string, []DeliveryKey, time.Duration) error {
+func (nopDeliveries) ReleaseDeliveries(context.Context, string, []driver.DeliveryKey, time.Duration) error {
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 )
 
@@ -25,7 +26,7 @@ type faultyStore struct {
 
 var errInjected = errors.New("injected fault")
 
-func (s *faultyStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *faultyStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	if s.claimFails.Load() {
 		return nil, errInjected
 	}
@@ -46,7 +47,7 @@ func (s *faultyStore) ExtendLeases(ctx context.Context, owner string, ids []stri
 	return s.Store.ExtendLeases(ctx, owner, ids, lease)
 }
 
-func (s *faultyStore) SyncSubscriptions(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outbox.SubscriptionState, error) {
+func (s *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
 	if s.syncFails.Load() {
 		return nil, errInjected
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // leaseKeeper renews the leases of everything this instance holds (the
@@ -11,8 +13,8 @@ import (
 // hot-queue overflow, for events this instance cannot deliver. Its
 // goroutine runs from Start until the engine's context ends.
 type leaseKeeper struct {
-	store    Store
-	dstore   DeliveryStore
+	store    driver.Store
+	dstore   driver.DeliveryStore
 	owner    string
 	lease    time.Duration
 	inflight *inflightSet
@@ -28,7 +30,7 @@ func newLeaseKeeper(o *Outbox) *leaseKeeper {
 // handBack empties the queues and releases the leases of what was in them.
 func (o *Outbox) handBack() {
 	var ids []string
-	var keys []DeliveryKey
+	var keys []driver.DeliveryKey
 	var items []*item
 	for {
 		var it *item
@@ -44,7 +46,7 @@ func (o *Outbox) handBack() {
 		if it.sub == nil {
 			ids = append(ids, it.env.ID)
 		} else {
-			keys = append(keys, DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
 		}
 	}
 	if len(items) == 0 {
@@ -61,11 +63,11 @@ func (o *Outbox) handBack() {
 }
 
 // releaseDeliveries is releaseAfter for deliveries.
-func (o *Outbox) releaseDeliveries(ctx context.Context, keys []DeliveryKey, delay time.Duration, what string) {
+func (o *Outbox) releaseDeliveries(ctx context.Context, keys []driver.DeliveryKey, delay time.Duration, what string) {
 	o.leases.releaseDeliveries(ctx, keys, delay, what)
 }
 
-func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []DeliveryKey, delay time.Duration, what string) {
+func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []driver.DeliveryKey, delay time.Duration, what string) {
 	for len(keys) > 0 {
 		n := min(500, len(keys))
 		start := time.Now()
@@ -113,7 +115,7 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		case <-t.C:
 		}
 		var ids []string
-		var keys []DeliveryKey
+		var keys []driver.DeliveryKey
 		for _, key := range k.inflight.snapshot() {
 			if dk, ok := parseDeliveryKey(key); ok {
 				keys = append(keys, dk)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // Errors returned by Publish and the lifecycle methods.
@@ -39,12 +41,12 @@ type Event struct {
 // and, after commit, delivers them to listeners, with a poller that catches
 // whatever the fast path missed. All methods are safe for concurrent use.
 type Outbox struct {
-	store Store
+	store driver.Store
 	cfg   Config
 	log   *slog.Logger
 	m     Metrics
 
-	dstore DeliveryStore
+	dstore driver.DeliveryStore
 	regMu  sync.Mutex // serialises changes of subs
 	subs   atomic.Pointer[registry]
 
@@ -81,19 +83,19 @@ type Outbox struct {
 
 // New returns an Outbox over store. It does not start delivering until
 // Start; Publish works at once.
-func New(store Store, cfg Config) (*Outbox, error) {
+func New(store driver.Store, cfg Config) (*Outbox, error) {
 	if store == nil {
 		return nil, errors.New("outbox: New: store is nil")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if _, ok := store.(Cleaner); cfg.Retention > 0 && !ok {
-		return nil, fmt.Errorf("outbox: Config.Retention is set but the store (%T) cannot delete rows: it does not implement outbox.Cleaner", store)
+	if _, ok := store.(driver.Cleaner); cfg.Retention > 0 && !ok {
+		return nil, fmt.Errorf("outbox: Config.Retention is set but the store (%T) cannot delete rows: it does not implement driver.Cleaner", store)
 	}
-	ds, ok := store.(DeliveryStore)
+	ds, ok := store.(driver.DeliveryStore)
 	if !ok {
-		return nil, fmt.Errorf("outbox: New: the store (%T) keeps no per-subscription delivery state: it must implement outbox.DeliveryStore (sqlstore and outboxtest do)", store)
+		return nil, fmt.Errorf("outbox: New: the store (%T) keeps no per-subscription delivery state: it must implement driver.DeliveryStore (sqlstore and outboxtest do)", store)
 	}
 	cfg = cfg.withDefaults()
 	o := &Outbox{
@@ -151,7 +153,7 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 	if err != nil {
 		return "", err
 	}
-	if err := o.write(ctx, tx, []Row{row}, []Envelope{env}); err != nil {
+	if err := o.write(ctx, tx, []driver.Row{row}, []Envelope{env}); err != nil {
 		return "", err
 	}
 	return env.ID, nil
@@ -179,7 +181,7 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 		return nil, nil
 	}
 	now := time.Now()
-	rows := make([]Row, len(envs))
+	rows := make([]driver.Row, len(envs))
 	encoded := make([]Envelope, len(envs))
 	for i, env := range envs {
 		row, env, err := encode(env, now)
@@ -204,14 +206,14 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 // whose type no subscription here takes, or published with the hot path off or
 // through a closed outbox, is written free, so that any instance's poller
 // can take it at once.
-func (o *Outbox) write(ctx context.Context, tx TxContext, rows []Row, envs []Envelope) error {
+func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, envs []Envelope) error {
 	o.mu.RLock()
 	closed := o.closed
 	o.mu.RUnlock()
 	hot := !o.cfg.DisableHotPath && !closed
 	reg := o.subs.Load()
 	var mine []Envelope
-	var mineRows, freeRows []Row
+	var mineRows, freeRows []driver.Row
 	for i, env := range envs {
 		if hot && reg.has(env.Type) {
 			mine = append(mine, env)
@@ -240,8 +242,8 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []Row, envs []Env
 	return nil
 }
 
-func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []Row, owner string, lease time.Duration) error {
-	if bi, ok := o.store.(BatchInserter); ok && len(rows) > 1 {
+func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []driver.Row, owner string, lease time.Duration) error {
+	if bi, ok := o.store.(driver.BatchInserter); ok && len(rows) > 1 {
 		if err := bi.InsertBatch(ctx, tx, rows, owner, lease); err != nil {
 			return fmt.Errorf("outbox: insert %d events (first %s): %w", len(rows), rows[0].ID, err)
 		}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // retryWakeMargin is added to a retry's due time before the poller wakes
@@ -153,7 +155,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
 	claimStart := time.Now()
-	rows, err := o.store.Claim(ctx, ClaimRequest{
+	rows, err := o.store.Claim(ctx, driver.ClaimRequest{
 		Owner:      o.cfg.InstanceID,
 		Limit:      limit,
 		Lease:      o.cfg.Lease,
@@ -191,19 +193,19 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	}
 	// The deliveries of split events, for this instance's subscriptions
 	// that are neither paused nor waiting for their circuit.
-	var unqueuedDeliveries []DeliveryKey
+	var unqueuedDeliveries []driver.DeliveryKey
 	if room := limit - len(rows); room > 0 {
 		// Subscriptions with a closed circuit in one claim; one whose
 		// circuit waits for a probe gets one delivery, the probe, instead
 		// of a batch it would only defer again.
 		closed, probing := reg.claimable()
-		var ds []Delivery
+		var ds []driver.Delivery
 		claim := func(limit int, names []string) {
 			if limit <= 0 || len(names) == 0 {
 				return
 			}
 			start := time.Now()
-			got, err := o.dstore.ClaimDeliveries(ctx, ClaimRequest{
+			got, err := o.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
 				Owner:      o.cfg.InstanceID,
 				Limit:      limit,
 				Lease:      o.cfg.Lease,
@@ -221,7 +223,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 		}
 		for i := range ds {
 			d := &ds[i]
-			key := DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+			key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
 			if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
 				reclaimed++
 			}
@@ -254,7 +256,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	return queued, limit, nil
 }
 
-func createdOr(r *Row, now time.Time) time.Time {
+func createdOr(r *driver.Row, now time.Time) time.Time {
 	if r.CreatedAt.IsZero() {
 		return now
 	}
@@ -309,7 +311,7 @@ func (o *Outbox) releaseDropped(ctx context.Context) int {
 }
 
 // bury marks an undecodable row DEAD: no attempt can ever succeed.
-func (o *Outbox) bury(ctx context.Context, r *Row, cause error) {
+func (o *Outbox) bury(ctx context.Context, r *driver.Row, cause error) {
 	var de *DecodeError
 	reason := "undecodable row"
 	if errors.As(cause, &de) {

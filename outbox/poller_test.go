@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 func TestMain(m *testing.M) { leakMain(m) }
@@ -22,16 +24,18 @@ type clockStore struct {
 	supply int
 }
 
-func (s *clockStore) Insert(context.Context, Execer, *Row, string, time.Duration) error { return nil }
-func (s *clockStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
+func (s *clockStore) Insert(context.Context, Execer, *driver.Row, string, time.Duration) error {
+	return nil
+}
+func (s *clockStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.claims = append(s.claims, time.Since(s.start))
 	n := min(req.Limit, s.supply)
 	s.supply -= n
-	rows := make([]Row, n)
+	rows := make([]driver.Row, n)
 	for i := range rows {
-		rows[i] = Row{ID: NewID(), Type: "T", Payload: []byte("x")}
+		rows[i] = driver.Row{ID: NewID(), Type: "T", Payload: []byte("x")}
 	}
 	return rows, nil
 }

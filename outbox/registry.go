@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // registry is an immutable view of the subscriptions: this instance's own
@@ -105,9 +107,9 @@ func (r *registry) claimable() (closed, probing []string) {
 // others' and which are paused.
 func (o *Outbox) syncRegistry(ctx context.Context) error {
 	cur := o.subs.Load()
-	infos := make([]SubscriptionInfo, len(cur.local))
+	infos := make([]driver.SubscriptionInfo, len(cur.local))
 	for i, s := range cur.local {
-		infos[i] = SubscriptionInfo{Name: s.Name, Types: s.Types}
+		infos[i] = driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
@@ -120,7 +122,7 @@ func (o *Outbox) syncRegistry(ctx context.Context) error {
 }
 
 // applyStates replaces the database's part of the registry.
-func (o *Outbox) applyStates(states []SubscriptionState) {
+func (o *Outbox) applyStates(states []driver.SubscriptionState) {
 	o.regMu.Lock()
 	defer o.regMu.Unlock()
 	cur := o.subs.Load()
@@ -133,7 +135,7 @@ func (o *Outbox) applyStates(states []SubscriptionState) {
 		if cur.byName[st.Name] != nil || st.Idle > o.cfg.SubscriptionExpiry {
 			continue
 		}
-		next.remote[st.Name] = st.Types
+		next.remote[st.Name] = eventTypes(st.Types)
 	}
 	for name := range cur.paused {
 		if !next.paused[name] && cur.byName[name] != nil {
@@ -230,17 +232,18 @@ func (o *Outbox) Subscriptions() []SubscriptionStatus {
 	return append(out, remote...)
 }
 
-// Lag returns, for every subscription this instance knows (its own and
-// those other instances registered), what it has not delivered yet. The
-// store must implement OperatorStore (sqlstore does).
-func (o *Outbox) Lag(ctx context.Context) ([]Lag, error) {
-	os, ok := o.store.(OperatorStore)
-	if !ok {
-		return nil, fmt.Errorf("outbox: Lag: the store (%T) does not implement outbox.OperatorStore", o.store)
+func typeNames(ts []EventType) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = string(t)
 	}
-	var infos []SubscriptionInfo
-	for _, s := range o.Subscriptions() {
-		infos = append(infos, SubscriptionInfo{Name: s.Name, Types: s.Types})
+	return out
+}
+
+func eventTypes(ts []string) []EventType {
+	out := make([]EventType, len(ts))
+	for i, t := range ts {
+		out[i] = EventType(t)
 	}
-	return os.Lag(ctx, infos)
+	return out
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // dueStore is a Store holding rows with due times on the (fake) clock:
@@ -26,14 +28,14 @@ type dueRow struct {
 	attempts         int
 }
 
-func (s *dueStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
+func (s *dueStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Row
+	var out []driver.Row
 	for id, r := range s.rows {
 		if len(out) < req.Limit && !r.split && !r.leased && !r.finished && !r.due.After(time.Now()) {
 			r.leased = true
-			out = append(out, Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts})
+			out = append(out, driver.Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts})
 		}
 	}
 	return out, nil
@@ -41,7 +43,7 @@ func (s *dueStore) Claim(_ context.Context, req ClaimRequest) ([]Row, error) {
 
 // Split and FailDelivery keep one delivery per event: the test has one
 // subscription.
-func (s *dueStore) Split(_ context.Context, _ string, id string, ws []DeliveryWrite) (bool, error) {
+func (s *dueStore) Split(_ context.Context, _ string, id string, ws []driver.DeliveryWrite) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.rows[id]
@@ -50,24 +52,24 @@ func (s *dueStore) Split(_ context.Context, _ string, id string, ws []DeliveryWr
 	return true, nil
 }
 
-func (s *dueStore) FailDelivery(_ context.Context, _ string, k DeliveryKey, w DeliveryWrite) (bool, error) {
-	return s.Split(context.Background(), "", k.EventID, []DeliveryWrite{w})
+func (s *dueStore) FailDelivery(_ context.Context, _ string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
+	return s.Split(context.Background(), "", k.EventID, []driver.DeliveryWrite{w})
 }
 
-func (s *dueStore) ClaimDeliveries(_ context.Context, req ClaimRequest, subs []string) ([]Delivery, error) {
+func (s *dueStore) ClaimDeliveries(_ context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Delivery
+	var out []driver.Delivery
 	for id, r := range s.rows {
 		if len(out) < req.Limit && r.split && !r.leased && !r.finished && !r.due.After(time.Now()) {
 			r.leased = true
-			out = append(out, Delivery{Row: Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts}, Subscription: subs[0]})
+			out = append(out, driver.Delivery{Row: driver.Row{ID: id, Type: "T", Payload: []byte("x"), Attempts: r.attempts}, Subscription: subs[0]})
 		}
 	}
 	return out, nil
 }
 
-func (s *dueStore) CompleteDeliveries(_ context.Context, _ string, keys []DeliveryKey) (int, error) {
+func (s *dueStore) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryKey) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {

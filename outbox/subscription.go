@@ -2,11 +2,12 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // Handler delivers one event to a destination: it sends it to a broker,
@@ -31,14 +32,6 @@ type BatchHandler func(ctx context.Context, evs []Event) error
 // database (see Subscription.Tx). It must write only through tx: whatever
 // it does elsewhere is not undone when the transaction rolls back.
 type TxHandler func(ctx context.Context, tx DBTx, ev Event) error
-
-// DBTx is an open transaction on the outbox's database, as a TxHandler
-// gets it; *sql.Tx satisfies it.
-type DBTx interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
 
 // BatchError reports the outcome of each event of a batch: Errs[i] is the
 // error of the i-th event, nil if it was delivered. A BatchHandler returns
@@ -89,7 +82,7 @@ type Subscription struct {
 	// projection, a read model, an inbox row), and the subscription's done
 	// mark commits in the same transaction, so that the effect happens
 	// exactly once, across crashes and lease takeovers. The store must
-	// implement TxDeliveryStore (sqlstore does).
+	// implement driver.TxDeliveryStore (sqlstore does).
 	Tx TxHandler
 
 	// Timeout bounds each call; its context is cancelled then, and a call
@@ -181,8 +174,8 @@ func (o *Outbox) Subscribe(s Subscription) error {
 	if reg.byName[s.Name] != nil {
 		return fmt.Errorf("outbox: Subscribe: a subscription named %q exists already; names must be unique", s.Name)
 	}
-	if _, ok := o.store.(TxDeliveryStore); s.Tx != nil && !ok {
-		return fmt.Errorf("outbox: subscription %q has a Tx handler, but the store (%T) cannot run one: it does not implement outbox.TxDeliveryStore", s.Name, o.store)
+	if _, ok := o.store.(driver.TxDeliveryStore); s.Tx != nil && !ok {
+		return fmt.Errorf("outbox: subscription %q has a Tx handler, but the store (%T) cannot run one: it does not implement driver.TxDeliveryStore", s.Name, o.store)
 	}
 	sub := newSubscription(s, o.cfg)
 	o.subs.Store(reg.with(sub))

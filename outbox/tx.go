@@ -9,13 +9,6 @@ import (
 	"sync"
 )
 
-// Execer runs a statement. *sql.DB, *sql.Tx, *sql.Conn, *sqlx.Tx, GORM's
-// ConnPool and an ent transaction built with the sql/execquery feature all
-// satisfy it.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 // TxContext is an open transaction as the outbox sees it: something to write
 // the event row through, and a place to register work that must run only
 // after the transaction commits (or only after it rolls back).

@@ -40,7 +40,7 @@
 // start with the value 0, so an alert on dead letters fires on the first
 // one. The histograms' buckets ([DefaultBuckets]) run from 25µs to 5
 // minutes; the pending gauges are sampled every outbox.Config.StatsInterval
-// and only if the store implements [outbox.StatsReader].
+// and only if the store implements [driver.StatsReader].
 //
 // The event_type label has one value per event type published; keep event
 // types a fixed set of constants, not data.

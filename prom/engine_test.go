@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // TestEngineReportsThroughPrometheus runs a real outbox on SQLite with the
@@ -66,7 +67,7 @@ func TestEngineReportsThroughPrometheus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := outbox.Row{ID: outbox.NewID(), Type: "Good", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+	row := driver.Row{ID: outbox.NewID(), Type: "Good", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
 	if err := store.Insert(ctx, tx, &row, "dead-instance", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	gormoutbox "github.com/txoutbox/txoutbox/adapters/gorm"
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // databases are the databases every behaviour is tested on.
@@ -37,7 +38,7 @@ type fixture struct {
 	db     *gorm.DB
 	orders string // business table
 	outbox string // outbox table, quoted
-	store  outbox.Store
+	store  driver.Store
 	ob     *outbox.Outbox
 	ctx    context.Context // carries ob
 	got    *recorder

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -187,7 +188,7 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 
 	rec := NewRecorder(int(o.N))
 	var m Counters
-	var store outbox.Store = st
+	var store driver.Store = st
 	if o.SplitClaim {
 		store = &splitClaimStore{Store: st, db: db}
 	}

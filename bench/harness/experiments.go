@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -27,7 +28,7 @@ const splitClaimPart = `(SELECT id, event_type, aggregate_type, aggregate_id, te
   AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) AND created_at <= (UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
  ORDER BY available_at LIMIT ? FOR UPDATE SKIP LOCKED)`
 
-func (s *splitClaimStore) Claim(ctx context.Context, req outbox.ClaimRequest) (_ []outbox.Row, err error) {
+func (s *splitClaimStore) Claim(ctx context.Context, req driver.ClaimRequest) (_ []driver.Row, err error) {
 	if req.Limit <= 0 {
 		return nil, nil
 	}
@@ -47,9 +48,9 @@ func (s *splitClaimStore) Claim(ctx context.Context, req outbox.ClaimRequest) (_
 	if err != nil {
 		return nil, fmt.Errorf("harness: split claim: %w", err)
 	}
-	var out []outbox.Row
+	var out []driver.Row
 	for rs.Next() {
-		var r outbox.Row
+		var r driver.Row
 		var owner sql.NullString
 		var status int
 		if err := rs.Scan(&r.ID, &r.Type, &r.AggregateType, &r.AggregateID, &r.TenantID, &r.Headers, &r.Payload,

@@ -14,6 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -250,7 +251,7 @@ func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string
 	return e.Store.MarkDone(ctx, owner, ids)
 }
 
-func (e *countingStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (e *countingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	e.m.claims.Add(1)
 	return e.Store.Claim(ctx, req)
 }

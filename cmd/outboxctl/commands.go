@@ -20,6 +20,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/dsn"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -295,7 +296,7 @@ func (c *cli) statsOnce(s *sqlstore.Store) error {
 	if err != nil {
 		return err
 	}
-	infos := make([]outbox.SubscriptionInfo, len(subs))
+	infos := make([]driver.SubscriptionInfo, len(subs))
 	for i, sub := range subs {
 		infos[i] = sub.SubscriptionInfo
 	}
@@ -347,7 +348,7 @@ func (c *cli) statsOnce(s *sqlstore.Store) error {
 func filterFlags(fs *flag.FlagSet) func() (outbox.DeadFilter, error) {
 	var f outbox.DeadFilter
 	fs.StringVar(&f.Subscription, "sub", "", "only the dead deliveries of this subscription")
-	fs.Func("type", "only this event type", func(v string) error { f.Type = outbox.EventType(v); return nil })
+	fs.Func("type", "only this event type", func(v string) error { f.Type = v; return nil })
 	fs.Func("since", "only events created at or after: RFC 3339, or a duration ago", func(v string) (err error) {
 		f.Since, err = parseTime(v)
 		return err

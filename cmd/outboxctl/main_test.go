@@ -18,6 +18,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -166,8 +167,8 @@ func (f *fixture) golden(name string, r result) {
 //	E7 order.created  split: billing dead, mailer dead
 func (f *fixture) seed() {
 	t, s, ctx := f.t, f.s, context.Background()
-	if _, err := s.SyncSubscriptions(ctx, []outbox.SubscriptionInfo{
-		{Name: "billing", Types: []outbox.EventType{"order.created"}},
+	if _, err := s.SyncSubscriptions(ctx, []driver.SubscriptionInfo{
+		{Name: "billing", Types: []string{"order.created"}},
 		{Name: "mailer"},
 	}); err != nil {
 		t.Fatal(err)
@@ -175,7 +176,7 @@ func (f *fixture) seed() {
 	types := []string{"order.created", "order.created", "order.paid", "user.created", "order.created", "order.paid", "order.created"}
 	var ids []string
 	for i, typ := range types {
-		r := outbox.Row{ID: outbox.NewID(), Type: typ, AggregateType: "order", AggregateID: fmt.Sprint(i + 1),
+		r := driver.Row{ID: outbox.NewID(), Type: typ, AggregateType: "order", AggregateID: fmt.Sprint(i + 1),
 			Payload: fmt.Appendf(nil, `{"n":%d,"email":"someone@example.com"}`, i+1), PayloadJSON: true, OccurredAt: time.Now()}
 		if err := s.Insert(ctx, s.DB(), &r, "", 0); err != nil {
 			t.Fatal(err)
@@ -184,7 +185,7 @@ func (f *fixture) seed() {
 		f.ids[r.ID] = fmt.Sprintf("E%d", i+1)
 	}
 	time.Sleep(10 * time.Millisecond)
-	rows, err := s.Claim(ctx, outbox.ClaimRequest{Owner: "seed", Limit: 10, Lease: time.Minute})
+	rows, err := s.Claim(ctx, driver.ClaimRequest{Owner: "seed", Limit: 10, Lease: time.Minute})
 	if err != nil || len(rows) != len(ids) {
 		t.Fatalf("claim: %d rows, %v", len(rows), err)
 	}
@@ -195,8 +196,8 @@ func (f *fixture) seed() {
 		}
 	}
 	must(s.MarkDead(ctx, "seed", ids[0], "permanent: card declined"))
-	must(s.Split(ctx, "seed", ids[1], []outbox.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}))
-	must(s.Split(ctx, "seed", ids[2], []outbox.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}))
+	must(s.Split(ctx, "seed", ids[1], []driver.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}))
+	must(s.Split(ctx, "seed", ids[2], []driver.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}))
 	must(s.MarkRetry(ctx, "seed", ids[3], time.Hour, "db down"))
 	if err := s.Release(ctx, "seed", ids[4:5], 0); err != nil {
 		t.Fatal(err)
@@ -204,7 +205,7 @@ func (f *fixture) seed() {
 	if n, err := s.MarkDone(ctx, "seed", ids[5:6]); n != 1 || err != nil {
 		t.Fatalf("mark done: %d, %v", n, err)
 	}
-	must(s.Split(ctx, "seed", ids[6], []outbox.DeliveryWrite{
+	must(s.Split(ctx, "seed", ids[6], []driver.DeliveryWrite{
 		{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"},
 		{Subscription: "mailer", Status: outbox.StatusDead, Attempts: 3, Error: "mailbox full"},
 	}))

@@ -24,6 +24,7 @@ import (
 	_ "modernc.org/sqlite" // driver "sqlite"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 	"github.com/txoutbox/txoutbox/prom"
 )
@@ -39,7 +40,7 @@ type appOptions struct {
 	ordersTable string           // defaults to "orders"
 	outboxTable string           // defaults to sqlstore.DefaultTable
 	// wrapStore, if set, wraps the store the outbox engine uses.
-	wrapStore func(outbox.Store) outbox.Store
+	wrapStore func(driver.Store) driver.Store
 	// wrapMetrics, if set, wraps the metrics the outbox engine reports to.
 	wrapMetrics func(outbox.Metrics) outbox.Metrics
 }
@@ -117,7 +118,7 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 		return nil, err
 	}
 
-	var engineStore outbox.Store = store
+	var engineStore driver.Store = store
 	if o.wrapStore != nil {
 		engineStore = o.wrapStore(store)
 	}

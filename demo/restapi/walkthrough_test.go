@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
@@ -216,7 +216,7 @@ func startTestApp(t *testing.T, dsn string) *testApp {
 		now:         h.stepping.now,
 		ordersTable: testdb.TableName("orders"),
 		outboxTable: testdb.TableName("outbox"),
-		wrapStore: func(s outbox.Store) outbox.Store {
+		wrapStore: func(s driver.Store) driver.Store {
 			return &signallingStore{Store: s.(*sqlstore.Store), marked: h.marked}
 		},
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 )
 
@@ -22,9 +23,9 @@ func TestImportsOnlyStdlibAndOutbox(t *testing.T) {
 	}
 	for _, p := range strings.Fields(string(out)) {
 		switch p {
-		case "github.com/txoutbox/txoutbox/outbox/outboxtest", "github.com/txoutbox/txoutbox/outbox", "github.com/oklog/ulid/v2":
+		case "github.com/txoutbox/txoutbox/outbox/outboxtest", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/oklog/ulid/v2":
 		default:
-			t.Errorf("outboxtest imports %s: only the standard library and outbox are allowed", p)
+			t.Errorf("outboxtest imports %s: only the standard library, outbox and outbox/driver are allowed", p)
 		}
 	}
 }
@@ -237,14 +238,14 @@ func TestWithClock(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	st := outboxtest.NewStore(outboxtest.WithClock(func() time.Time { return now }))
 	tx := st.Begin(ctx)
-	row := &outbox.Row{ID: "e1", Type: string(OrderPlaced), Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: now}
+	row := &driver.Row{ID: "e1", Type: string(OrderPlaced), Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: now}
 	if err := st.Insert(ctx, tx, row, "a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	req := outbox.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute}
+	req := driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute}
 	if rows, _ := st.Claim(ctx, req); len(rows) != 0 {
 		t.Fatalf("claimed %d rows under a live lease", len(rows))
 	}

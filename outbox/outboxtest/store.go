@@ -11,16 +11,17 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 var (
-	_ outbox.Store           = (*Store)(nil)
-	_ outbox.DeliveryStore   = (*Store)(nil)
-	_ outbox.Inspector       = (*Store)(nil)
-	_ outbox.StatsReader     = (*Store)(nil)
-	_ outbox.DeadLetterStore = (*Store)(nil)
-	_ outbox.Cleaner         = (*Store)(nil)
-	_ outbox.BatchInserter   = (*Store)(nil)
+	_ driver.Store           = (*Store)(nil)
+	_ driver.DeliveryStore   = (*Store)(nil)
+	_ driver.Inspector       = (*Store)(nil)
+	_ driver.StatsReader     = (*Store)(nil)
+	_ driver.DeadLetterStore = (*Store)(nil)
+	_ driver.Cleaner         = (*Store)(nil)
+	_ driver.BatchInserter   = (*Store)(nil)
 	_ outbox.TxContext       = (*Tx)(nil)
 )
 
@@ -35,7 +36,7 @@ func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
 }
 
-// Store is an outbox.Store that keeps its rows in memory, with the
+// Store is an driver.Store that keeps its rows in memory, with the
 // semantics of outbox/sqlstore: leases and owner checks, the claim order
 // (due retries first, up to a quarter of a batch, then new events, oldest
 // due first), split events with a delivery per subscription, dead letters,
@@ -57,7 +58,7 @@ type Store struct {
 }
 
 type memEvent struct {
-	row         outbox.Row // Status, Attempts and CreatedAt kept here too
+	row         driver.Row // Status, Attempts and CreatedAt kept here too
 	seq         uint64
 	availableAt time.Time
 	owner       string
@@ -80,7 +81,7 @@ type memDelivery struct {
 }
 
 // record appends a counted failed attempt to d's history.
-func (d *memDelivery) record(w outbox.DeliveryWrite, now time.Time) {
+func (d *memDelivery) record(w driver.DeliveryWrite, now time.Time) {
 	if w.Status != outbox.StatusRetry && w.Status != outbox.StatusDead {
 		return
 	}
@@ -88,7 +89,7 @@ func (d *memDelivery) record(w outbox.DeliveryWrite, now time.Time) {
 }
 
 type memSub struct {
-	types  []outbox.EventType
+	types  []string
 	paused bool
 	seen   time.Time
 }
@@ -127,7 +128,7 @@ func free(lockedUntil, now time.Time) bool {
 
 func undone(st outbox.Status) bool { return st == outbox.StatusNew || st == outbox.StatusRetry }
 
-func cloneRow(r *outbox.Row) outbox.Row {
+func cloneRow(r *driver.Row) driver.Row {
 	c := *r
 	c.Headers = slices.Clone(r.Headers)
 	c.Payload = slices.Clone(r.Payload)
@@ -230,14 +231,14 @@ func (s *Store) txOf(exec outbox.Execer) (*Tx, error) {
 	return tx, nil
 }
 
-// Insert implements outbox.Store: the row is staged in exec, which must be
+// Insert implements driver.Store: the row is staged in exec, which must be
 // a *Tx of this store, until it commits.
-func (s *Store) Insert(ctx context.Context, exec outbox.Execer, row *outbox.Row, owner string, lease time.Duration) error {
-	return s.InsertBatch(ctx, exec, []outbox.Row{*row}, owner, lease)
+func (s *Store) Insert(ctx context.Context, exec outbox.Execer, row *driver.Row, owner string, lease time.Duration) error {
+	return s.InsertBatch(ctx, exec, []driver.Row{*row}, owner, lease)
 }
 
-// InsertBatch implements outbox.BatchInserter: all rows or none.
-func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []outbox.Row, owner string, lease time.Duration) error {
+// InsertBatch implements driver.BatchInserter: all rows or none.
+func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []driver.Row, owner string, lease time.Duration) error {
 	tx, err := s.txOf(exec)
 	if err != nil {
 		return err
@@ -280,8 +281,8 @@ func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []outb
 
 // --- claims and outcomes of whole events ---
 
-// Claim implements outbox.Store.
-func (s *Store) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+// Claim implements driver.Store.
+func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	if req.Limit <= 0 {
 		return nil, nil
 	}
@@ -311,7 +312,7 @@ func (s *Store) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Ro
 	slices.SortFunc(news, byDue)
 	picked := retries[:min(len(retries), max(1, req.Limit/4))]
 	picked = append(picked, news[:min(len(news), req.Limit-len(picked))]...)
-	out := make([]outbox.Row, 0, len(picked))
+	out := make([]driver.Row, 0, len(picked))
 	for _, e := range picked {
 		r := cloneRow(&e.row)
 		if e.owner != req.Owner {
@@ -335,7 +336,7 @@ func (s *Store) held(owner, id string) *memEvent {
 	return e
 }
 
-// MarkDone implements outbox.Store.
+// MarkDone implements driver.Store.
 func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
 	now := s.now()
 	s.mu.Lock()
@@ -353,7 +354,7 @@ func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, 
 	return n, nil
 }
 
-// MarkRetry implements outbox.Store.
+// MarkRetry implements driver.Store.
 func (s *Store) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
 	now := s.now()
 	s.mu.Lock()
@@ -368,7 +369,7 @@ func (s *Store) MarkRetry(ctx context.Context, owner, id string, delay time.Dura
 	return true, nil
 }
 
-// MarkDead implements outbox.Store.
+// MarkDead implements driver.Store.
 func (s *Store) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
 	now := s.now()
 	s.mu.Lock()
@@ -383,7 +384,7 @@ func (s *Store) MarkDead(ctx context.Context, owner, id string, errText string) 
 	return true, nil
 }
 
-// ExtendLeases implements outbox.Store.
+// ExtendLeases implements driver.Store.
 func (s *Store) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
 	now := s.now()
 	s.mu.Lock()
@@ -398,7 +399,7 @@ func (s *Store) ExtendLeases(ctx context.Context, owner string, ids []string, le
 	return n, nil
 }
 
-// Release implements outbox.Store.
+// Release implements driver.Store.
 func (s *Store) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
 	now := s.now()
 	s.mu.Lock()
@@ -421,8 +422,8 @@ func (s *Store) Release(ctx context.Context, owner string, ids []string, delay t
 
 // --- subscriptions and deliveries ---
 
-// SyncSubscriptions implements outbox.DeliveryStore.
-func (s *Store) SyncSubscriptions(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outbox.SubscriptionState, error) {
+// SyncSubscriptions implements driver.DeliveryStore.
+func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -437,19 +438,19 @@ func (s *Store) SyncSubscriptions(ctx context.Context, subs []outbox.Subscriptio
 			m.types = nil
 		}
 	}
-	out := make([]outbox.SubscriptionState, 0, len(s.subs))
+	out := make([]driver.SubscriptionState, 0, len(s.subs))
 	for name, m := range s.subs {
-		out = append(out, outbox.SubscriptionState{
-			SubscriptionInfo: outbox.SubscriptionInfo{Name: name, Types: slices.Clone(m.types)},
+		out = append(out, driver.SubscriptionState{
+			SubscriptionInfo: driver.SubscriptionInfo{Name: name, Types: slices.Clone(m.types)},
 			Paused:           m.paused,
 			Idle:             max(0, now.Sub(m.seen)),
 		})
 	}
-	slices.SortFunc(out, func(a, b outbox.SubscriptionState) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b driver.SubscriptionState) int { return cmp.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
-// SetPaused implements outbox.DeliveryStore.
+// SetPaused implements driver.DeliveryStore.
 func (s *Store) SetPaused(ctx context.Context, name string, paused bool) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -462,8 +463,8 @@ func (s *Store) SetPaused(ctx context.Context, name string, paused bool) (bool, 
 	return true, nil
 }
 
-// Split implements outbox.DeliveryStore.
-func (s *Store) Split(ctx context.Context, owner, eventID string, writes []outbox.DeliveryWrite) (bool, error) {
+// Split implements driver.DeliveryStore.
+func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite) (bool, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -496,13 +497,13 @@ func (s *Store) Split(ctx context.Context, owner, eventID string, writes []outbo
 }
 
 type pickedDelivery struct {
-	key outbox.DeliveryKey
+	key driver.DeliveryKey
 	d   *memDelivery
 }
 
-// ClaimDeliveries implements outbox.DeliveryStore. req.SkipRecent does not
+// ClaimDeliveries implements driver.DeliveryStore. req.SkipRecent does not
 // apply: deliveries are written after a first attempt.
-func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, subs []string) ([]outbox.Delivery, error) {
+func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
 	if req.Limit <= 0 || len(subs) == 0 {
 		return nil, nil
 	}
@@ -519,7 +520,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, su
 			if d == nil || !free(d.lockedUntil, now) || d.availableAt.After(now) {
 				continue
 			}
-			p := pickedDelivery{outbox.DeliveryKey{EventID: id, Subscription: name}, d}
+			p := pickedDelivery{driver.DeliveryKey{EventID: id, Subscription: name}, d}
 			switch d.status {
 			case outbox.StatusRetry:
 				retries = append(retries, p)
@@ -535,7 +536,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, su
 	slices.SortFunc(news, byDue)
 	picked := retries[:min(len(retries), max(1, req.Limit/4))]
 	picked = append(picked, news[:min(len(news), req.Limit-len(picked))]...)
-	out := make([]outbox.Delivery, 0, len(picked))
+	out := make([]driver.Delivery, 0, len(picked))
 	for _, p := range picked {
 		prev := p.d.owner
 		p.d.owner, p.d.lockedUntil = req.Owner, now.Add(req.Lease)
@@ -543,7 +544,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, su
 		if e == nil {
 			continue // the event was deleted: nothing to deliver
 		}
-		d := outbox.Delivery{Row: cloneRow(&e.row), Subscription: p.key.Subscription}
+		d := driver.Delivery{Row: cloneRow(&e.row), Subscription: p.key.Subscription}
 		d.Status, d.Attempts, d.PrevOwner = p.d.status, p.d.attempts, ""
 		if prev != "" && prev != req.Owner {
 			d.PrevOwner = prev
@@ -556,7 +557,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, su
 	return out, nil
 }
 
-func (s *Store) heldDelivery(owner string, k outbox.DeliveryKey) *memDelivery {
+func (s *Store) heldDelivery(owner string, k driver.DeliveryKey) *memDelivery {
 	d := s.deliv[k.EventID][k.Subscription]
 	if d == nil || d.owner != owner || !undone(d.status) {
 		return nil
@@ -564,8 +565,8 @@ func (s *Store) heldDelivery(owner string, k outbox.DeliveryKey) *memDelivery {
 	return d
 }
 
-// CompleteDeliveries implements outbox.DeliveryStore.
-func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []outbox.DeliveryKey) (int, error) {
+// CompleteDeliveries implements driver.DeliveryStore.
+func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -595,8 +596,8 @@ func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []out
 	return n, nil
 }
 
-// FailDelivery implements outbox.DeliveryStore.
-func (s *Store) FailDelivery(ctx context.Context, owner string, key outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+// FailDelivery implements driver.DeliveryStore.
+func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -618,8 +619,8 @@ func (s *Store) FailDelivery(ctx context.Context, owner string, key outbox.Deliv
 	return true, nil
 }
 
-// ExtendDeliveryLeases implements outbox.DeliveryStore.
-func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []outbox.DeliveryKey, lease time.Duration) (int, error) {
+// ExtendDeliveryLeases implements driver.DeliveryStore.
+func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -633,8 +634,8 @@ func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []o
 	return n, nil
 }
 
-// ReleaseDeliveries implements outbox.DeliveryStore.
-func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []outbox.DeliveryKey, delay time.Duration) error {
+// ReleaseDeliveries implements driver.DeliveryStore.
+func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -656,7 +657,7 @@ func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []outb
 
 // --- tools ---
 
-// Inspect implements outbox.Inspector.
+// Inspect implements driver.Inspector.
 func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -668,7 +669,7 @@ func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	for _, name := range slices.Sorted(mapKeys(s.deliv[id])) {
 		d := s.deliv[id][name]
 		var hist []outbox.Attempt
-		for i := len(d.history) - 1; i >= 0 && len(hist) < outbox.MaxHistory; i-- {
+		for i := len(d.history) - 1; i >= 0 && len(hist) < driver.MaxHistory; i-- {
 			hist = append(hist, d.history[i])
 		}
 		rec.Deliveries = append(rec.Deliveries, outbox.DeliveryRecord{
@@ -688,7 +689,7 @@ func mapKeys[V any](m map[string]V) func(func(string) bool) {
 	}
 }
 
-// Stats implements outbox.StatsReader.
+// Stats implements driver.StatsReader.
 func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	now := s.now()
 	s.mu.Lock()
@@ -720,7 +721,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	return st, nil
 }
 
-// ListDead implements outbox.DeadLetterStore.
+// ListDead implements driver.DeadLetterStore.
 func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox.DeadLetter, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -755,7 +756,7 @@ func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox
 	return all[:cut], nil
 }
 
-// Replay implements outbox.DeadLetterStore.
+// Replay implements driver.DeadLetterStore.
 func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	now := s.now()
 	s.mu.Lock()
@@ -781,7 +782,7 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	return n, nil
 }
 
-// Cleanup implements outbox.Cleaner, on the store's clock: DONE events
+// Cleanup implements driver.Cleaner, on the store's clock: DONE events
 // (and with includeDead, DEAD events and split events none of whose
 // deliveries is pending or ended after the cut-off) last due before it.
 func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int, includeDead bool) (int64, error) {
@@ -831,7 +832,7 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 	return int64(len(picked)), nil
 }
 
-// DueNow implements outbox.DeliveryStore.
+// DueNow implements driver.DeliveryStore.
 func (s *Store) DueNow(ctx context.Context, sub string) (int, error) {
 	now := s.now()
 	s.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // The administration queries behind cmd/outboxctl: read-only views of the
@@ -18,15 +19,15 @@ import (
 
 // Subscriptions returns the subscriptions the database knows, in name
 // order, without registering any (unlike SyncSubscriptions).
-func (s *Store) Subscriptions(ctx context.Context) ([]outbox.SubscriptionState, error) {
+func (s *Store) Subscriptions(ctx context.Context) ([]driver.SubscriptionState, error) {
 	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, paused, seen_at, `+s.d.now+` FROM `+s.SubscriptionsTable()+` ORDER BY name`)
 	if err != nil {
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: read subscriptions: %w", err))
 	}
 	defer rs.Close()
-	var out []outbox.SubscriptionState
+	var out []driver.SubscriptionState
 	for rs.Next() {
-		var st outbox.SubscriptionState
+		var st driver.SubscriptionState
 		var types sql.NullString
 		var seen, now dbTime
 		if err := rs.Scan(&st.Name, &types, &st.Paused, &seen, &now); err != nil {
@@ -207,12 +208,12 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]Migration, error) {
 
 // splitLetters separates dead letters into dead events and dead
 // deliveries.
-func splitLetters(dls []outbox.DeadLetter) (ids []string, keys []outbox.DeliveryKey) {
+func splitLetters(dls []outbox.DeadLetter) (ids []string, keys []driver.DeliveryKey) {
 	for _, dl := range dls {
 		if dl.Subscription == "" {
 			ids = append(ids, dl.ID)
 		} else {
-			keys = append(keys, outbox.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
+			keys = append(keys, driver.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
 		}
 	}
 	return ids, keys

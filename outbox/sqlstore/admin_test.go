@@ -8,6 +8,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // TestPurgeLetters: a dead event goes with its deliveries; a dead delivery
@@ -21,24 +22,24 @@ func TestPurgeLetters(t *testing.T) {
 			s := testdb.Store(t, testdb.Open(t, name))
 			var ids []string
 			for range 4 {
-				r := outbox.Row{ID: outbox.NewID(), Type: "t", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+				r := driver.Row{ID: outbox.NewID(), Type: "t", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
 				if err := s.Insert(ctx, s.DB(), &r, "", 0); err != nil {
 					t.Fatal(err)
 				}
 				ids = append(ids, r.ID)
 			}
 			time.Sleep(5 * time.Millisecond)
-			if rows, err := s.Claim(ctx, outbox.ClaimRequest{Owner: "o", Limit: 10, Lease: time.Minute}); err != nil || len(rows) != 4 {
+			if rows, err := s.Claim(ctx, driver.ClaimRequest{Owner: "o", Limit: 10, Lease: time.Minute}); err != nil || len(rows) != 4 {
 				t.Fatalf("claim: %d, %v", len(rows), err)
 			}
-			dead := func(sub string) outbox.DeliveryWrite {
-				return outbox.DeliveryWrite{Subscription: sub, Status: outbox.StatusDead, Attempts: 1, Error: "x"}
+			dead := func(sub string) driver.DeliveryWrite {
+				return driver.DeliveryWrite{Subscription: sub, Status: outbox.StatusDead, Attempts: 1, Error: "x"}
 			}
 			if ok, err := s.MarkDead(ctx, "o", ids[0], "gone"); !ok || err != nil {
 				t.Fatal(ok, err)
 			}
 			// ids[1]: a (dead) only; ids[2]: a dead, b retrying; ids[3]: a dead, b dead.
-			for i, w := range [][]outbox.DeliveryWrite{
+			for i, w := range [][]driver.DeliveryWrite{
 				{dead("a")},
 				{dead("a"), {Subscription: "b", Status: outbox.StatusRetry, Attempts: 1, Delay: time.Hour}},
 				{dead("a"), dead("b")},

@@ -8,21 +8,20 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // The claim: one short transaction that leases due rows to an instance.
 
-// Claim implements outbox.Store: one short transaction (READ COMMITTED on
+// Claim implements driver.Store: one short transaction (READ COMMITTED on
 // MySQL and PostgreSQL, so it does not block concurrent inserts) selects
 // due rows with FOR UPDATE SKIP LOCKED and leases them to req.Owner.
 // Deadlocks and lock-wait timeouts are retried.
-func (s *Store) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	if req.Limit <= 0 {
 		return nil, nil
 	}
-	var rows []outbox.Row
+	var rows []driver.Row
 	err := s.retry(ctx, func() error {
 		var err error
 		rows, err = s.claimOnce(ctx, req)
@@ -31,7 +30,7 @@ func (s *Store) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Ro
 	return rows, s.explain(err)
 }
 
-func (s *Store) claimOnce(ctx context.Context, req outbox.ClaimRequest) (_ []outbox.Row, err error) {
+func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []driver.Row, err error) {
 	opts := &sql.TxOptions{}
 	if s.d.readCommitted {
 		opts.Isolation = sql.LevelReadCommitted
@@ -81,7 +80,7 @@ func (s *Store) claimOnce(ctx context.Context, req outbox.ClaimRequest) (_ []out
 }
 
 // selectRows appends the rows of a claim SELECT to out.
-func selectRows(ctx context.Context, tx *sqlx.Tx, out []outbox.Row, q string, args ...any) ([]outbox.Row, error) {
+func selectRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row, q string, args ...any) ([]driver.Row, error) {
 	if limit := args[len(args)-1].(int); limit <= 0 {
 		return out, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/leakcheck"
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/storetest"
 )
 
@@ -18,7 +19,7 @@ func TestConformance(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			testdb.Open(t, name) // skip (or fail in CI) early if the server is missing
 			storetest.Run(t, storetest.Harness{
-				NewStore: func(t *testing.T) (outbox.Store, storetest.Beginner) {
+				NewStore: func(t *testing.T) (driver.Store, storetest.Beginner) {
 					db := testdb.Open(t, name)
 					st := testdb.Store(t, db)
 					return st, func(ctx context.Context) (storetest.Tx, error) { return outbox.BeginTx(ctx, db.DB, nil) }

@@ -12,9 +12,10 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
-var _ outbox.DeliveryStore = (*Store)(nil)
+var _ driver.DeliveryStore = (*Store)(nil)
 
 // SubscriptionsTable returns the quoted name of the table of
 // subscriptions: the outbox table's name with "_subscriptions" appended.
@@ -29,7 +30,7 @@ func (s *Store) DeliveriesTable() string { return s.suffixed("_deliveries") }
 func (s *Store) AttemptsTable() string { return s.suffixed("_attempts") }
 
 // recordAttempts writes the counted failed attempts among ws.
-func (s *Store) recordAttempts(ctx context.Context, tx *sqlx.Tx, eventID string, ws []outbox.DeliveryWrite) error {
+func (s *Store) recordAttempts(ctx context.Context, tx *sqlx.Tx, eventID string, ws []driver.DeliveryWrite) error {
 	var sb strings.Builder
 	var args []any
 	for _, w := range ws {
@@ -73,8 +74,8 @@ func (s *Store) inTx(ctx context.Context, f func(tx *sqlx.Tx) error) error {
 	})
 }
 
-// SyncSubscriptions implements outbox.DeliveryStore.
-func (s *Store) SyncSubscriptions(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outbox.SubscriptionState, error) {
+// SyncSubscriptions implements driver.DeliveryStore.
+func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
 	t := s.SubscriptionsTable()
 	var upsert string
 	switch s.d.name {
@@ -107,9 +108,9 @@ ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, seen_at = e
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: read subscriptions: %w", err))
 	}
 	defer rs.Close()
-	var out []outbox.SubscriptionState
+	var out []driver.SubscriptionState
 	for rs.Next() {
-		var st outbox.SubscriptionState
+		var st driver.SubscriptionState
 		var types sql.NullString
 		var seen, now dbTime
 		if err := rs.Scan(&st.Name, &types, &st.Paused, &seen, &now); err != nil {
@@ -142,7 +143,7 @@ func (d *Dialect) falseValue() string {
 	return "0"
 }
 
-// SetPaused implements outbox.DeliveryStore.
+// SetPaused implements driver.DeliveryStore.
 func (s *Store) SetPaused(ctx context.Context, name string, paused bool) (bool, error) {
 	t := s.SubscriptionsTable()
 	if _, err := s.execCount(ctx, s.rebind(`UPDATE `+t+` SET paused = ? WHERE name = ?`), paused, name); err != nil {
@@ -160,7 +161,7 @@ func keysIn(n int) string {
 	return "(event_id, subscription) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ") + ")"
 }
 
-func keyArgs(keys []outbox.DeliveryKey, prefix ...any) []any {
+func keyArgs(keys []driver.DeliveryKey, prefix ...any) []any {
 	args := make([]any, 0, len(prefix)+2*len(keys))
 	args = append(args, prefix...)
 	for _, k := range keys {
@@ -169,8 +170,8 @@ func keyArgs(keys []outbox.DeliveryKey, prefix ...any) []any {
 	return args
 }
 
-// Split implements outbox.DeliveryStore.
-func (s *Store) Split(ctx context.Context, owner, eventID string, writes []outbox.DeliveryWrite) (bool, error) {
+// Split implements driver.DeliveryStore.
+func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite) (bool, error) {
 	held := false
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		held = false
@@ -214,20 +215,20 @@ func nullIfEmpty(s string) any {
 	return s
 }
 
-// ClaimDeliveries implements outbox.DeliveryStore: like Claim, one short
+// ClaimDeliveries implements driver.DeliveryStore: like Claim, one short
 // transaction selects due deliveries of the given subscriptions with FOR
 // UPDATE SKIP LOCKED (retries first, up to a quarter of the batch), leases
 // them, and reads their events.
-func (s *Store) ClaimDeliveries(ctx context.Context, req outbox.ClaimRequest, subs []string) ([]outbox.Delivery, error) {
+func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
 	if req.Limit <= 0 || len(subs) == 0 {
 		return nil, nil
 	}
-	var out []outbox.Delivery
-	var keys []outbox.DeliveryKey
+	var out []driver.Delivery
+	var keys []driver.DeliveryKey
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		out, keys = out[:0], keys[:0]
 		type pick struct {
-			key      outbox.DeliveryKey
+			key      driver.DeliveryKey
 			status   int
 			attempts int
 			owner    sql.NullString
@@ -283,7 +284,7 @@ ORDER BY available_at LIMIT ?` + s.d.lock
 		if err != nil {
 			return err
 		}
-		byID := make(map[string]*outbox.Row, len(ids))
+		byID := make(map[string]*driver.Row, len(ids))
 		for rs.Next() {
 			r, err := scanRow(rs)
 			if err != nil {
@@ -300,7 +301,7 @@ ORDER BY available_at LIMIT ?` + s.d.lock
 			if !ok {
 				continue // the event was deleted by hand: nothing to deliver
 			}
-			d := outbox.Delivery{Row: *r, Subscription: p.key.Subscription}
+			d := driver.Delivery{Row: *r, Subscription: p.key.Subscription}
 			d.Status, d.Attempts = outbox.Status(p.status), p.attempts
 			d.PrevOwner = ""
 			if p.owner.Valid && p.owner.String != req.Owner {
@@ -324,8 +325,8 @@ ORDER BY available_at LIMIT ?` + s.d.lock
 	return out, nil
 }
 
-// CompleteDeliveries implements outbox.DeliveryStore.
-func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []outbox.DeliveryKey) (int, error) {
+// CompleteDeliveries implements driver.DeliveryStore.
+func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -351,7 +352,7 @@ WHERE status = 4 AND id IN `+in(len(ids))+` AND id NOT IN (SELECT event_id FROM 
 	return int(n), nil
 }
 
-func eventIDs(keys []outbox.DeliveryKey) []string {
+func eventIDs(keys []driver.DeliveryKey) []string {
 	ids := make([]string, 0, len(keys))
 	seen := map[string]bool{}
 	for _, k := range keys {
@@ -363,9 +364,9 @@ func eventIDs(keys []outbox.DeliveryKey) []string {
 	return ids
 }
 
-// FailDelivery implements outbox.DeliveryStore: one UPDATE, and the
+// FailDelivery implements driver.DeliveryStore: one UPDATE, and the
 // attempt's record if it counts, in one transaction.
-func (s *Store) FailDelivery(ctx context.Context, owner string, key outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
 	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + ` SET status = ?, attempts = ?, available_at = ` + s.d.nowPlus + `,
   done_at = CASE WHEN ? = 3 THEN ` + s.d.now + ` END, last_error = COALESCE(?, last_error), locked_by = NULL, locked_until = NULL
 WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
@@ -379,7 +380,7 @@ WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
 		if held = n == 1; err != nil || !held {
 			return err
 		}
-		return s.recordAttempts(ctx, tx, key.EventID, []outbox.DeliveryWrite{{Subscription: key.Subscription, Status: w.Status, Attempts: w.Attempts, Error: w.Error}})
+		return s.recordAttempts(ctx, tx, key.EventID, []driver.DeliveryWrite{{Subscription: key.Subscription, Status: w.Status, Attempts: w.Attempts, Error: w.Error}})
 	})
 	if err != nil {
 		return false, fmt.Errorf("sqlstore: record delivery %s to %q: %w", key.EventID, key.Subscription, err)
@@ -387,8 +388,8 @@ WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
 	return held, nil
 }
 
-// ExtendDeliveryLeases implements outbox.DeliveryStore.
-func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []outbox.DeliveryKey, lease time.Duration) (int, error) {
+// ExtendDeliveryLeases implements driver.DeliveryStore.
+func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -396,8 +397,8 @@ func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []o
 	return s.execCount(ctx, q, keyArgs(keys, lease.Microseconds(), owner)...)
 }
 
-// ReleaseDeliveries implements outbox.DeliveryStore.
-func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []outbox.DeliveryKey, delay time.Duration) error {
+// ReleaseDeliveries implements driver.DeliveryStore.
+func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -412,9 +413,9 @@ func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []outb
 	return err
 }
 
-var _ outbox.TxDeliveryStore = (*Store)(nil)
+var _ driver.TxDeliveryStore = (*Store)(nil)
 
-// DeliverInTx implements outbox.TxDeliveryStore. The delivery's row is the
+// DeliverInTx implements driver.TxDeliveryStore. The delivery's row is the
 // guard: it is inserted DONE (or updated to DONE) in f's transaction, so
 // of two instances running the same delivery at once, the second waits on
 // the first's row lock and then finds it DONE, and rolls back its own
@@ -474,7 +475,7 @@ WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTa
 	return false, nil
 }
 
-// DueNow implements outbox.DeliveryStore.
+// DueNow implements driver.DeliveryStore.
 func (s *Store) DueNow(ctx context.Context, sub string) (int, error) {
 	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET available_at = ` + s.d.now + `
 WHERE status = 0 AND subscription = ? AND locked_by IS NULL AND available_at > ` + s.d.now)

@@ -1,4 +1,4 @@
-// Package sqlstore implements outbox.Store on SQL databases through sqlx:
+// Package sqlstore implements driver.Store on SQL databases through sqlx:
 // MySQL 8 and MariaDB 10.6+ (the primary target), PostgreSQL 12+, and
 // SQLite 3.42+ (embedded, through the pure-Go modernc.org/sqlite).
 //
@@ -43,9 +43,9 @@
 //
 // # Operations
 //
-// The Store also implements outbox.StatsReader, outbox.DeadLetterStore
-// (ListDead, Replay), outbox.Cleaner (Cleanup deletes DONE, and optionally
-// DEAD, rows in batches, never undelivered ones) and outbox.Inspector.
+// The Store also implements driver.StatsReader, driver.DeadLetterStore
+// (ListDead, Replay), driver.Cleaner (Cleanup deletes DONE, and optionally
+// DEAD, rows in batches, never undelivered ones) and driver.Inspector.
 // Migrations live in the migrations package, one folder per dialect;
 // Migrate applies them under a database lock and records them in
 // <table>_schema.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -46,7 +47,7 @@ func TestMigrate002OnPopulated001Table(t *testing.T) {
 			tx := db.MustBegin()
 			for i := range ids {
 				ids[i] = outbox.NewID()
-				r := outbox.Row{ID: ids[i], Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+				r := driver.Row{ID: ids[i], Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
 				if err := st.Insert(ctx, tx, &r, "", 0); err != nil {
 					t.Fatal(err)
 				}

@@ -9,16 +9,17 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // The operator queries: lag per subscription and dead letters by filter,
 // for the command line, the admin API and users' own tools.
 
-var _ outbox.OperatorStore = (*Store)(nil)
+var _ driver.OperatorStore = (*Store)(nil)
 
-// Lag implements outbox.OperatorStore: two grouped scans, one of the
+// Lag implements driver.OperatorStore: two grouped scans, one of the
 // undelivered events by type and one of the deliveries by subscription.
-func (s *Store) Lag(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outbox.Lag, error) {
+func (s *Store) Lag(ctx context.Context, subs []driver.SubscriptionInfo) ([]outbox.Lag, error) {
 	var now dbTime
 	if err := s.db.QueryRowContext(ctx, `SELECT `+s.d.now).Scan(&now); err != nil {
 		return nil, fmt.Errorf("sqlstore: lag: %w", err)
@@ -51,7 +52,7 @@ func (s *Store) Lag(ctx context.Context, subs []outbox.SubscriptionInfo) ([]outb
 		index[sub.Name] = i
 		var oldest time.Time
 		for t, g := range byType {
-			if len(sub.Types) == 0 || slices.Contains(sub.Types, t) {
+			if len(sub.Types) == 0 || slices.Contains(sub.Types, string(t)) {
 				out[i].Pending += g.n
 				if oldest.IsZero() || g.oldest.Before(oldest) {
 					oldest = g.oldest.Time
@@ -121,7 +122,7 @@ func (s *Store) deadWhere(f outbox.DeadFilter, errCol string) (string, []any) {
 	return strings.Join(conds, " AND "), args
 }
 
-// FindDead implements outbox.OperatorStore.
+// FindDead implements driver.OperatorStore.
 func (s *Store) FindDead(ctx context.Context, f outbox.DeadFilter) ([]outbox.DeadLetter, error) {
 	limit := f.Limit
 	if limit <= 0 {
@@ -192,7 +193,7 @@ func (s *Store) scanDead(ctx context.Context, q string, args ...any) ([]outbox.D
 	return out, rs.Err()
 }
 
-// ReplayDead implements outbox.OperatorStore. Replayed rows are due at
+// ReplayDead implements driver.OperatorStore. Replayed rows are due at
 // their original creation time, so that claims, which take the earliest
 // due first, deliver them in publish order.
 func (s *Store) ReplayDead(ctx context.Context, f outbox.DeadFilter, dryRun bool) (int, error) {
@@ -212,12 +213,12 @@ func (s *Store) ReplayDead(ctx context.Context, f outbox.DeadFilter, dryRun bool
 			continue
 		}
 		var ids []string
-		var keys []outbox.DeliveryKey
+		var keys []driver.DeliveryKey
 		for _, dl := range page {
 			if dl.Subscription == "" {
 				ids = append(ids, dl.ID)
 			} else {
-				keys = append(keys, outbox.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
+				keys = append(keys, driver.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
 			}
 		}
 		if len(ids) > 0 {

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // The operator queries on the events table: inspect, stats, dead letters,
 // replay and cleanup (see operator.go for those across subscriptions).
 
-// Inspect implements outbox.Inspector.
+// Inspect implements driver.Inspector.
 func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	var rec outbox.Record
 	r, err := scanRow(s.db.QueryRowContext(ctx, s.q.inspect, id), &rec.LastError)
@@ -33,7 +34,7 @@ func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	return rec, nil
 }
 
-// Stats implements outbox.StatsReader.
+// Stats implements driver.StatsReader.
 func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	var st outbox.Stats
 	rs, err := s.db.QueryContext(ctx, s.q.stats)
@@ -78,7 +79,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	return st, nil
 }
 
-// ListDead implements outbox.DeadLetterStore: FindDead without a filter.
+// ListDead implements driver.DeadLetterStore: FindDead without a filter.
 func (s *Store) ListDead(ctx context.Context, after string, limit int) ([]outbox.DeadLetter, error) {
 	return s.FindDead(ctx, outbox.DeadFilter{After: after, Limit: limit})
 }
@@ -118,7 +119,7 @@ func (s *Store) inspectDeliveries(ctx context.Context, id string) ([]outbox.Deli
 		}
 		a.At = at.Time
 		for i := range out {
-			if out[i].Subscription == sub && len(out[i].History) < outbox.MaxHistory {
+			if out[i].Subscription == sub && len(out[i].History) < driver.MaxHistory {
 				out[i].History = append(out[i].History, a)
 			}
 		}
@@ -126,7 +127,7 @@ func (s *Store) inspectDeliveries(ctx context.Context, id string) ([]outbox.Deli
 	return out, rs.Err()
 }
 
-// Replay implements outbox.DeadLetterStore.
+// Replay implements driver.DeadLetterStore.
 func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -141,7 +142,7 @@ WHERE status = 3 AND event_id IN ` + in(len(ids)))
 	return n + m, s.explainSubs(err)
 }
 
-// Cleanup implements outbox.Cleaner. It selects the ids first and deletes
+// Cleanup implements driver.Cleaner. It selects the ids first and deletes
 // them by primary key, so each call locks at most limit rows. The age is
 // measured on the database's clock.
 func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int, includeDead bool) (int64, error) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -21,9 +22,9 @@ func TestEngineWritesUsePrimaryKeyRanges(t *testing.T) {
 	db := testdb.MySQL(t)
 	st := testdb.Store(t, db)
 	ctx := context.Background()
-	rows := make([]outbox.Row, 700)
+	rows := make([]driver.Row, 700)
 	for i := range rows {
-		rows[i] = outbox.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+		rows[i] = driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
 	}
 	tx, err := db.Beginx()
 	if err != nil {

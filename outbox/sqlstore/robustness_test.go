@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -50,7 +51,7 @@ type countingStore struct {
 	claims, claimed atomic.Int64
 }
 
-func (s *countingStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *countingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	rows, err := s.Store.Claim(ctx, req)
 	s.claims.Add(1)
 	s.claimed.Add(int64(len(rows)))
@@ -119,7 +120,7 @@ func TestPoisonRowsDoNotStopThePoller(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				row := &outbox.Row{ID: id, Type: "Poison", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+				row := &driver.Row{ID: id, Type: "Poison", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
 				if err := st.Insert(ctx, tx, row, "", 0); err != nil {
 					t.Fatal(err)
 				}
@@ -288,7 +289,7 @@ func TestCleanupAgeOnDatabaseClock(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := st.Insert(ctx, tx, &outbox.Row{ID: id, Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}, "me", time.Minute); err != nil {
+			if err := st.Insert(ctx, tx, &driver.Row{ID: id, Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}, "me", time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Commit(); err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -101,7 +102,7 @@ func TestMissingTableSaysMigrate(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "Migrate") {
 				t.Fatalf("publish into a missing table: %v; want an error that says to run Migrate", err)
 			}
-			if _, err := st.Claim(ctx, outbox.ClaimRequest{Owner: "me", Limit: 1, Lease: time.Second}); err == nil || !strings.Contains(err.Error(), "Migrate") {
+			if _, err := st.Claim(ctx, driver.ClaimRequest{Owner: "me", Limit: 1, Lease: time.Second}); err == nil || !strings.Contains(err.Error(), "Migrate") {
 				t.Fatalf("claim from a missing table: %v; want an error that says to run Migrate", err)
 			}
 		})

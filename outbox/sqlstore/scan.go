@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // rowColumns are the columns scanRow reads, in order.
@@ -22,14 +23,14 @@ var rowColumnNames = strings.Split(rowColumns, ", ")
 // the row's ReadError. One damaged row (a zero date, 'infinity', text in a
 // time column, a payload_json of 5) must not fail the claim of the others:
 // the engine buries it. Only a row whose id cannot be read fails.
-func scanRow(rs interface{ Scan(...any) error }, extra ...any) (outbox.Row, error) {
+func scanRow(rs interface{ Scan(...any) error }, extra ...any) (driver.Row, error) {
 	var vals [nRowColumns]any
 	dest := make([]any, 0, nRowColumns+len(extra))
 	for i := range vals {
 		dest = append(dest, &vals[i])
 	}
 	dest = append(dest, extra...)
-	var r outbox.Row
+	var r driver.Row
 	if err := rs.Scan(dest...); err != nil {
 		return r, err
 	}

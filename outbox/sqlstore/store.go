@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // DefaultTable is the table name used when Options.Table is empty.
@@ -29,7 +30,7 @@ type Options struct {
 	Table string
 }
 
-// Store is an outbox.Store over a SQL database. It is safe for concurrent
+// Store is an driver.Store over a SQL database. It is safe for concurrent
 // use.
 type Store struct {
 	db    *sqlx.DB
@@ -40,12 +41,12 @@ type Store struct {
 }
 
 var (
-	_ outbox.Store           = (*Store)(nil)
-	_ outbox.StatsReader     = (*Store)(nil)
-	_ outbox.DeadLetterStore = (*Store)(nil)
-	_ outbox.Cleaner         = (*Store)(nil)
-	_ outbox.BatchInserter   = (*Store)(nil)
-	_ outbox.Inspector       = (*Store)(nil)
+	_ driver.Store           = (*Store)(nil)
+	_ driver.StatsReader     = (*Store)(nil)
+	_ driver.DeadLetterStore = (*Store)(nil)
+	_ driver.Cleaner         = (*Store)(nil)
+	_ driver.BatchInserter   = (*Store)(nil)
+	_ driver.Inspector       = (*Store)(nil)
 )
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -206,9 +207,9 @@ func stringArgs(ids []string, prefix ...any) []any {
 	return args
 }
 
-// Insert implements outbox.Store. It writes through exec, the caller's
+// Insert implements driver.Store. It writes through exec, the caller's
 // transaction.
-func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *outbox.Row, owner string, lease time.Duration) error {
+func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *driver.Row, owner string, lease time.Duration) error {
 	_, err := exec.ExecContext(ctx, s.q.insert, s.insertArgs(nil, r, owner, lease)...)
 	return s.explain(err)
 }
@@ -222,9 +223,9 @@ const (
 	insertBatchBytes = 4 << 20
 )
 
-// InsertBatch implements outbox.BatchInserter: multi-row INSERTs through
+// InsertBatch implements driver.BatchInserter: multi-row INSERTs through
 // exec, the caller's transaction, of up to 500 rows or 4 MiB each.
-func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []outbox.Row, owner string, lease time.Duration) error {
+func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []driver.Row, owner string, lease time.Duration) error {
 	for len(rows) > 0 {
 		n, size := 1, len(rows[0].Payload)+len(rows[0].Headers)
 		for n < len(rows) && n < insertBatchRows {
@@ -254,7 +255,7 @@ func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []outb
 }
 
 // insertArgs appends the parameters of one row of the INSERT to args.
-func (s *Store) insertArgs(args []any, r *outbox.Row, owner string, lease time.Duration) []any {
+func (s *Store) insertArgs(args []any, r *driver.Row, owner string, lease time.Duration) []any {
 	var headers any
 	if r.Headers != nil {
 		headers = string(r.Headers)
@@ -278,7 +279,7 @@ func rollback(tx *sqlx.Tx) error {
 	return nil
 }
 
-// MarkDone implements outbox.Store with one UPDATE per call.
+// MarkDone implements driver.Store with one UPDATE per call.
 func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -287,19 +288,19 @@ func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, 
 	return s.execCount(ctx, q, stringArgs(ids, owner)...)
 }
 
-// MarkRetry implements outbox.Store.
+// MarkRetry implements driver.Store.
 func (s *Store) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
 	n, err := s.execCount(ctx, s.q.markRetry, delay.Microseconds(), errText, id, owner)
 	return n == 1, err
 }
 
-// MarkDead implements outbox.Store.
+// MarkDead implements driver.Store.
 func (s *Store) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
 	n, err := s.execCount(ctx, s.q.markDead, errText, id, owner)
 	return n == 1, err
 }
 
-// ExtendLeases implements outbox.Store.
+// ExtendLeases implements driver.Store.
 func (s *Store) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
@@ -308,7 +309,7 @@ func (s *Store) ExtendLeases(ctx context.Context, owner string, ids []string, le
 	return s.execCount(ctx, q, stringArgs(ids, lease.Microseconds(), owner)...)
 }
 
-// Release implements outbox.Store.
+// Release implements driver.Store.
 func (s *Store) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
 	if len(ids) == 0 {
 		return nil

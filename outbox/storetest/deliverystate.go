@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // Method-level cases of the DeliveryStore contract: each calls the store
@@ -24,7 +25,7 @@ func (e *env) insertRows(t *testing.T, n int, owner string, lease time.Duration)
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = outbox.NewID()
-		r := outbox.Row{ID: ids[i], Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
+		r := driver.Row{ID: ids[i], Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
 		if err := e.store.Insert(ctx, tx, &r, owner, lease); err != nil {
 			t.Fatal(err)
 		}
@@ -35,22 +36,22 @@ func (e *env) insertRows(t *testing.T, n int, owner string, lease time.Duration)
 	return ids
 }
 
-func (e *env) ds() outbox.DeliveryStore { return e.store.(outbox.DeliveryStore) }
+func (e *env) ds() driver.DeliveryStore { return e.store.(driver.DeliveryStore) }
 
 // SyncSubscriptions registers and reports; SetPaused is shared and says
 // whether the name is known.
 func testMethodSubscriptions(t *testing.T, e *env) {
 	ctx := context.Background()
 	ds := e.ds()
-	states, err := ds.SyncSubscriptions(ctx, []outbox.SubscriptionInfo{{Name: "a", Types: []outbox.EventType{typeA, typeB}}, {Name: "all"}})
+	states, err := ds.SyncSubscriptions(ctx, []driver.SubscriptionInfo{{Name: "a", Types: []string{string(typeA), string(typeB)}}, {Name: "all"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]outbox.SubscriptionState{}
+	byName := map[string]driver.SubscriptionState{}
 	for _, st := range states {
 		byName[st.Name] = st
 	}
-	if a := byName["a"]; len(a.Types) != 2 || a.Types[0] != typeA || a.Paused || a.Idle > time.Minute {
+	if a := byName["a"]; len(a.Types) != 2 || a.Types[0] != string(typeA) || a.Paused || a.Idle > time.Minute {
 		t.Fatalf("a = %+v; want types [A B], not paused, just seen", a)
 	}
 	if all := byName["all"]; all.Types != nil || all.Name != "all" {
@@ -63,7 +64,7 @@ func testMethodSubscriptions(t *testing.T, e *env) {
 		t.Fatalf("SetPaused(nobody) = %v, %v; want unknown", ok, err)
 	}
 	// Another instance registering a with new types keeps it paused.
-	states, err = ds.SyncSubscriptions(ctx, []outbox.SubscriptionInfo{{Name: "a", Types: []outbox.EventType{typeA}}})
+	states, err = ds.SyncSubscriptions(ctx, []driver.SubscriptionInfo{{Name: "a", Types: []string{string(typeA)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func testMethodSplit(t *testing.T, e *env) {
 	ds := e.ds()
 	ids := e.insertRows(t, 1, "me", time.Minute)
 	id := ids[0]
-	writes := []outbox.DeliveryWrite{
+	writes := []driver.DeliveryWrite{
 		{Subscription: "now", Status: outbox.StatusNew},
 		{Subscription: "later", Status: outbox.StatusRetry, Attempts: 1, Delay: time.Hour, Error: "boom"},
 		{Subscription: "gone", Status: outbox.StatusDead, Attempts: 3, Error: "fatal"},
@@ -113,7 +114,7 @@ func testMethodSplit(t *testing.T, e *env) {
 		}
 	}
 	// Only the due one of the named subscriptions is claimed.
-	got, err := ds.ClaimDeliveries(ctx, outbox.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{"now", "later", "gone"})
+	got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{"now", "later", "gone"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	ds := e.ds()
 	ids := e.insertRows(t, 40, "me", time.Minute)
 	for _, id := range ids {
-		if ok, err := ds.Split(ctx, "me", id, []outbox.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "other", Status: outbox.StatusNew}}); err != nil || !ok {
+		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "other", Status: outbox.StatusNew}}); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}
@@ -142,7 +143,7 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	for _, owner := range []string{"x", "y"} {
 		wg.Go(func() {
 			for {
-				got, err := ds.ClaimDeliveries(ctx, outbox.ClaimRequest{Owner: owner, Limit: 7, Lease: 250 * time.Millisecond}, []string{"s"})
+				got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 7, Lease: 250 * time.Millisecond}, []string{"s"})
 				if err != nil {
 					t.Error(err)
 					return
@@ -170,11 +171,11 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	}
 	// Leased: nothing more now; after the lease, taken over with the
 	// previous owner named.
-	if got, _ := ds.ClaimDeliveries(ctx, outbox.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"}); len(got) != 0 {
+	if got, _ := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"}); len(got) != 0 {
 		t.Fatalf("claimed %d leased deliveries", len(got))
 	}
 	time.Sleep(300 * time.Millisecond) // the lease is on the database's clock: nothing to wait on
-	got, err := ds.ClaimDeliveries(ctx, outbox.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"})
+	got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"})
 	if err != nil || len(got) != len(ids) {
 		t.Fatalf("after the leases ran out: %d, %v; want %d", len(got), err, len(ids))
 	}
@@ -192,11 +193,11 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	ctx := context.Background()
 	ds := e.ds()
 	id := e.insertRows(t, 1, "me", time.Minute)[0]
-	if ok, err := ds.Split(ctx, "me", id, []outbox.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}, {Subscription: "b", Status: outbox.StatusNew}}); err != nil || !ok {
+	if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}, {Subscription: "b", Status: outbox.StatusNew}}); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	claim := func(owner string) []outbox.Delivery {
-		got, err := ds.ClaimDeliveries(ctx, outbox.ClaimRequest{Owner: owner, Limit: 10, Lease: time.Minute}, []string{"a", "b"})
+	claim := func(owner string) []driver.Delivery {
+		got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 10, Lease: time.Minute}, []string{"a", "b"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,23 +206,23 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 2 {
 		t.Fatalf("claimed %d; want 2", len(got))
 	}
-	ka, kb := outbox.DeliveryKey{EventID: id, Subscription: "a"}, outbox.DeliveryKey{EventID: id, Subscription: "b"}
-	if n, err := ds.CompleteDeliveries(ctx, "intruder", []outbox.DeliveryKey{ka}); err != nil || n != 0 {
+	ka, kb := driver.DeliveryKey{EventID: id, Subscription: "a"}, driver.DeliveryKey{EventID: id, Subscription: "b"}
+	if n, err := ds.CompleteDeliveries(ctx, "intruder", []driver.DeliveryKey{ka}); err != nil || n != 0 {
 		t.Fatalf("CompleteDeliveries by a non-owner = %d, %v; want 0", n, err)
 	}
-	if n, err := ds.ExtendDeliveryLeases(ctx, "me", []outbox.DeliveryKey{ka, kb}, time.Minute); err != nil || n != 2 {
+	if n, err := ds.ExtendDeliveryLeases(ctx, "me", []driver.DeliveryKey{ka, kb}, time.Minute); err != nil || n != 2 {
 		t.Fatalf("ExtendDeliveryLeases = %d, %v; want 2", n, err)
 	}
-	if n, err := ds.CompleteDeliveries(ctx, "me", []outbox.DeliveryKey{ka}); err != nil || n != 1 {
+	if n, err := ds.CompleteDeliveries(ctx, "me", []driver.DeliveryKey{ka}); err != nil || n != 1 {
 		t.Fatalf("CompleteDeliveries(a) = %d, %v; want 1", n, err)
 	}
 	if rec := e.inspect(t, id); rec.Status != outbox.StatusSplit {
 		t.Fatalf("event %v with b still owed; want split", rec.Status)
 	}
-	if ok, err := ds.FailDelivery(ctx, "intruder", kb, outbox.DeliveryWrite{Status: outbox.StatusRetry, Attempts: 1, Error: "x"}); err != nil || ok {
+	if ok, err := ds.FailDelivery(ctx, "intruder", kb, driver.DeliveryWrite{Status: outbox.StatusRetry, Attempts: 1, Error: "x"}); err != nil || ok {
 		t.Fatalf("FailDelivery by a non-owner = %v, %v; want false", ok, err)
 	}
-	if ok, err := ds.FailDelivery(ctx, "me", kb, outbox.DeliveryWrite{Status: outbox.StatusRetry, Attempts: 1, Error: "first"}); err != nil || !ok {
+	if ok, err := ds.FailDelivery(ctx, "me", kb, driver.DeliveryWrite{Status: outbox.StatusRetry, Attempts: 1, Error: "first"}); err != nil || !ok {
 		t.Fatalf("FailDelivery = %v, %v", ok, err)
 	}
 	// Due at once (no delay): claim it again, defer it without an
@@ -229,7 +230,7 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 1 || got[0].Attempts != 1 || got[0].Status != outbox.StatusRetry {
 		t.Fatalf("reclaimed %+v; want b at 1 attempt", got)
 	}
-	if ok, err := ds.FailDelivery(ctx, "me", kb, outbox.DeliveryWrite{Status: outbox.StatusNew, Attempts: 1}); err != nil || !ok {
+	if ok, err := ds.FailDelivery(ctx, "me", kb, driver.DeliveryWrite{Status: outbox.StatusNew, Attempts: 1}); err != nil || !ok {
 		t.Fatalf("defer = %v, %v", ok, err)
 	}
 	rec := e.inspect(t, id)
@@ -239,13 +240,13 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 1 {
 		t.Fatalf("reclaimed %d; want b", len(got))
 	}
-	if err := ds.ReleaseDeliveries(ctx, "nobody", []outbox.DeliveryKey{kb}, 0); err != nil {
+	if err := ds.ReleaseDeliveries(ctx, "nobody", []driver.DeliveryKey{kb}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := claim("other"); len(got) != 0 {
 		t.Fatal("a release by a non-owner freed the delivery")
 	}
-	if err := ds.ReleaseDeliveries(ctx, "me", []outbox.DeliveryKey{kb}, 200*time.Millisecond); err != nil {
+	if err := ds.ReleaseDeliveries(ctx, "me", []driver.DeliveryKey{kb}, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	if got := claim("me"); len(got) != 0 {
@@ -255,7 +256,7 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 1 {
 		t.Fatalf("claimed %d after the delay; want b", len(got))
 	}
-	if n, err := ds.CompleteDeliveries(ctx, "me", []outbox.DeliveryKey{kb}); err != nil || n != 1 {
+	if n, err := ds.CompleteDeliveries(ctx, "me", []driver.DeliveryKey{kb}); err != nil || n != 1 {
 		t.Fatalf("CompleteDeliveries(b) = %d, %v", n, err)
 	}
 	if rec := e.inspect(t, id); rec.Status != outbox.StatusDone {
@@ -270,7 +271,7 @@ func testMethodDueNow(t *testing.T, e *env) {
 	ds := e.ds()
 	ids := e.insertRows(t, 2, "me", time.Minute)
 	for _, id := range ids {
-		if ok, err := ds.Split(ctx, "me", id, []outbox.DeliveryWrite{
+		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{
 			{Subscription: "down", Status: outbox.StatusNew, Delay: time.Hour},
 			{Subscription: "other", Status: outbox.StatusNew, Delay: time.Hour},
 		}); err != nil || !ok {
@@ -278,7 +279,7 @@ func testMethodDueNow(t *testing.T, e *env) {
 		}
 	}
 	claim := func(sub string) int {
-		got, err := ds.ClaimDeliveries(ctx, outbox.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{sub})
+		got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{sub})
 		if err != nil {
 			t.Fatal(err)
 		}

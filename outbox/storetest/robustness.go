@@ -12,31 +12,32 @@ import (
 	"unicode/utf8"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // hookedStore wraps a store to observe or disturb single calls. Nil hooks
 // pass through.
 type hookedStore struct {
-	outbox.Store
-	outbox.DeliveryStore
-	claim func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error)
+	driver.Store
+	driver.DeliveryStore
+	claim func(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error)
 	// record wraps the writes of failed deliveries (Split and
 	// FailDelivery): write performs the real one.
-	record func(ctx context.Context, ws []outbox.DeliveryWrite, write func() (bool, error)) (bool, error)
+	record func(ctx context.Context, ws []driver.DeliveryWrite, write func() (bool, error)) (bool, error)
 }
 
-func hooked(st outbox.Store) *hookedStore {
-	return &hookedStore{Store: st, DeliveryStore: st.(outbox.DeliveryStore)}
+func hooked(st driver.Store) *hookedStore {
+	return &hookedStore{Store: st, DeliveryStore: st.(driver.DeliveryStore)}
 }
 
-func (s *hookedStore) Claim(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+func (s *hookedStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	if s.claim != nil {
 		return s.claim(ctx, req)
 	}
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []outbox.DeliveryWrite) (bool, error) {
+func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
 	write := func() (bool, error) { return s.DeliveryStore.Split(ctx, owner, id, ws) }
 	if s.record != nil {
 		return s.record(ctx, ws, write)
@@ -44,16 +45,16 @@ func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []outbox.D
 	return write()
 }
 
-func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k outbox.DeliveryKey, w outbox.DeliveryWrite) (bool, error) {
+func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
 	write := func() (bool, error) { return s.DeliveryStore.FailDelivery(ctx, owner, k, w) }
 	if s.record != nil {
-		return s.record(ctx, []outbox.DeliveryWrite{w}, write)
+		return s.record(ctx, []driver.DeliveryWrite{w}, write)
 	}
 	return write()
 }
 
 // outboxOn is e.outbox over another store (a wrapper of e.store).
-func (e *env) outboxOn(t *testing.T, st outbox.Store, cfg outbox.Config) *outbox.Outbox {
+func (e *env) outboxOn(t *testing.T, st driver.Store, cfg outbox.Config) *outbox.Outbox {
 	t.Helper()
 	inner := e.store
 	e.store = st
@@ -160,7 +161,7 @@ func testCloseDuringClaim(t *testing.T, e *env) {
 	for i := range closes {
 		claiming := make(chan struct{}, 1)
 		st := hooked(e.store)
-		st.claim = func(ctx context.Context, req outbox.ClaimRequest) ([]outbox.Row, error) {
+		st.claim = func(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 			select {
 			case claiming <- struct{}{}:
 			default:
@@ -270,7 +271,7 @@ func testUnstorableErrorText(t *testing.T, e *env) {
 
 			dead := make(chan struct{})
 			var once sync.Once
-			st.record = func(ctx context.Context, ws []outbox.DeliveryWrite, write func() (bool, error)) (bool, error) {
+			st.record = func(ctx context.Context, ws []driver.DeliveryWrite, write func() (bool, error)) (bool, error) {
 				if err := refuse(ws[0].Error); err != nil {
 					return false, err
 				}
@@ -300,7 +301,7 @@ func testUnstorableErrorText(t *testing.T, e *env) {
 func testReclaimWhileFinishing(t *testing.T, e *env) {
 	written, proceed := make(chan struct{}), make(chan struct{})
 	st := hooked(e.store)
-	st.record = func(ctx context.Context, _ []outbox.DeliveryWrite, write func() (bool, error)) (bool, error) {
+	st.record = func(ctx context.Context, _ []driver.DeliveryWrite, write func() (bool, error)) (bool, error) {
 		ok, err := write()
 		close(written)
 		<-proceed

@@ -1,18 +1,18 @@
-// Package storetest is the conformance suite for outbox.Store
+// Package storetest is the conformance suite for driver.Store
 // implementations: one call runs the engine's acceptance tests (the
 // specification's 18.1–18.6 and the multi-instance guarantees) against a
 // real database.
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, storetest.Harness{
-//			NewStore: func(t *testing.T) (outbox.Store, storetest.Beginner) { ... },
+//			NewStore: func(t *testing.T) (driver.Store, storetest.Beginner) { ... },
 //			ConcurrentWriters: true,
 //		})
 //	}
 //
 // Every subtest gets a fresh store (a new table), so subtests are
-// independent. Stores must also implement outbox.Inspector and
-// outbox.StatsReader; the tests of the other optional capabilities run
+// independent. Stores must also implement driver.Inspector and
+// driver.StatsReader; the tests of the other optional capabilities run
 // only for stores that have them.
 package storetest
 
@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // Tx is a transaction the suite can publish through and end.
@@ -45,7 +46,7 @@ type Beginner func(ctx context.Context) (Tx, error)
 type Harness struct {
 	// NewStore returns a store on a fresh, empty, migrated table, and a way
 	// to begin transactions on the same database. Required.
-	NewStore func(t *testing.T) (outbox.Store, Beginner)
+	NewStore func(t *testing.T) (driver.Store, Beginner)
 	// ConcurrentWriters reports whether two write transactions can be open
 	// at once (false for SQLite, whose writers queue).
 	ConcurrentWriters bool
@@ -111,7 +112,7 @@ func Run(t *testing.T, h Harness) {
 			for _, need := range []struct {
 				ok   bool
 				what string
-			}{{is[outbox.Inspector](st), "outbox.Inspector"}, {is[outbox.StatsReader](st), "outbox.StatsReader"}} {
+			}{{is[driver.Inspector](st), "driver.Inspector"}, {is[driver.StatsReader](st), "driver.StatsReader"}} {
 				if !need.ok {
 					t.Fatalf("storetest: the store must implement %s", need.what)
 				}
@@ -127,7 +128,7 @@ func is[T any](v any) bool { _, ok := v.(T); return ok }
 // a log buffer every outbox of the subtest writes to.
 type env struct {
 	h     Harness
-	store outbox.Store
+	store driver.Store
 	begin Beginner
 	logs  *syncBuffer
 }
@@ -226,7 +227,7 @@ func (e *env) publishMany(t *testing.T, ob *outbox.Outbox, typ outbox.EventType,
 
 func (e *env) inspect(t *testing.T, id string) outbox.Record {
 	t.Helper()
-	rec, err := e.store.(outbox.Inspector).Inspect(context.Background(), id)
+	rec, err := e.store.(driver.Inspector).Inspect(context.Background(), id)
 	if err != nil {
 		t.Fatalf("Inspect %s: %v", id, err)
 	}
@@ -235,7 +236,7 @@ func (e *env) inspect(t *testing.T, id string) outbox.Record {
 
 func (e *env) stats(t *testing.T) outbox.Stats {
 	t.Helper()
-	s, err := e.store.(outbox.StatsReader).Stats(context.Background())
+	s, err := e.store.(driver.StatsReader).Stats(context.Background())
 	if err != nil {
 		t.Fatalf("Stats: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // callCounter counts handler calls per event id.
@@ -325,7 +326,7 @@ func testDeadPerSubscription(t *testing.T, e *env) {
 		rec := e.inspect(t, id)
 		return len(rec.Deliveries) == 1 && rec.Deliveries[0].Status == outbox.StatusDead
 	})
-	dls, err := e.store.(outbox.DeadLetterStore).ListDead(context.Background(), "", 10)
+	dls, err := e.store.(driver.DeadLetterStore).ListDead(context.Background(), "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func testDeadPerSubscription(t *testing.T, e *env) {
 		t.Fatalf("ListDead = %+v; want the bad subscription's delivery of %s", dls, id)
 	}
 	fixed.Store(true)
-	if n, err := e.store.(outbox.DeadLetterStore).Replay(context.Background(), []string{id}); err != nil || n != 1 {
+	if n, err := e.store.(driver.DeadLetterStore).Replay(context.Background(), []string{id}); err != nil || n != 1 {
 		t.Fatalf("Replay = %d, %v; want 1", n, err)
 	}
 	if got := recv(t, replayed, "the replayed delivery"); got != id {
@@ -379,9 +380,8 @@ func testSubscribeValidation(t *testing.T, e *env) {
 // Lag per subscription, dead letters by filter, and replay by filter
 // (dry run first, publish order, idempotent).
 func testLagAndDeadFilters(t *testing.T, e *env) {
-	ops, ok := e.store.(outbox.OperatorStore)
-	if !ok {
-		t.Skip("the store does not implement outbox.OperatorStore")
+	if _, ok := e.store.(driver.OperatorStore); !ok {
+		t.Skip("the store does not implement driver.OperatorStore")
 	}
 	ctx := context.Background()
 	cfg := fastConfig()
@@ -450,13 +450,13 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 		{outbox.DeadFilter{ErrorContains: `"bad":1`}, bad[1:]},
 		{outbox.DeadFilter{ErrorContains: "100%_"}, nil},
 		{outbox.DeadFilter{Subscription: "ok"}, nil},
-		{outbox.DeadFilter{Type: typeB}, nil},
-		{outbox.DeadFilter{Type: typeA, Since: before, Until: time.Now().Add(time.Minute)}, bad},
+		{outbox.DeadFilter{Type: string(typeB)}, nil},
+		{outbox.DeadFilter{Type: string(typeA), Since: before, Until: time.Now().Add(time.Minute)}, bad},
 		{outbox.DeadFilter{Since: time.Now().Add(time.Hour)}, nil},
 		{outbox.DeadFilter{Limit: 1}, bad[:1]},
 		{outbox.DeadFilter{After: bad[0]}, bad[1:]},
 	} {
-		dls, err := ops.FindDead(ctx, tc.f)
+		dls, err := ob.Dead(ctx, tc.f) // the Outbox's operator API over FindDead
 		if err != nil {
 			t.Fatalf("FindDead(%+v): %v", tc.f, err)
 		}
@@ -468,17 +468,17 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 			t.Errorf("FindDead(%+v) = %v; want %v", tc.f, got, tc.want)
 		}
 	}
-	if n, err := ops.ReplayDead(ctx, outbox.DeadFilter{Subscription: "picky"}, true); err != nil || n != 2 {
+	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, true); err != nil || n != 2 {
 		t.Fatalf("dry run = %d, %v; want 2", n, err)
 	}
 	if l := lagOf("picky"); l.Dead != 2 {
 		t.Fatalf("after a dry run: %+v; want still 2 dead", l)
 	}
 	accept.Store(true)
-	if n, err := ops.ReplayDead(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 2 {
+	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 2 {
 		t.Fatalf("replay = %d, %v; want 2", n, err)
 	}
-	if n, err := ops.ReplayDead(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 0 {
+	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 0 {
 		t.Fatalf("second replay = %d, %v; want 0 (nothing dead now)", n, err)
 	}
 	for i, want := range bad {
@@ -491,6 +491,16 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 		if n := ok1.get(id); n != 1 {
 			t.Fatalf("ok ran %d times for %s; want 1", n, id)
 		}
+	}
+	rec, err := ob.Inspect(ctx, bad[0])
+	if err != nil || rec.ID != bad[0] || rec.Status != outbox.StatusDone {
+		t.Fatalf("Inspect(%s) = %+v, %v; want the DONE event", bad[0], rec.Row, err)
+	}
+	if _, err := ob.Inspect(ctx, "no-such-event"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("Inspect(unknown) = %v; want ErrNotFound", err)
+	}
+	if st, err := ob.Stats(ctx); err != nil || st.Dead != 0 || st.Pending() != 0 {
+		t.Fatalf("Stats = %+v, %v; want nothing pending or dead", st, err)
 	}
 	closeNow(t, ob)
 	select {

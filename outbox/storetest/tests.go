@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 const (
@@ -39,7 +40,7 @@ func testAtomicity(t *testing.T, e *env) {
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.store.(outbox.Inspector).Inspect(ctx, rolledBack); !errors.Is(err, outbox.ErrNotFound) {
+	if _, err := e.store.(driver.Inspector).Inspect(ctx, rolledBack); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Inspect rolled-back event: err = %v, want ErrNotFound", err)
 	}
 	// A committed event after it is delivered; the rolled-back one never.
@@ -624,8 +625,8 @@ func testZombie(t *testing.T, e *env) {
 	ctx := context.Background()
 	producer := e.outbox(t, outbox.Config{DisableHotPath: true})
 	id := e.publish(t, producer, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
-	claim := func(owner string, lease time.Duration) []outbox.Row {
-		rows, err := e.store.Claim(ctx, outbox.ClaimRequest{Owner: owner, Limit: 10, Lease: lease})
+	claim := func(owner string, lease time.Duration) []driver.Row {
+		rows, err := e.store.Claim(ctx, driver.ClaimRequest{Owner: owner, Limit: 10, Lease: lease})
 		if err != nil {
 			t.Fatalf("Claim(%s): %v", owner, err)
 		}
@@ -639,7 +640,7 @@ func testZombie(t *testing.T, e *env) {
 	}
 	// Wait, on the database's clock, for the zombie's lease to run out.
 	deadline := time.Now().Add(wait)
-	var taken []outbox.Row
+	var taken []driver.Row
 	for len(taken) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the expired lease was never taken over")
@@ -797,7 +798,7 @@ func testUndecodable(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	id := outbox.NewID()
-	row := &outbox.Row{ID: id, Type: string(typeA), Headers: []byte(`{"k": 1`), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
+	row := &driver.Row{ID: id, Type: string(typeA), Headers: []byte(`{"k": 1`), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
 	if err := e.store.Insert(ctx, tx, row, "", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -842,7 +843,7 @@ func testSentinel(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := &outbox.Row{ID: outbox.NewID(), Type: "Bad", Headers: []byte(`{"X-Secret": "` + sentinel), Payload: body, PayloadJSON: true, OccurredAt: time.Now()}
+	bad := &driver.Row{ID: outbox.NewID(), Type: "Bad", Headers: []byte(`{"X-Secret": "` + sentinel), Payload: body, PayloadJSON: true, OccurredAt: time.Now()}
 	if err := e.store.Insert(ctx, tx, bad, "", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -875,9 +876,9 @@ func testSentinel(t *testing.T, e *env) {
 
 // Dead letters can be listed (without payloads) and replayed.
 func testReplay(t *testing.T, e *env) {
-	dls, ok := e.store.(outbox.DeadLetterStore)
+	dls, ok := e.store.(driver.DeadLetterStore)
 	if !ok {
-		t.Skip("store is not an outbox.DeadLetterStore")
+		t.Skip("store is not an driver.DeadLetterStore")
 	}
 	cfg := fastConfig()
 	cfg.MaxAttempts = 1
@@ -923,9 +924,9 @@ func testReplay(t *testing.T, e *env) {
 
 // Cleanup deletes delivered rows and never an undelivered one.
 func testCleanup(t *testing.T, e *env) {
-	cl, ok := e.store.(outbox.Cleaner)
+	cl, ok := e.store.(driver.Cleaner)
 	if !ok {
-		t.Skip("store is not an outbox.Cleaner")
+		t.Skip("store is not an driver.Cleaner")
 	}
 	cfg := fastConfig()
 	cfg.DisablePoller = true
@@ -953,8 +954,8 @@ func testCleanup(t *testing.T, e *env) {
 // Config.Retention makes the engine delete old DONE rows at Start, DEAD
 // rows too with CleanupDead, and never a NEW one.
 func testRetention(t *testing.T, e *env) {
-	if _, ok := e.store.(outbox.Cleaner); !ok {
-		t.Skip("store is not an outbox.Cleaner")
+	if _, ok := e.store.(driver.Cleaner); !ok {
+		t.Skip("store is not an driver.Cleaner")
 	}
 	cfg := fastConfig()
 	cfg.DisablePoller = true
@@ -994,14 +995,14 @@ func testRetention(t *testing.T, e *env) {
 	time.Sleep(5 * time.Millisecond) // let the rows age past the 1ms retention (no signal for elapsed time)
 	clean(false)
 	for _, id := range done {
-		if _, err := e.store.(outbox.Inspector).Inspect(context.Background(), id); !errors.Is(err, outbox.ErrNotFound) {
+		if _, err := e.store.(driver.Inspector).Inspect(context.Background(), id); !errors.Is(err, outbox.ErrNotFound) {
 			t.Fatalf("DONE event %s after cleanup: %v; want it deleted", id, err)
 		}
 	}
 	e.wantStatus(t, dead, outbox.StatusDead)
 	e.wantStatus(t, keep, outbox.StatusNew)
 	clean(true)
-	if _, err := e.store.(outbox.Inspector).Inspect(context.Background(), dead); !errors.Is(err, outbox.ErrNotFound) {
+	if _, err := e.store.(driver.Inspector).Inspect(context.Background(), dead); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("DEAD event after a cleanup with CleanupDead: %v; want it deleted", err)
 	}
 	e.wantStatus(t, keep, outbox.StatusNew)

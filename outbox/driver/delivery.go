@@ -1,4 +1,4 @@
-package outbox
+package driver
 
 import (
 	"context"
@@ -17,7 +17,7 @@ const StatusSplit Status = 4
 type SubscriptionInfo struct {
 	Name string
 	// Types are the event types it takes; nil: every type.
-	Types []EventType
+	Types []string
 }
 
 // SubscriptionState is a subscription as the database knows it: from
@@ -138,7 +138,7 @@ type DeadFilter struct {
 	// every subscription and the events dead as a whole).
 	Subscription string
 	// Type selects one event type.
-	Type EventType
+	Type string
 	// Since and Until bound the events' creation time (database clock).
 	Since, Until time.Time
 	// ErrorContains selects dead letters whose last error contains it.

@@ -1,11 +1,38 @@
-package outbox
+// Package driver is the contract between the outbox engine and a store:
+// what a database (or a test double) implements so that the engine can
+// write, claim, complete and inspect events and their per-subscription
+// deliveries. Users of the outbox do not need it: they pass a store (e.g.
+// sqlstore.New) to outbox.New and use the outbox package's API. Store
+// implementers start with Store and DeliveryStore; the conformance suite
+// in outbox/storetest tells whether an implementation keeps the contract.
+//
+// The names here that users also see (Record, Stats, Lag, DeadLetter,
+// DeadFilter, Attempt, Execer, DBTx) are re-exported by package outbox
+// as aliases.
+package driver
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strconv"
 	"time"
 )
+
+// Execer runs a statement. *sql.DB, *sql.Tx, *sql.Conn, *sqlx.Tx, GORM's
+// ConnPool and an ent transaction built with the sql/execquery feature all
+// satisfy it.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// DBTx is an open transaction on the outbox's database, as a transactional
+// handler gets it; *sql.Tx satisfies it.
+type DBTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
 
 // Status is the delivery state of a stored event.
 type Status int8

@@ -1,0 +1,86 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// The operator's API: what an outboxctl, an admin page or a user's own
+// tool reads and repairs. Each method needs the store to implement the
+// optional driver interface it names (sqlstore and outboxtest implement
+// them all); without it, the method says so.
+
+// Lag returns, for every subscription this instance knows (its own and
+// those other instances registered), what it has not delivered yet. The
+// store must implement driver.OperatorStore (sqlstore does).
+func (o *Outbox) Lag(ctx context.Context) ([]Lag, error) {
+	os, ok := o.store.(driver.OperatorStore)
+	if !ok {
+		return nil, fmt.Errorf("outbox: Lag: the store (%T) does not implement driver.OperatorStore", o.store)
+	}
+	var infos []driver.SubscriptionInfo
+	for _, s := range o.Subscriptions() {
+		infos = append(infos, driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types)})
+	}
+	return os.Lag(ctx, infos)
+}
+
+// Inspect returns what the store holds of the event id: its row, and each
+// subscription's delivery state with the history of its last attempts.
+// An unknown id gives ErrNotFound.
+func (o *Outbox) Inspect(ctx context.Context, id string) (Record, error) {
+	in, ok := o.store.(driver.Inspector)
+	if !ok {
+		return Record{}, fmt.Errorf("outbox: Inspect: the store (%T) does not implement driver.Inspector", o.store)
+	}
+	return in.Inspect(ctx, id)
+}
+
+// Stats counts the events in the table by status, with the age of the
+// oldest undelivered one.
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
+	sr, ok := o.store.(driver.StatsReader)
+	if !ok {
+		return Stats{}, fmt.Errorf("outbox: Stats: the store (%T) does not implement driver.StatsReader", o.store)
+	}
+	return sr.Stats(ctx)
+}
+
+// Dead lists dead deliveries that match f, oldest first, without payloads.
+// Page with f.After (the last id of the previous page) and f.Limit.
+func (o *Outbox) Dead(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
+	os, err := o.operator("Dead")
+	if err != nil {
+		return nil, err
+	}
+	return os.FindDead(ctx, f)
+}
+
+// Replay makes the dead deliveries that match f due again with a fresh
+// count of attempts, in their original publish order, and returns how
+// many; with dryRun it only counts them. Only the subscriptions named by
+// the dead deliveries run again, never the others. Replaying what is no
+// longer dead does nothing, so replaying twice delivers once more, not
+// twice. The instance's poller is woken, so the replayed deliveries go
+// out at once.
+func (o *Outbox) Replay(ctx context.Context, f DeadFilter, dryRun bool) (int, error) {
+	os, err := o.operator("Replay")
+	if err != nil {
+		return 0, err
+	}
+	n, err := os.ReplayDead(ctx, f, dryRun)
+	if err == nil && n > 0 && !dryRun {
+		o.wakePoller()
+	}
+	return n, err
+}
+
+func (o *Outbox) operator(what string) (driver.OperatorStore, error) {
+	os, ok := o.store.(driver.OperatorStore)
+	if !ok {
+		return nil, fmt.Errorf("outbox: %s: the store (%T) does not implement driver.OperatorStore", what, o.store)
+	}
+	return os, nil
+}
