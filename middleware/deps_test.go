@@ -14,8 +14,9 @@ func TestDependencies(t *testing.T) {
 		t.Skipf("go list: %v", err)
 	}
 	allowed := map[string]bool{
-		"github.com/txoutbox/txoutbox/middleware": true,
-		"github.com/txoutbox/txoutbox/outbox":     true,
+		"github.com/txoutbox/txoutbox/middleware":    true,
+		"github.com/txoutbox/txoutbox/outbox":        true,
+		"github.com/txoutbox/txoutbox/outbox/driver": true,
 	}
 	for _, p := range strings.Fields(string(out)) {
 		if !allowed[p] && !strings.HasPrefix(p, "github.com/oklog/ulid/") { // the core's own dependency

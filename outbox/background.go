@@ -3,57 +3,45 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
-// Background work: the sampler of queue depths and backlog, and the
-// retention cleanup.
+// sampler reports the queue depths, the backlog and the subscriptions'
+// lag to Metrics every StatsInterval.
+type sampler struct {
+	*deps
+	disp *dispatcher
+	lag  func(context.Context) ([]Lag, error)
+	runner
+}
 
-func (o *Outbox) sample(ctx context.Context) {
-	depth := time.NewTicker(time.Second)
-	defer depth.Stop()
-	var stats <-chan time.Time
-	sr, ok := o.store.(driver.StatsReader)
-	if ok && o.cfg.StatsInterval > 0 {
-		t := time.NewTicker(o.cfg.StatsInterval)
-		defer t.Stop()
-		stats = t.C
+// cleaner deletes delivered rows older than Config.Retention, at start and
+// every CleanupInterval.
+type cleaner struct {
+	*deps
+	runner
+}
+
+// runner owns the one goroutine of a part: start launches it, stop
+// cancels its context and waits for it.
+type runner struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (r *runner) start(ctx context.Context, run func(context.Context)) {
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.wg.Go(func() { run(ctx) })
+}
+
+func (r *runner) stop() {
+	if r.cancel != nil {
+		r.cancel()
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-depth.C:
-			o.m.QueueDepths(len(o.hot), len(o.cold))
-		case <-stats:
-			wctx, cancel := context.WithTimeout(ctx, o.cfg.StatsInterval)
-			s, err := sr.Stats(wctx)
-			cancel()
-			if err != nil {
-				if ctx.Err() == nil {
-					o.log.Error("sample backlog", slog.Any("error", err))
-				}
-				continue
-			}
-			o.m.Backlog(s)
-			if _, ok := o.store.(driver.OperatorStore); ok {
-				lctx, cancel := context.WithTimeout(ctx, o.cfg.StatsInterval)
-				lags, err := o.Lag(lctx)
-				cancel()
-				if err == nil {
-					o.m.SubscriptionLag(lags)
-				} else if ctx.Err() == nil {
-					o.log.Error("sample the subscriptions' lag", slog.Any("error", err))
-				}
-			}
-			if s.Unknown > 0 {
-				o.log.Warn("rows with a status this engine does not know: they are never delivered; inspect them (SELECT status, COUNT(*) … GROUP BY status) and fix or delete them",
-					slog.Int64("rows", s.Unknown))
-			}
-		}
-	}
+	r.wg.Wait()
 }
 
 // chunks yields s in pieces of at most n.
@@ -69,14 +57,59 @@ func chunks(s []string, n int) func(func([]string) bool) {
 	}
 }
 
-// cleanupLoop deletes delivered rows older than Config.Retention at start
+func (sm *sampler) run(ctx context.Context) {
+	depth := time.NewTicker(time.Second)
+	defer depth.Stop()
+	var stats <-chan time.Time
+	sr, ok := sm.store.(driver.StatsReader)
+	if ok && sm.cfg.StatsInterval > 0 {
+		t := time.NewTicker(sm.cfg.StatsInterval)
+		defer t.Stop()
+		stats = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-depth.C:
+			sm.m.QueueDepths(len(sm.disp.hot), len(sm.disp.cold))
+		case <-stats:
+			wctx, cancel := context.WithTimeout(ctx, sm.cfg.StatsInterval)
+			s, err := sr.Stats(wctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					sm.log.Error("sample backlog", slog.Any("error", err))
+				}
+				continue
+			}
+			sm.m.Backlog(s)
+			if _, ok := sm.store.(driver.OperatorStore); ok {
+				lctx, cancel := context.WithTimeout(ctx, sm.cfg.StatsInterval)
+				lags, err := sm.lag(lctx)
+				cancel()
+				if err == nil {
+					sm.m.SubscriptionLag(lags)
+				} else if ctx.Err() == nil {
+					sm.log.Error("sample the subscriptions' lag", slog.Any("error", err))
+				}
+			}
+			if s.Unknown > 0 {
+				sm.log.Warn("rows with a status this engine does not know: they are never delivered; inspect them (SELECT status, COUNT(*) … GROUP BY status) and fix or delete them",
+					slog.Int64("rows", s.Unknown))
+			}
+		}
+	}
+}
+
+// run deletes delivered rows older than Config.Retention at start
 // and then every CleanupInterval, until ctx ends.
-func (o *Outbox) cleanupLoop(ctx context.Context) {
-	c := o.store.(driver.Cleaner) // checked by New
-	t := time.NewTicker(o.cfg.CleanupInterval)
+func (cl *cleaner) run(ctx context.Context) {
+	c := cl.store.(driver.Cleaner) // checked by New
+	t := time.NewTicker(cl.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
-		o.cleanup(ctx, c)
+		cl.cleanup(ctx, c)
 		select {
 		case <-ctx.Done():
 			return
@@ -86,24 +119,24 @@ func (o *Outbox) cleanupLoop(ctx context.Context) {
 }
 
 // cleanup runs one cleanup: batches until fewer than a batch is left.
-func (o *Outbox) cleanup(ctx context.Context, c driver.Cleaner) {
+func (cl *cleaner) cleanup(ctx context.Context, c driver.Cleaner) {
 	var total int64
 	for ctx.Err() == nil {
-		n, err := c.Cleanup(ctx, o.cfg.Retention, o.cfg.CleanupBatchSize, o.cfg.CleanupDead)
+		n, err := c.Cleanup(ctx, cl.cfg.Retention, cl.cfg.CleanupBatchSize, cl.cfg.CleanupDead)
 		total += n
-		o.m.Cleaned(n)
+		cl.m.Cleaned(n)
 		if err != nil {
 			if ctx.Err() == nil {
-				o.log.Error("cleanup of delivered events failed", slog.Int64("deleted", total), slog.Any("error", err))
+				cl.log.Error("cleanup of delivered events failed", slog.Int64("deleted", total), slog.Any("error", err))
 			}
 			return
 		}
-		if n < int64(o.cfg.CleanupBatchSize) {
+		if n < int64(cl.cfg.CleanupBatchSize) {
 			break
 		}
 	}
 	if total > 0 {
-		o.log.Info("cleanup deleted delivered events", slog.Int64("deleted", total),
-			slog.Duration("older_than", o.cfg.Retention), slog.Bool("dead_too", o.cfg.CleanupDead))
+		cl.log.Info("cleanup deleted delivered events", slog.Int64("deleted", total),
+			slog.Duration("older_than", cl.cfg.Retention), slog.Bool("dead_too", cl.cfg.CleanupDead))
 	}
 }

@@ -27,12 +27,12 @@ type completer struct {
 	wg sync.WaitGroup
 }
 
-func newCompleter(o *Outbox) *completer {
+func newCompleter(d *deps, inflight *inflightSet) *completer {
 	return &completer{
-		store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID,
-		batchSize: o.cfg.CompletionBatchSize, linger: o.cfg.CompletionLinger,
-		inflight: &o.inflight, log: o.log, health: &o.health, m: o.m,
-		in: make(chan *item, 4*o.cfg.CompletionBatchSize),
+		store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID,
+		batchSize: d.cfg.CompletionBatchSize, linger: d.cfg.CompletionLinger,
+		inflight: inflight, log: d.log, health: d.health, m: d.m,
+		in: make(chan *item, 4*d.cfg.CompletionBatchSize),
 	}
 }
 

@@ -28,44 +28,28 @@ func (o *Outbox) Start(ctx context.Context) error {
 	if o.started {
 		return nil
 	}
-	if err := o.syncRegistry(ctx); err != nil {
+	if err := o.reg.sync(ctx); err != nil {
 		return fmt.Errorf("outbox: Start: register the subscriptions: %w", err)
 	}
 	o.started = true
 	o.health.pollBeat.Store(time.Now().UnixNano())
-	o.m.QueueCapacities(cap(o.hot), cap(o.cold))
-	runCtx, cancel := context.WithCancel(ctx)
-	o.cancelRun = cancel
-	for _, s := range o.subs.Load().local {
-		if s.Batch != nil {
-			s.batch = newBatcher(o, s)
-			o.batchers.Go(func() { s.batch.run(runCtx) })
-		}
-	}
-	for range o.cfg.Workers {
-		o.workers.Go(func() { o.work(runCtx) })
-	}
-	o.background.Go(func() { o.registryLoop(runCtx) })
+	o.m.QueueCapacities(cap(o.disp.hot), cap(o.disp.cold))
+	o.disp.start(ctx, o.reg.load().local)
+	o.reg.start(ctx, o.reg.run)
 	o.comp.start()
-	o.background.Go(func() { o.leases.run(runCtx) })
-	o.background.Go(func() { o.sample(runCtx) })
+	o.leases.start(ctx, o.leases.run)
+	o.sampler.start(ctx, o.sampler.run)
 	if o.cfg.Retention > 0 {
-		o.background.Go(func() { o.cleanupLoop(runCtx) })
+		o.cleaner.start(ctx, o.cleaner.run)
 	}
-	pollCtx, stopPoll := context.WithCancel(runCtx)
-	o.stopPoll = stopPoll
 	if !o.cfg.DisablePoller {
-		o.poller.Go(func() { o.pollLoop(pollCtx) })
+		o.poller.start(ctx, o.poller.run)
 	}
 	return nil
 }
 
-// closeGrace is how long Close waits, after its own context ended, for
-// listener calls whose context it cancelled.
-const closeGrace = time.Second
-
 // Close stops the engine: it stops the poller, lets the workers deliver
-// what is queued until ctx is done, then cancels the listeners still
+// what is queued until ctx is done, then cancels the handlers still
 // running, hands the rest back to the database (releasing their leases so
 // any instance can take them at once), writes the last completions, and
 // waits for every goroutine it started. Events published after Close stay
@@ -73,7 +57,7 @@ const closeGrace = time.Second
 //
 // Close may be called without Start and more than once; a second call
 // waits for the first and returns nil. It returns an error if ctx ended
-// and an abandoned listener call had still not returned a short grace
+// and an abandoned handler call had still not returned a short grace
 // period (one second) after its context was cancelled.
 func (o *Outbox) Close(ctx context.Context) error {
 	o.mu.Lock()
@@ -89,118 +73,25 @@ func (o *Outbox) Close(ctx context.Context) error {
 	defer defaultOutbox.CompareAndSwap(o, nil)
 
 	if !started {
-		o.handBack()
+		o.disp.handBack()
 		return nil
 	}
-	o.stopPoll()
-	o.poller.Wait()
-
-	close(o.draining)
-	workersDone := make(chan struct{})
-	go func() { o.workers.Wait(); close(workersDone) }()
-	select {
-	case <-workersDone:
-	case <-ctx.Done():
-		o.cancelRun()
-		<-workersDone
-	}
-	// Batch subscriptions get nothing new now: flush what they hold. An
-	// outcome cut by the cancellation puts its item back in a queue,
-	// which handBack then empties.
-	for _, s := range o.subs.Load().local {
-		if s.batch != nil {
-			close(s.batch.in)
-		}
-	}
-	batchersDone := make(chan struct{})
-	go func() { o.batchers.Wait(); close(batchersDone) }()
-	select {
-	case <-batchersDone:
-	case <-ctx.Done():
-		o.cancelRun()
-		<-batchersDone
-	}
-	o.handBack()
+	// In order: nothing new is claimed; what is queued is delivered (or
+	// handed back); the last completions are written; then the rest.
+	o.poller.stop()
+	o.disp.drain(ctx, o.reg.load().local)
 	o.comp.stop()
-	o.cancelRun()
-	o.background.Wait()
-
-	if o.running.Load() == 0 {
-		o.stragglers.Wait() // only the last deferred Done calls remain
-		return nil
-	}
-	stragglersDone := make(chan struct{})
-	go func() { o.stragglers.Wait(); close(stragglersDone) }()
-	select {
-	case <-stragglersDone:
-		return nil
-	case <-ctx.Done():
-	}
-	// The listeners' contexts are cancelled by now. Give those that honour
-	// cancellation a moment to return, so that a listener which does the
-	// right thing is never reported as ignoring its context.
-	grace := time.NewTimer(closeGrace)
-	defer grace.Stop()
-	select {
-	case <-stragglersDone:
-		return nil
-	case <-grace.C:
-		return fmt.Errorf("outbox: close: %d listener calls that ignored their context are still running: %w", o.running.Load(), ctx.Err())
-	}
+	o.leases.stop()
+	o.reg.stop()
+	o.sampler.stop()
+	o.cleaner.stop()
+	return o.disp.waitStragglers(ctx)
 }
 
 // QueueDepths returns the current lengths of the hot and cold queues.
-func (o *Outbox) QueueDepths() (hot, cold int) { return len(o.hot), len(o.cold) }
+func (o *Outbox) QueueDepths() (hot, cold int) { return len(o.disp.hot), len(o.disp.cold) }
 
 // --- workers ---
-
-func (o *Outbox) work(ctx context.Context) {
-	for {
-		var it *item
-		select {
-		case it = <-o.hot:
-		default:
-			select {
-			case it = <-o.hot:
-			case it = <-o.cold:
-			case <-ctx.Done():
-				return
-			case <-o.draining:
-				select {
-				case it = <-o.hot:
-				case it = <-o.cold:
-				default:
-					return
-				}
-			}
-		}
-		if it.path == PathCold {
-			select {
-			case o.coldSpace <- struct{}{}:
-			default:
-			}
-		}
-		if ctx.Err() != nil {
-			// Stopping: put it back for handBack. There is room, since
-			// it just came out and nothing else sends after Close.
-			o.requeue(it)
-			return
-		}
-		o.process(ctx, it)
-	}
-}
-
-func (o *Outbox) requeue(it *item) {
-	q := o.hot
-	if it.path == PathCold {
-		q = o.cold
-	}
-	select {
-	case q <- it:
-	default:
-		o.inflight.release(it.key())
-	}
-}
 
 // errorText makes a listener's error storable on every supported database:
 // valid UTF-8 (MySQL and PostgreSQL reject invalid bytes), no NUL

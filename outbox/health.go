@@ -78,7 +78,7 @@ func (o *Outbox) Health(ctx context.Context) HealthStatus {
 	sort.Strings(open)
 	add("circuits", true, false, false, fmt.Sprintf("open: %v", open))
 
-	werr := o.syncRegistry(ctx)
+	werr := o.reg.sync(ctx)
 	detail := "registered the subscriptions"
 	if werr != nil {
 		detail = werr.Error()

@@ -11,7 +11,7 @@ import (
 // leaseKeeper renews the leases of everything this instance holds (the
 // in-flight set) every Lease/3, and gives leases back: on close, on
 // hot-queue overflow, for events this instance cannot deliver. Its
-// goroutine runs from Start until the engine's context ends.
+// goroutine (run) runs from start until stop.
 type leaseKeeper struct {
 	store    driver.Store
 	dstore   driver.DeliveryStore
@@ -21,52 +21,14 @@ type leaseKeeper struct {
 	log      *slog.Logger
 	health   *health
 	m        Metrics
+	runner
 }
 
-func newLeaseKeeper(o *Outbox) *leaseKeeper {
-	return &leaseKeeper{store: o.store, dstore: o.dstore, owner: o.cfg.InstanceID, lease: o.cfg.Lease, inflight: &o.inflight, log: o.log, health: &o.health, m: o.m}
+func newLeaseKeeper(d *deps, inflight *inflightSet) *leaseKeeper {
+	return &leaseKeeper{store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID, lease: d.cfg.Lease, inflight: inflight, log: d.log, health: d.health, m: d.m}
 }
 
-// handBack empties the queues and releases the leases of what was in them.
-func (o *Outbox) handBack() {
-	var ids []string
-	var keys []driver.DeliveryKey
-	var items []*item
-	for {
-		var it *item
-		select {
-		case it = <-o.hot:
-		case it = <-o.cold:
-		default:
-		}
-		if it == nil {
-			break
-		}
-		items = append(items, it)
-		if it.sub == nil {
-			ids = append(ids, it.env.ID)
-		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
-		}
-	}
-	if len(items) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	o.releaseLeases(ctx, ids, "release leases on close")
-	o.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
-	for _, it := range items {
-		o.inflight.release(it.key())
-	}
-	o.log.Info("handed queued events back to the database", slog.Int("events", len(items)))
-}
-
-// releaseDeliveries is releaseAfter for deliveries.
-func (o *Outbox) releaseDeliveries(ctx context.Context, keys []driver.DeliveryKey, delay time.Duration, what string) {
-	o.leases.releaseDeliveries(ctx, keys, delay, what)
-}
-
+// releaseDeliveries is release for deliveries.
 func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []driver.DeliveryKey, delay time.Duration, what string) {
 	for len(keys) > 0 {
 		n := min(500, len(keys))
@@ -83,16 +45,11 @@ func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []driver.Deliv
 // releaseLeases gives up this instance's leases on ids, in statements of
 // at most 500 ids. A failure is logged, not returned: the leases then run
 // out by themselves and the events are delivered later, never lost.
-func (o *Outbox) releaseLeases(ctx context.Context, ids []string, what string) {
-	o.releaseAfter(ctx, ids, 0, what)
+func (k *leaseKeeper) releaseLeases(ctx context.Context, ids []string, what string) {
+	k.release(ctx, ids, 0, what)
 }
 
-// releaseAfter is releaseLeases with the events due again only after
-// delay.
-func (o *Outbox) releaseAfter(ctx context.Context, ids []string, delay time.Duration, what string) {
-	o.leases.release(ctx, ids, delay, what)
-}
-
+// release is releaseLeases with the events due again only after delay.
 func (k *leaseKeeper) release(ctx context.Context, ids []string, delay time.Duration, what string) {
 	for chunk := range chunks(ids, 500) {
 		start := time.Now()

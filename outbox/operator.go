@@ -72,7 +72,7 @@ func (o *Outbox) Replay(ctx context.Context, f DeadFilter, dryRun bool) (int, er
 	}
 	n, err := os.ReplayDead(ctx, f, dryRun)
 	if err == nil && n > 0 && !dryRun {
-		o.wakePoller()
+		o.poller.wake()
 	}
 	return n, err
 }

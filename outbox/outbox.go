@@ -38,47 +38,41 @@ type Event struct {
 }
 
 // Outbox is the engine: it writes events through the caller's transaction
-// and, after commit, delivers them to listeners, with a poller that catches
-// whatever the fast path missed. All methods are safe for concurrent use.
+// and, after commit, delivers them to subscriptions, with a poller that
+// catches whatever the fast path missed. All methods are safe for
+// concurrent use.
+//
+// It wires parts that each own their state and goroutines: the registrar
+// (subscriptions, in memory and in the database), the dispatcher (queues,
+// workers, batchers), the poller, the completer (batched DONE writes), the
+// lease keeper, the sampler (metrics) and the cleaner (retention).
 type Outbox struct {
-	store driver.Store
-	cfg   Config
-	log   *slog.Logger
-	m     Metrics
-
-	dstore driver.DeliveryStore
-	regMu  sync.Mutex // serialises changes of subs
-	subs   atomic.Pointer[registry]
+	*deps
+	reg     *registrar
+	disp    *dispatcher
+	poller  *poller
+	comp    *completer
+	leases  *leaseKeeper
+	sampler *sampler
+	cleaner *cleaner
 
 	warnedUnstarted atomic.Bool // "published before Start" was logged
 
-	noListenerMu  sync.Mutex
-	noListenerLog map[EventType]time.Time // last warning per type
-
-	hot, cold chan *item
-	inflight  inflightSet
-	comp      *completer
-	health    health
-	leases    *leaseKeeper
-	dropped   chan string    // ids dropped from a full hot queue, for the poller to release
-	nudge     chan struct{}  // wakes the poller; capacity 1
-	retryDue  chan time.Time // due times of retries scheduled here, for the poller
-	coldSpace chan struct{}  // a worker took a cold item; capacity 1
-
-	mu        sync.RWMutex // guards the state below; RLock on the hot path
+	mu        sync.RWMutex // guards the lifecycle below; RLock on the hot path
 	started   bool
 	closed    bool
 	closeDone chan struct{}
-	cancelRun context.CancelFunc
-	stopPoll  context.CancelFunc
-	draining  chan struct{}
+}
 
-	workers    sync.WaitGroup
-	poller     sync.WaitGroup
-	batchers   sync.WaitGroup
-	background sync.WaitGroup // lease renewer, sampler
-	stragglers sync.WaitGroup // listener calls, including those abandoned after their timeout
-	running    atomic.Int64   // listener calls not yet returned
+// deps are what every part of the engine shares; they never change after
+// New.
+type deps struct {
+	store  driver.Store
+	dstore driver.DeliveryStore
+	cfg    Config
+	log    *slog.Logger
+	m      Metrics
+	health *health
 }
 
 // New returns an Outbox over store. It does not start delivering until
@@ -98,29 +92,24 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 		return nil, fmt.Errorf("outbox: New: the store (%T) keeps no per-subscription delivery state: it must implement driver.DeliveryStore (sqlstore and outboxtest do)", store)
 	}
 	cfg = cfg.withDefaults()
-	o := &Outbox{
-		store:     store,
-		dstore:    ds,
-		cfg:       cfg,
-		log:       cfg.Logger.With(slog.String("component", "outbox"), slog.String("instance", cfg.InstanceID)),
-		m:         cfg.Metrics,
-		hot:       make(chan *item, cfg.HotQueueSize),
-		cold:      make(chan *item, cfg.ColdQueueSize),
-		inflight:  inflightSet{m: make(map[string]struct{})},
-		dropped:   make(chan string, max(10*cfg.HotQueueSize, 10000)),
-		nudge:     make(chan struct{}, 1),
-		retryDue:  make(chan time.Time, 1024),
-		coldSpace: make(chan struct{}, 1),
-		closeDone: make(chan struct{}),
-		draining:  make(chan struct{}),
-
-		noListenerLog: map[EventType]time.Time{},
+	d := &deps{
+		store:  store,
+		dstore: ds,
+		cfg:    cfg,
+		log:    cfg.Logger.With(slog.String("component", "outbox"), slog.String("instance", cfg.InstanceID)),
+		m:      cfg.Metrics,
+		health: &health{},
 	}
-	reg := &registry{byName: map[string]*subscription{}}
-	reg.index()
-	o.subs.Store(reg)
-	o.comp = newCompleter(o)
-	o.leases = newLeaseKeeper(o)
+	o := &Outbox{deps: d, closeDone: make(chan struct{})}
+	o.reg = newRegistrar(d)
+	o.disp = newDispatcher(d)
+	o.poller = newPoller(d)
+	o.comp = newCompleter(d, &o.disp.inflight)
+	o.leases = newLeaseKeeper(d, &o.disp.inflight)
+	o.sampler = &sampler{deps: d, disp: o.disp, lag: o.Lag}
+	o.cleaner = &cleaner{deps: d}
+	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.poller = o.reg, o.comp, o.leases, o.poller
+	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil
 }
 
@@ -211,7 +200,7 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	closed := o.closed
 	o.mu.RUnlock()
 	hot := !o.cfg.DisableHotPath && !closed
-	reg := o.subs.Load()
+	reg := o.reg.load()
 	var mine []Envelope
 	var mineRows, freeRows []driver.Row
 	for i, env := range envs {
@@ -257,100 +246,21 @@ func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []driver.Row, ow
 	return nil
 }
 
-// enqueueHot hands a committed event to the dispatcher. It never blocks: a
-// full queue leaves the event to the poller.
-//
-// The row's lease started when it was written. If the transaction committed
-// so late that the lease may run out before the renewer extends it (more
-// than Lease/2 after the write), another instance may already be entitled
-// to the event: the hot path stays out and a poller takes it once the
-// lease has ended (at most Lease/2 later), so that a slow transaction does
-// not cause a second delivery.
+// enqueueHot hands a committed event to the dispatcher, unless the outbox
+// is closed: then the row, leased to this instance, is given back so that
+// another instance takes it at once instead of after the lease.
 func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
-	it := &item{env: env, path: PathHot, since: time.Now()}
 	o.mu.RLock()
 	defer o.mu.RUnlock()
 	if o.closed {
-		// The row is leased to this instance, which will not deliver it:
-		// give it back so that another instance takes it at once instead
-		// of after the lease.
-		o.handBackLate(env.ID)
+		o.disp.handBackLate(env.ID)
 		return
 	}
 	if !o.started && o.warnedUnstarted.CompareAndSwap(false, true) {
 		o.log.Warn("events are published but the outbox is not started: they wait in memory until Start (call ob.Start(ctx) at startup)",
 			slog.String("event_id", env.ID))
 	}
-	if age := it.since.Sub(written); age > o.cfg.Lease/2 {
-		// Not released early either: this instance's poller may already
-		// have claimed the row, and a release would take it back from
-		// under that delivery. A poller takes it when the lease ends.
-		o.m.HotDropped()
-		o.log.Warn("transaction committed late: its lease may have run out; event left to the poller",
-			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)),
-			slog.Duration("since_written", age), slog.Duration("lease", o.cfg.Lease))
-		return
-	}
-	if !o.inflight.acquire(env.ID) {
-		return
-	}
-	select {
-	case o.hot <- it:
-		o.m.HotEnqueued()
-	default:
-		o.inflight.release(env.ID)
-		// The row is leased to this instance from its insert, freshly:
-		// no poller can have claimed it. Ask the poller to release it so
-		// that it is due at once; if even that list is full, the lease
-		// runs out by itself.
-		select {
-		case o.dropped <- env.ID:
-		default:
-			o.log.Warn("overflow list full too: event waits for its lease to expire",
-				slog.String("event_id", env.ID), slog.Duration("lease", o.cfg.Lease))
-		}
-		o.m.HotDropped()
-		o.log.Warn("hot queue full; event left to the poller",
-			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(o.hot)))
-		o.wakePoller()
-	}
-}
-
-// handBackLate releases the lease of an event committed after Close
-// began, unless this instance still has it in hand.
-func (o *Outbox) handBackLate(id string) {
-	if o.inflight.has(id) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	o.releaseLeases(ctx, []string{id}, "release an event committed after close")
-	o.log.Debug("outbox closed; event committed after close handed back to the table", slog.String("event_id", id))
-}
-
-// noListener counts an event this instance has no listener for and logs
-// it at most once a minute per event type.
-func (o *Outbox) noListener(id string, t EventType) {
-	o.m.NoListener(t)
-	now := time.Now()
-	o.noListenerMu.Lock()
-	last, seen := o.noListenerLog[t]
-	log := !seen || now.Sub(last) >= time.Minute
-	if log {
-		o.noListenerLog[t] = now
-	}
-	o.noListenerMu.Unlock()
-	if log {
-		o.log.Warn("no listener here for this event type: handed back for an instance that has one (logged once a minute per type)",
-			slog.String("event_id", id), slog.String("event_type", string(t)), slog.Duration("retry_in", o.cfg.NoListenerDelay))
-	}
-}
-
-func (o *Outbox) wakePoller() {
-	select {
-	case o.nudge <- struct{}{}:
-	default:
-	}
+	o.disp.enqueueHot(env, written)
 }
 
 // --- default outbox ---

@@ -10,6 +10,31 @@ import (
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
+// poller claims what is due (events the hot path missed, retries,
+// deliveries of split events, what other instances left) and offers it to
+// the dispatcher's cold queue. It also releases the leases of events
+// dropped from a full hot queue.
+type poller struct {
+	*deps
+	disp   *dispatcher
+	reg    *registrar
+	leases *leaseKeeper
+
+	nudge    chan struct{}  // wakes the poller; capacity 1
+	retryDue chan time.Time // due times of retries scheduled here
+	dropped  chan string    // ids dropped from a full hot queue, to release
+	runner
+}
+
+func newPoller(d *deps) *poller {
+	return &poller{
+		deps:     d,
+		nudge:    make(chan struct{}, 1),
+		retryDue: make(chan time.Time, 1024),
+		dropped:  make(chan string, max(10*d.cfg.HotQueueSize, 10000)),
+	}
+}
+
 // retryWakeMargin is added to a retry's due time before the poller wakes
 // for it, so that the database's clock has surely passed the row's
 // available_at.
@@ -19,13 +44,58 @@ const retryWakeMargin = 2 * time.Millisecond
 // wait for the regular poll.
 const maxRetryWakes = 10000
 
-// pollLoop runs the poller until ctx is done: once at start (to pick up
+// timeHeap is a min-heap of due times.
+type timeHeap []time.Time
+
+func (h timeHeap) Len() int           { return len(h) }
+func (h timeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h timeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *timeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}
+
+// Poll runs one poll cycle now: it claims due events, as many as fit the
+// cold queue and the batch size, and queues them for the workers. It
+// returns how many it queued. It is for tests and tools; the engine polls
+// by itself after Start.
+func (o *Outbox) Poll(ctx context.Context) (int, error) {
+	o.mu.RLock()
+	closed := o.closed
+	o.mu.RUnlock()
+	if closed {
+		return 0, ErrClosed
+	}
+	o.poller.releaseDropped(ctx)
+	n, _, err := o.poller.poll(ctx)
+	return n, err
+}
+
+func createdOr(r *driver.Row, now time.Time) time.Time {
+	if r.CreatedAt.IsZero() {
+		return now
+	}
+	return r.CreatedAt
+}
+
+type offerResult int8
+
+const (
+	offerQueued offerResult = iota
+	offerInHand             // queued or running here already
+	offerFull               // the cold queue is full
+)
+
+// run runs the poller until ctx is done: once at start (to pick up
 // what a previous run left), then every PollInterval, doubling the wait up
 // to PollMaxInterval while it finds nothing. A full batch is followed by
 // another poll as soon as the cold queue has room; a hot-queue overflow
 // wakes it early; and it wakes when a retry this instance scheduled falls
 // due, so that retries follow Config.Retry instead of the poll interval.
-func (o *Outbox) pollLoop(ctx context.Context) {
+func (p *poller) run(ctx context.Context) {
 	wait := time.Duration(0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -38,9 +108,9 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
-		case <-o.nudge:
+		case <-p.nudge:
 			wait = 0
-		case due := <-o.retryDue:
+		case due := <-p.retryDue:
 			if len(dues) < maxRetryWakes {
 				heap.Push(&dues, due)
 				if dues[0].Equal(due) {
@@ -62,88 +132,58 @@ func (o *Outbox) pollLoop(ctx context.Context) {
 		// dropped from the hot queue meanwhile are still released, so that
 		// other instances can take them.
 		released := 0
-		for cap(o.cold)-len(o.cold) < min(o.cfg.PollBatchSize, cap(o.cold))/2+1 {
-			o.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
-			released += o.releaseDropped(ctx)
-			roomy := time.NewTimer(o.cfg.PollInterval)
+		for cap(p.disp.cold)-len(p.disp.cold) < min(p.cfg.PollBatchSize, cap(p.disp.cold))/2+1 {
+			p.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
+			released += p.releaseDropped(ctx)
+			roomy := time.NewTimer(p.cfg.PollInterval)
 			select {
 			case <-ctx.Done():
 				roomy.Stop()
 				return
-			case <-o.coldSpace:
+			case <-p.disp.coldSpace:
 			case <-roomy.C:
 			}
 			roomy.Stop()
 		}
-		released += o.releaseDropped(ctx)
-		n, limit, err := o.poll(ctx)
+		released += p.releaseDropped(ctx)
+		n, limit, err := p.poll(ctx)
 		if err == nil {
-			o.health.pollBeat.Store(time.Now().UnixNano())
+			p.health.pollBeat.Store(time.Now().UnixNano())
 		}
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
 				return
 			}
-			o.log.Error("poll for due events", slog.Any("error", err))
-			wait = max(o.cfg.PollInterval, min(2*wait, o.cfg.PollMaxInterval))
+			p.log.Error("poll for due events", slog.Any("error", err))
+			wait = max(p.cfg.PollInterval, min(2*wait, p.cfg.PollMaxInterval))
 		case n > 0 && n == limit:
 			wait = 0 // more is probably due
 		case n > 0:
-			wait = o.cfg.PollInterval
+			wait = p.cfg.PollInterval
 		case released > 0:
 			// Overflowed events were just released but are younger than
 			// SkipRecent: come back for them as soon as they are due.
-			wait = min(max(o.cfg.SkipRecent, time.Millisecond), o.cfg.PollInterval)
+			wait = min(max(p.cfg.SkipRecent, time.Millisecond), p.cfg.PollInterval)
 		default:
-			wait = min(max(o.cfg.PollInterval, 2*wait), o.cfg.PollMaxInterval)
+			wait = min(max(p.cfg.PollInterval, 2*wait), p.cfg.PollMaxInterval)
 		}
 		timer.Reset(wait)
 	}
 }
 
-// timeHeap is a min-heap of due times.
-type timeHeap []time.Time
-
-func (h timeHeap) Len() int           { return len(h) }
-func (h timeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
-func (h timeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
-func (h *timeHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return t
-}
-
 // scheduleRetryWake asks the poller to poll when a retry falls due. It
 // never blocks: if the poller is behind, the retry waits for a regular
 // poll.
-func (o *Outbox) scheduleRetryWake(due time.Time) {
+func (p *poller) scheduleRetryWake(due time.Time) {
 	select {
-	case o.retryDue <- due:
+	case p.retryDue <- due:
 	default:
 	}
 }
 
-// Poll runs one poll cycle now: it claims due events, as many as fit the
-// cold queue and the batch size, and queues them for the workers. It
-// returns how many it queued. It is for tests and tools; the engine polls
-// by itself after Start.
-func (o *Outbox) Poll(ctx context.Context) (int, error) {
-	o.releaseDropped(ctx)
-	n, _, err := o.poll(ctx)
-	return n, err
-}
-
-func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
-	o.mu.RLock()
-	closed := o.closed
-	o.mu.RUnlock()
-	if closed {
-		return 0, 0, ErrClosed
-	}
-	limit = min(o.cfg.PollBatchSize, cap(o.cold)-len(o.cold))
+func (p *poller) poll(ctx context.Context) (queued, limit int, err error) {
+	limit = min(p.cfg.PollBatchSize, cap(p.disp.cold)-len(p.disp.cold))
 	if limit <= 0 {
 		return 0, 0, nil
 	}
@@ -155,36 +195,36 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
 	claimStart := time.Now()
-	rows, err := o.store.Claim(ctx, driver.ClaimRequest{
-		Owner:      o.cfg.InstanceID,
+	rows, err := p.store.Claim(ctx, driver.ClaimRequest{
+		Owner:      p.cfg.InstanceID,
 		Limit:      limit,
-		Lease:      o.cfg.Lease,
-		SkipRecent: o.cfg.SkipRecent,
+		Lease:      p.cfg.Lease,
+		SkipRecent: p.cfg.SkipRecent,
 	})
-	o.m.Statement("claim", len(rows), time.Since(claimStart))
+	p.m.Statement("claim", len(rows), time.Since(claimStart))
 	if err != nil {
 		return 0, limit, err
 	}
 	now := time.Now()
 	reclaimed := 0
-	reg := o.subs.Load()
+	reg := p.reg.load()
 	var unqueued, unhandled []string
 	for i := range rows {
 		r := &rows[i]
-		if r.PrevOwner != "" && r.PrevOwner != o.cfg.InstanceID {
+		if r.PrevOwner != "" && r.PrevOwner != p.cfg.InstanceID {
 			reclaimed++
 		}
 		env, err := decode(r)
 		if err != nil {
-			o.bury(ctx, r, err)
+			p.bury(ctx, r, err)
 			continue
 		}
 		if !reg.has(env.Type) {
-			o.noListener(r.ID, env.Type)
+			p.reg.noListener(r.ID, env.Type)
 			unhandled = append(unhandled, r.ID)
 			continue
 		}
-		switch o.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
+		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
 		case offerQueued:
 			queued++
 		case offerFull:
@@ -205,15 +245,15 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 				return
 			}
 			start := time.Now()
-			got, err := o.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
-				Owner:      o.cfg.InstanceID,
+			got, err := p.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
+				Owner:      p.cfg.InstanceID,
 				Limit:      limit,
-				Lease:      o.cfg.Lease,
+				Lease:      p.cfg.Lease,
 				SkipRecent: -1,
 			}, names)
-			o.m.Statement("claim_deliveries", len(got), time.Since(start))
+			p.m.Statement("claim_deliveries", len(got), time.Since(start))
 			if err != nil {
-				o.log.Error("claim deliveries", slog.Any("error", err))
+				p.log.Error("claim deliveries", slog.Any("error", err))
 			}
 			ds = append(ds, got...)
 		}
@@ -224,7 +264,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 		for i := range ds {
 			d := &ds[i]
 			key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
-			if d.PrevOwner != "" && d.PrevOwner != o.cfg.InstanceID {
+			if d.PrevOwner != "" && d.PrevOwner != p.cfg.InstanceID {
 				reclaimed++
 			}
 			s := reg.byName[d.Subscription]
@@ -235,7 +275,7 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 				unqueuedDeliveries = append(unqueuedDeliveries, key)
 				continue
 			}
-			switch o.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
+			switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
 			case offerQueued:
 				queued++
 			case offerFull:
@@ -243,49 +283,17 @@ func (o *Outbox) poll(ctx context.Context) (queued, limit int, err error) {
 			}
 		}
 	}
-	o.releaseDeliveries(ctx, unqueuedDeliveries, 0, "release unqueued deliveries")
-	o.releaseLeases(ctx, unqueued, "release unqueued events")
-	o.releaseAfter(ctx, unhandled, o.cfg.NoListenerDelay, "hand back events with no listener here")
+	p.leases.releaseDeliveries(ctx, unqueuedDeliveries, 0, "release unqueued deliveries")
+	p.leases.releaseLeases(ctx, unqueued, "release unqueued events")
+	p.leases.release(ctx, unhandled, p.cfg.NoListenerDelay, "hand back events with no listener here")
 	if queued > 0 {
-		o.m.ColdEnqueued(queued)
+		p.m.ColdEnqueued(queued)
 	}
 	if reclaimed > 0 {
-		o.m.LeasesReclaimed(reclaimed)
-		o.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
+		p.m.LeasesReclaimed(reclaimed)
+		p.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
 	}
 	return queued, limit, nil
-}
-
-func createdOr(r *driver.Row, now time.Time) time.Time {
-	if r.CreatedAt.IsZero() {
-		return now
-	}
-	return r.CreatedAt
-}
-
-type offerResult int8
-
-const (
-	offerQueued offerResult = iota
-	offerInHand             // queued or running here already
-	offerFull               // the cold queue is full
-)
-
-// offerCold puts a claimed item in the cold queue unless it is in hand
-// here already (the claim could take it only if its lease had run out
-// while renewals failed, and it is still this instance's to finish) or
-// the queue is full.
-func (o *Outbox) offerCold(it *item) offerResult {
-	if !o.inflight.acquire(it.key()) {
-		return offerInHand
-	}
-	select {
-	case o.cold <- it:
-		return offerQueued
-	default:
-		o.inflight.release(it.key())
-		return offerFull
-	}
 }
 
 // releaseDropped releases the leases of events dropped from the full hot
@@ -293,12 +301,12 @@ func (o *Outbox) offerCold(it *item) offerResult {
 // take them. It takes every id waiting, so that none is still listed when
 // its lease has run out and this instance's own claim may have taken the
 // event; an event being delivered here is never released.
-func (o *Outbox) releaseDropped(ctx context.Context) int {
+func (p *poller) releaseDropped(ctx context.Context) int {
 	var ids []string
 	for {
 		select {
-		case id := <-o.dropped:
-			if !o.inflight.has(id) {
+		case id := <-p.dropped:
+			if !p.disp.inflight.has(id) {
 				ids = append(ids, id)
 			}
 			continue
@@ -306,21 +314,28 @@ func (o *Outbox) releaseDropped(ctx context.Context) int {
 		}
 		break
 	}
-	o.releaseLeases(ctx, ids, "release events dropped from the hot queue")
+	p.leases.releaseLeases(ctx, ids, "release events dropped from the hot queue")
 	return len(ids)
 }
 
 // bury marks an undecodable row DEAD: no attempt can ever succeed.
-func (o *Outbox) bury(ctx context.Context, r *driver.Row, cause error) {
+func (p *poller) bury(ctx context.Context, r *driver.Row, cause error) {
 	var de *DecodeError
 	reason := "undecodable row"
 	if errors.As(cause, &de) {
 		reason = de.Error()
 	}
 	reason = errorText(reason)
-	o.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
-	o.m.Dispatched(EventType(r.Type), PathCold, OutcomeDead, 0)
-	if _, err := retryStore(ctx, func() (bool, error) { return o.store.MarkDead(ctx, o.cfg.InstanceID, r.ID, reason) }); err != nil {
-		o.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
+	p.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
+	p.m.Dispatched(EventType(r.Type), PathCold, OutcomeDead, 0)
+	if _, err := retryStore(ctx, func() (bool, error) { return p.store.MarkDead(ctx, p.cfg.InstanceID, r.ID, reason) }); err != nil {
+		p.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
+	}
+}
+
+func (p *poller) wake() {
+	select {
+	case p.nudge <- struct{}{}:
+	default:
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -103,99 +105,27 @@ func (r *registry) claimable() (closed, probing []string) {
 	return closed, probing
 }
 
-// syncRegistry registers this instance's subscriptions and learns the
-// others' and which are paused.
-func (o *Outbox) syncRegistry(ctx context.Context) error {
-	cur := o.subs.Load()
-	infos := make([]driver.SubscriptionInfo, len(cur.local))
-	for i, s := range cur.local {
-		infos[i] = driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types)}
-	}
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	defer cancel()
-	states, err := o.dstore.SyncSubscriptions(ctx, infos)
-	if err != nil {
-		return err
-	}
-	o.applyStates(states)
-	return nil
-}
-
-// applyStates replaces the database's part of the registry.
-func (o *Outbox) applyStates(states []driver.SubscriptionState) {
-	o.regMu.Lock()
-	defer o.regMu.Unlock()
-	cur := o.subs.Load()
-	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all,
-		remote: map[string][]EventType{}, paused: map[string]bool{}}
-	for _, st := range states {
-		if st.Paused {
-			next.paused[st.Name] = true
-		}
-		if cur.byName[st.Name] != nil || st.Idle > o.cfg.SubscriptionExpiry {
-			continue
-		}
-		next.remote[st.Name] = eventTypes(st.Types)
-	}
-	for name := range cur.paused {
-		if !next.paused[name] && cur.byName[name] != nil {
-			o.log.Info("subscription resumed", slog.String("subscription", name))
-		}
-	}
-	for name := range next.paused {
-		if !cur.paused[name] && cur.byName[name] != nil {
-			o.log.Info("subscription paused: its events wait", slog.String("subscription", name))
-		}
-	}
-	o.subs.Store(next)
-}
-
-// registryLoop refreshes the registry every PollInterval.
-func (o *Outbox) registryLoop(ctx context.Context) {
-	t := time.NewTicker(o.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := o.syncRegistry(ctx); err != nil && ctx.Err() == nil {
-			o.log.Error("refresh the subscriptions from the database", slog.Any("error", err))
-		}
-	}
-}
-
 // Pause stops the delivery of a subscription on every instance sharing
 // the table (each obeys within its PollInterval; this one at once): its
 // events wait, attempts unchanged, while the other subscriptions go on.
-func (o *Outbox) Pause(ctx context.Context, name string) error { return o.setPaused(ctx, name, true) }
+func (o *Outbox) Pause(ctx context.Context, name string) error {
+	return o.reg.setPaused(ctx, name, true)
+}
 
 // Resume undoes Pause.
 func (o *Outbox) Resume(ctx context.Context, name string) error {
-	if err := o.setPaused(ctx, name, false); err != nil {
+	if err := o.reg.setPaused(ctx, name, false); err != nil {
 		return err
 	}
-	o.wakePoller()
+	o.poller.wake()
 	return nil
-}
-
-func (o *Outbox) setPaused(ctx context.Context, name string, paused bool) error {
-	known, err := o.dstore.SetPaused(ctx, name, paused)
-	if err != nil {
-		return err
-	}
-	if !known {
-		return fmt.Errorf("outbox: no subscription named %q is registered (subscriptions are registered when an instance that has them starts)", name)
-	}
-	return o.syncRegistry(ctx)
 }
 
 // CircuitStates returns the state of each subscription's circuit on this
 // instance.
 func (o *Outbox) CircuitStates() map[string]CircuitState {
 	m := map[string]CircuitState{}
-	for _, s := range o.subs.Load().local {
+	for _, s := range o.reg.load().local {
 		m[s.Name] = s.circuit.state()
 	}
 	return m
@@ -218,7 +148,7 @@ type SubscriptionStatus struct {
 // Subscriptions returns the subscriptions this instance knows, its own
 // first, then the others registered in the database, each in name order.
 func (o *Outbox) Subscriptions() []SubscriptionStatus {
-	reg := o.subs.Load()
+	reg := o.reg.load()
 	var out []SubscriptionStatus
 	for _, s := range reg.local {
 		out = append(out, SubscriptionStatus{Name: s.Name, Types: slices.Clone(s.Types), Local: true, Paused: reg.paused[s.Name], Circuit: s.circuit.state()})
@@ -247,3 +177,120 @@ func eventTypes(ts []string) []EventType {
 	}
 	return out
 }
+
+// sync registers this instance's subscriptions and learns the
+// others' and which are paused.
+func (g *registrar) sync(ctx context.Context) error {
+	cur := g.load()
+	infos := make([]driver.SubscriptionInfo, len(cur.local))
+	for i, s := range cur.local {
+		infos[i] = driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	states, err := g.dstore.SyncSubscriptions(ctx, infos)
+	if err != nil {
+		return err
+	}
+	g.applyStates(states)
+	return nil
+}
+
+// applyStates replaces the database's part of the registry.
+func (g *registrar) applyStates(states []driver.SubscriptionState) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := g.load()
+	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all,
+		remote: map[string][]EventType{}, paused: map[string]bool{}}
+	for _, st := range states {
+		if st.Paused {
+			next.paused[st.Name] = true
+		}
+		if cur.byName[st.Name] != nil || st.Idle > g.cfg.SubscriptionExpiry {
+			continue
+		}
+		next.remote[st.Name] = eventTypes(st.Types)
+	}
+	for name := range cur.paused {
+		if !next.paused[name] && cur.byName[name] != nil {
+			g.log.Info("subscription resumed", slog.String("subscription", name))
+		}
+	}
+	for name := range next.paused {
+		if !cur.paused[name] && cur.byName[name] != nil {
+			g.log.Info("subscription paused: its events wait", slog.String("subscription", name))
+		}
+	}
+	g.cur.Store(next)
+}
+
+// run refreshes the registry every PollInterval.
+func (g *registrar) run(ctx context.Context) {
+	t := time.NewTicker(g.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := g.sync(ctx); err != nil && ctx.Err() == nil {
+			g.log.Error("refresh the subscriptions from the database", slog.Any("error", err))
+		}
+	}
+}
+
+func (g *registrar) setPaused(ctx context.Context, name string, paused bool) error {
+	known, err := g.dstore.SetPaused(ctx, name, paused)
+	if err != nil {
+		return err
+	}
+	if !known {
+		return fmt.Errorf("outbox: no subscription named %q is registered (subscriptions are registered when an instance that has them starts)", name)
+	}
+	return g.sync(ctx)
+}
+
+// noListener counts an event this instance has no listener for and logs
+// it at most once a minute per event type.
+func (g *registrar) noListener(id string, t EventType) {
+	g.m.NoListener(t)
+	now := time.Now()
+	g.noListenerMu.Lock()
+	last, seen := g.noListenerLog[t]
+	log := !seen || now.Sub(last) >= time.Minute
+	if log {
+		g.noListenerLog[t] = now
+	}
+	g.noListenerMu.Unlock()
+	if log {
+		g.log.Warn("no listener here for this event type: handed back for an instance that has one (logged once a minute per type)",
+			slog.String("event_id", id), slog.String("event_type", string(t)), slog.Duration("retry_in", g.cfg.NoListenerDelay))
+	}
+}
+
+// registrar holds the subscriptions: this instance's, as registered with
+// Subscribe, and the database's (other instances' subscriptions, which
+// are paused), refreshed every PollInterval. Readers take an immutable
+// snapshot (load) without locking.
+type registrar struct {
+	*deps
+	mu  sync.Mutex // serialises changes of cur
+	cur atomic.Pointer[registry]
+
+	noListenerMu  sync.Mutex
+	noListenerLog map[EventType]time.Time // last warning per type
+	runner
+}
+
+func newRegistrar(d *deps) *registrar {
+	g := &registrar{deps: d, noListenerLog: map[EventType]time.Time{}}
+	reg := &registry{byName: map[string]*subscription{}}
+	reg.index()
+	g.cur.Store(reg)
+	return g
+}
+
+// load returns the current snapshot.
+func (g *registrar) load() *registry { return g.cur.Load() }

@@ -168,9 +168,9 @@ func (o *Outbox) Subscribe(s Subscription) error {
 	if o.started || o.closed {
 		return fmt.Errorf("%w (subscription %q)", ErrStarted, s.Name)
 	}
-	o.regMu.Lock()
-	defer o.regMu.Unlock()
-	reg := o.subs.Load()
+	o.reg.mu.Lock()
+	defer o.reg.mu.Unlock()
+	reg := o.reg.load()
 	if reg.byName[s.Name] != nil {
 		return fmt.Errorf("outbox: Subscribe: a subscription named %q exists already; names must be unique", s.Name)
 	}
@@ -178,7 +178,7 @@ func (o *Outbox) Subscribe(s Subscription) error {
 		return fmt.Errorf("outbox: subscription %q has a Tx handler, but the store (%T) cannot run one: it does not implement driver.TxDeliveryStore", s.Name, o.store)
 	}
 	sub := newSubscription(s, o.cfg)
-	o.subs.Store(reg.with(sub))
+	o.reg.cur.Store(reg.with(sub))
 	return nil
 }
 
