@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -122,34 +123,35 @@ func (p *Publisher) Check(ctx context.Context, sub outbox.Subscription, cfg outb
 	return errors.Join(errs...)
 }
 
-// streams returns the names of the streams sub publishes to.
+// streams returns the names of the streams sub publishes to: Config.Stream,
+// or every stream whose subjects overlap the subjects of sub's types (all
+// of the template's subjects when sub takes every type).
 func (p *Publisher) streams(ctx context.Context, sub outbox.Subscription) ([]string, error) {
 	if p.cfg.Stream != "" {
 		return []string{p.cfg.Stream}, nil
 	}
-	var subjects []string
+	var filters []string
 	if len(sub.Types) == 0 {
-		if p.tmpl.uses(PlaceholderType) {
-			return nil, fmt.Errorf("natsoutbox: Check: subscription %q takes every event type and the subject template %q depends on the type: set Config.Stream", sub.Name, p.tmpl.src)
-		}
-		subjects = append(subjects, p.tmpl.filter(""))
+		filters = append(filters, p.tmpl.filter(""))
 	}
 	for _, t := range sub.Types {
-		subjects = append(subjects, p.tmpl.filter(t))
+		filters = append(filters, p.tmpl.filter(t))
 	}
-	seen := map[string]bool{}
 	var names []string
-	for _, subj := range subjects {
-		name, err := p.js.StreamNameBySubject(ctx, subj)
-		if err != nil {
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return nil, fmt.Errorf("natsoutbox: Check: no stream takes subject %q (subscription %q): create one, or set Config.Stream", subj, sub.Name)
+	for _, f := range filters {
+		found := false
+		l := p.js.StreamNames(ctx, jetstream.WithStreamListSubject(f))
+		for name := range l.Name() {
+			found = true
+			if !slices.Contains(names, name) {
+				names = append(names, name)
 			}
-			return nil, fmt.Errorf("natsoutbox: Check: find the stream of subject %q: %w", subj, err)
 		}
-		if !seen[name] {
-			seen[name] = true
-			names = append(names, name)
+		if err := l.Err(); err != nil {
+			return nil, fmt.Errorf("natsoutbox: Check: find the streams of subject %q: %w", f, err)
+		}
+		if !found {
+			return nil, fmt.Errorf("natsoutbox: Check: no stream takes subject %q (subscription %q): create one, or set Config.Stream", f, sub.Name)
 		}
 	}
 	return names, nil

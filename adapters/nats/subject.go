@@ -181,15 +181,16 @@ func (t *template) uses(ph string) bool {
 
 // filter renders the template for events of type typ as a subject filter:
 // the tokens that depend on the aggregate id or the tenant are '*', and
-// from a token with {aggregate_type} on (which may span several tokens)
-// the filter ends with '>'.
+// from a token with {aggregate_type} on (which may span several tokens),
+// or with {type} when typ is "" (every type), the filter ends with '>'.
 func (t *template) filter(typ outbox.EventType) string {
 	ev := &outbox.Event{Envelope: outbox.Envelope{Type: typ}}
 	toks := strings.Split(t.src, ".")
 	out := make([]string, 0, len(toks))
 	for _, tok := range toks {
 		switch {
-		case strings.Contains(tok, PlaceholderAggregateType):
+		case strings.Contains(tok, PlaceholderAggregateType),
+			typ == "" && strings.Contains(tok, PlaceholderType):
 			// It may span several tokens: match whatever follows.
 			return strings.Join(append(out, ">"), ".")
 		case strings.Contains(tok, PlaceholderAggregateID), strings.Contains(tok, PlaceholderTenant):
