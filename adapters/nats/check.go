@@ -72,15 +72,15 @@ func RetrySpan(sub outbox.Subscription, cfg outbox.Config) time.Duration {
 // WindowError is returned by Check, under WindowRefuse, when a stream's
 // duplicate window is shorter than the subscription's retry span.
 type WindowError struct {
-	Stream       string
-	Window       time.Duration
-	RetrySpan    time.Duration
-	Subscription string
+	Stream       string        // the stream's name
+	Window       time.Duration // its duplicate window
+	RetrySpan    time.Duration // the subscription's RetrySpan
+	Subscription string        // the subscription's name
 }
 
 func (e *WindowError) Error() string {
-	return fmt.Sprintf("natsoutbox: stream %q keeps message ids for duplicate detection for %v, but subscription %q may publish an event again up to %v after its first attempt: raise the stream's duplicate_window (Duplicates) to at least %v, or lower the subscription's MaxAttempts or Retry",
-		e.Stream, e.Window, e.Subscription, e.RetrySpan, e.RetrySpan.Round(time.Second))
+	return fmt.Sprintf("natsoutbox: stream %q keeps message ids for duplicate detection for %v, but subscription %q may publish an event again up to %v after its first attempt: raise the stream's duplicate_window (Duplicates) to at least %v, or lower the subscription's MaxAttempts, Timeout or Retry",
+		e.Stream, e.Window, e.Subscription, e.RetrySpan, (e.RetrySpan + time.Second - 1).Truncate(time.Second))
 }
 
 // Check compares the duplicate window of the stream the subscription
