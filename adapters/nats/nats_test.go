@@ -365,3 +365,82 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A connection cut while a batch waits for its acknowledgements fails the
+// unacknowledged events as outbox.Unavailable (never as a failure that
+// spends attempts, never as permanent); publishing them again after the
+// restore stores each event once, including those that reached the stream
+// before the cut without their acknowledgement coming back.
+func TestCutMidBatchIsUnavailable(t *testing.T) {
+	url := testbroker.NATS(t)
+	hp, err := testbroker.HostPort(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, adminJS := connect(t, url)
+	ts := newStream(t, adminJS, nil)
+	proxy := testbroker.NewProxy(t, hp)
+	nc, js := connect(t, testbroker.WithHost(url, proxy.Addr()))
+	pub, err := natsoutbox.New(js, natsoutbox.Config{Subject: ts.prefix + ".{type}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]outbox.Event, 3000)
+	for i := range evs {
+		evs[i] = outbox.Event{Envelope: outbox.Envelope{ID: outbox.NewID(), Type: "mid", JSON: jsonPayload(i)}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- pub.Publish(ctx, evs) }()
+	waitFor(t, "the first messages in the stream", func() bool { return ts.count(t) > 0 })
+	proxy.Cut()
+	err = <-done
+
+	var retry []outbox.Event
+	var be *outbox.BatchError
+	switch {
+	case err == nil:
+		t.Log("the whole batch was acknowledged before the cut")
+	case errors.As(err, &be):
+		for i, err := range be.Errs {
+			if err == nil {
+				continue
+			}
+			if down, _ := outbox.IsUnavailable(err); !down {
+				t.Fatalf("event %d: %v, want outbox.Unavailable", i, err)
+			}
+			retry = append(retry, evs[i])
+		}
+	default:
+		if down, _ := outbox.IsUnavailable(err); !down {
+			t.Fatalf("%v, want outbox.Unavailable", err)
+		}
+		retry = evs
+	}
+	stored := ts.count(t)
+	t.Logf("at the cut: %d stored, %d to publish again", stored, len(retry))
+
+	proxy.Restore()
+	waitFor(t, "the reconnection", nc.IsConnected)
+	for len(retry) > 0 {
+		err := pub.Publish(context.Background(), retry)
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &be) {
+			t.Fatalf("after the restore: %v", err)
+		}
+		var again []outbox.Event
+		for i, err := range be.Errs {
+			if err != nil {
+				if down, _ := outbox.IsUnavailable(err); !down {
+					t.Fatalf("after the restore: %v", err)
+				}
+				again = append(again, retry[i])
+			}
+		}
+		retry = again
+	}
+	ts.waitCount(t, uint64(len(evs)), 10*time.Second)
+}
