@@ -78,6 +78,7 @@ type WindowError struct {
 	Subscription string        // the subscription's name
 }
 
+// Error says what to change.
 func (e *WindowError) Error() string {
 	return fmt.Sprintf("natsoutbox: stream %q keeps message ids for duplicate detection for %v, but subscription %q may publish an event again up to %v after its first attempt: raise the stream's duplicate_window (Duplicates) to at least %v, or lower the subscription's MaxAttempts, Timeout or Retry",
 		e.Stream, e.Window, e.Subscription, e.RetrySpan, (e.RetrySpan + time.Second - 1).Truncate(time.Second))

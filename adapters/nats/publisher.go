@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,14 +72,20 @@ func (p *Publisher) Subject(ev *outbox.Event) string { return p.tmpl.subject(ev)
 // Message returns the message ev is published as: its subject, the
 // Nats-Msg-Id header (the event id, for JetStream's de-duplication), the
 // metadata headers of adapters/internal/meta, and the payload as the
-// body.
+// body. An event header whose name starts with "Nats-" (in any case) is
+// left out: those headers instruct the server (Nats-Msg-Id, Nats-Rollup,
+// Nats-Expected-…, Nats-TTL), and an event must not be able to replace
+// its de-duplication id or purge a subject.
 func (p *Publisher) Message(ev *outbox.Event) *nats.Msg {
 	hs := meta.Headers(ev)
 	h := make(nats.Header, len(hs)+1)
-	h[jetstream.MsgIDHeader] = []string{ev.ID}
 	for _, x := range hs {
+		if len(x.Key) >= 5 && strings.EqualFold(x.Key[:5], "nats-") {
+			continue
+		}
 		h[x.Key] = []string{x.Value}
 	}
+	h[jetstream.MsgIDHeader] = []string{ev.ID}
 	return &nats.Msg{Subject: p.tmpl.subject(ev), Header: h, Data: ev.Payload()}
 }
 

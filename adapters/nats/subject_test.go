@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -78,3 +80,30 @@ func TestTemplateFilter(t *testing.T) {
 		}
 	}
 }
+
+// Event headers cannot pass instructions to the server: Nats-* headers are
+// dropped, and Nats-Msg-Id is always the event id.
+func TestMessageDropsNatsHeaders(t *testing.T) {
+	p, err := New(fakeJS{}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &outbox.Event{Envelope: outbox.Envelope{ID: "01J", Type: "t", JSON: []byte(`{}`), Headers: map[string]string{
+		"Nats-Msg-Id": "spoof", "nats-rollup": "sub", "NATS-TTL": "1s", "natsy": "kept", "traceparent": "tp",
+	}}}
+	m := p.Message(ev)
+	if got := m.Header["Nats-Msg-Id"]; len(got) != 1 || got[0] != "01J" {
+		t.Errorf("Nats-Msg-Id %q", got)
+	}
+	for _, k := range []string{"nats-rollup", "NATS-TTL"} {
+		if _, ok := m.Header[k]; ok {
+			t.Errorf("%s kept", k)
+		}
+	}
+	if m.Header.Get("natsy") != "kept" || m.Header.Get("traceparent") != "tp" || m.Header.Get("txoutbox-id") != "01J" {
+		t.Errorf("headers %v", m.Header)
+	}
+}
+
+// fakeJS satisfies jetstream.JetStream for tests that do not publish.
+type fakeJS struct{ jetstream.JetStream }
