@@ -190,6 +190,7 @@ func classify(id, subject string, err error) error {
 		errors.Is(err, nats.ErrConnectionClosed),
 		errors.Is(err, nats.ErrConnectionReconnecting),
 		errors.Is(err, nats.ErrConnectionDraining),
+		errors.Is(err, nats.ErrReconnectBufExceeded),
 		errors.Is(err, nats.ErrNoResponders),
 		errors.Is(err, jetstream.ErrNoStreamResponse),
 		errors.Is(err, nats.ErrTimeout),
