@@ -444,3 +444,25 @@ func TestCutMidBatchIsUnavailable(t *testing.T) {
 	}
 	ts.waitCount(t, uint64(len(evs)), 10*time.Second)
 }
+
+// A stream that cannot store more (MaxMsgs with DiscardNew: error 503) is
+// an outage of the destination, not a fault of the event.
+func TestFullStreamIsUnavailable(t *testing.T) {
+	_, js := connect(t, testbroker.NATS(t))
+	ts := newStream(t, js, func(c *jetstream.StreamConfig) { c.MaxMsgs = 1; c.Discard = jetstream.DiscardNew })
+	pub, err := natsoutbox.New(js, natsoutbox.Config{Subject: ts.prefix + ".{type}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := []outbox.Event{
+		{Envelope: outbox.Envelope{ID: outbox.NewID(), Type: "a", JSON: jsonPayload(1)}},
+		{Envelope: outbox.Envelope{ID: outbox.NewID(), Type: "a", JSON: jsonPayload(2)}},
+	}
+	var be *outbox.BatchError
+	if err := pub.Publish(context.Background(), evs); !errors.As(err, &be) || be.Errs[0] != nil || be.Errs[1] == nil {
+		t.Fatalf("%v, want the second event refused", err)
+	}
+	if down, _ := outbox.IsUnavailable(be.Errs[1]); !down {
+		t.Errorf("%v, want outbox.Unavailable", be.Errs[1])
+	}
+}
