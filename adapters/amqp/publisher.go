@@ -413,14 +413,20 @@ func fill(errs []error, err error) []error {
 	return errs
 }
 
-// outcome is the handler's result for errs.
+// outcome is the handler's result for errs: nil, the one error of every
+// event (a failure of the whole batch), or a *outbox.BatchError.
 func outcome(errs []error) error {
+	same := len(errs) > 0
 	for _, err := range errs {
-		if err != nil {
-			return &outbox.BatchError{Errs: errs}
+		if err != errs[0] {
+			same = false
+			break
 		}
 	}
-	return nil
+	if same {
+		return errs[0]
+	}
+	return &outbox.BatchError{Errs: errs}
 }
 
 // session is one connection and its confirm channel.
