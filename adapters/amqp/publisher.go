@@ -352,22 +352,31 @@ var maxSizeRE = regexp.MustCompile(`message size (\d+) is larger than configured
 // lostError is the outcome of a message of size bytes that was published
 // on session s, not confirmed, and s broke.
 func (p *Publisher) lostError(s *session, size int) error {
-	reason := s.closeReason()
+	err, limit := closeError(s.closeReason(), size)
+	if limit > 0 {
+		p.learnedMax.Store(int64(limit))
+	}
+	return err
+}
+
+// closeError is the outcome of a message of size bytes lost because the
+// channel closed for reason (nil: the connection dropped), and the
+// broker's max_message_size if reason gives it.
+func closeError(reason *amqp.Error, size int) (err error, limit int) {
 	if reason == nil {
-		return outbox.Unavailable(errors.New("amqpoutbox: connection to RabbitMQ lost"), 0)
+		return outbox.Unavailable(errors.New("amqpoutbox: connection to RabbitMQ lost"), 0), 0
 	}
 	if reason.Code == amqp.PreconditionFailed {
 		if m := maxSizeRE.FindStringSubmatch(reason.Reason); m != nil {
-			limit, _ := strconv.Atoi(m[2])
-			if limit > 0 {
-				p.learnedMax.Store(int64(limit))
-				if size > limit {
-					return outbox.Permanent(fmt.Errorf("amqpoutbox: message too large: the payload is %d bytes, over the broker's max_message_size of %d bytes", size, limit))
-				}
+			limit, _ = strconv.Atoi(m[2])
+			if limit > 0 && size > limit {
+				return outbox.Permanent(fmt.Errorf("amqpoutbox: message too large: the payload is %d bytes, over the broker's max_message_size of %d bytes", size, limit)), limit
 			}
 		}
 	}
-	return outbox.Unavailable(fmt.Errorf("amqpoutbox: RabbitMQ closed the channel: %w", reason), 0)
+	// Another message of the batch may have been the cause: this one is
+	// sent again on a new channel, at no cost.
+	return outbox.Unavailable(fmt.Errorf("amqpoutbox: RabbitMQ closed the channel: %w", reason), 0), limit
 }
 
 // session returns the open session, opening one if needed. p.mu is held.
