@@ -37,7 +37,7 @@ func unique(t testing.TB, prefix string) string {
 
 // newTopology declares a topic exchange and one queue bound to it with
 // bindingKey ("" for none).
-func newTopology(t *testing.T, bindingKey string) *topology {
+func newTopology(t testing.TB, bindingKey string) *topology {
 	t.Helper()
 	url := testbroker.AMQP(t)
 	conn, err := amqp.Dial(url)
@@ -205,7 +205,7 @@ func (e *env) await(t *testing.T, want outbox.Status, timeout time.Duration, ids
 }
 
 // newPublisher returns a Publisher closed when the test ends.
-func newPublisher(t *testing.T, cfg amqpoutbox.Config) *amqpoutbox.Publisher {
+func newPublisher(t testing.TB, cfg amqpoutbox.Config) *amqpoutbox.Publisher {
 	t.Helper()
 	pub, err := amqpoutbox.New(cfg)
 	if err != nil {
