@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"sync"
@@ -105,10 +106,16 @@ type Publisher struct {
 	// refused a message (0: none yet).
 	learnedMax atomic.Int64
 
-	mu     sync.Mutex // serialises batches and guards s and closed
+	sem    chan struct{} // held by one call at a time; guards s and closed
 	s      *session
 	closed bool
 	wg     sync.WaitGroup // the sessions' goroutines
+
+	// netConn is the socket of the current connection when the Publisher
+	// dialled it (Config.URL): Close closes it to free a call stuck
+	// writing to a broker that stopped reading.
+	netMu   sync.Mutex
+	netConn net.Conn
 }
 
 // New returns a Publisher. It does not connect: the first call does (see
@@ -139,7 +146,7 @@ func New(cfg Config) (*Publisher, error) {
 	if _, err := amqp.ParseURI(cfg.URL); cfg.URL != "" && err != nil {
 		return nil, fmt.Errorf("amqpoutbox: Config.URL: %w", err)
 	}
-	p := &Publisher{cfg: cfg, key: key, dial: cfg.Dial}
+	p := &Publisher{cfg: cfg, key: key, dial: cfg.Dial, sem: make(chan struct{}, 1)}
 	if p.dial == nil {
 		p.dial = p.dialURL
 	}
@@ -156,8 +163,17 @@ func (p *Publisher) dialURL(ctx context.Context) (*amqp.Connection, error) {
 	}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("txoutbox")
+	dial := amqp.DefaultDial(timeout)
 	return amqp.DialConfig(p.cfg.URL, amqp.Config{
-		Dial:       amqp.DefaultDial(timeout),
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := dial(network, addr)
+			if err == nil {
+				p.netMu.Lock()
+				p.netConn = c
+				p.netMu.Unlock()
+			}
+			return c, err
+		},
 		Heartbeat:  DefaultHeartbeat,
 		Locale:     "en_US",
 		Properties: props,
@@ -174,8 +190,10 @@ func (p *Publisher) Handler() outbox.BatchHandler { return p.Publish }
 // at start-up rather than at its first event. Calls connect by
 // themselves; Connect is optional.
 func (p *Publisher) Connect(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	if err := p.acquire(ctx); err != nil {
+		return err
+	}
+	defer p.release()
 	s, err := p.session(ctx)
 	if err != nil {
 		return err
@@ -199,19 +217,45 @@ func (p *Publisher) Connect(ctx context.Context) error {
 // to end. A batch in flight finishes first. Calls after Close return
 // ErrClosed, marked Unavailable.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
+	select {
+	case p.sem <- struct{}{}:
+	case <-time.After(time.Second):
+		// A call is stuck writing to a broker that stopped reading
+		// (a resource alarm): free it by closing the socket.
+		p.netMu.Lock()
+		if p.netConn != nil {
+			p.netConn.Close()
+		}
+		p.netMu.Unlock()
+		p.sem <- struct{}{}
+	}
 	p.closed = true
 	p.discard()
-	p.mu.Unlock()
+	p.release()
 	p.wg.Wait()
 	return nil
 }
+
+// acquire takes the Publisher for one call, or gives up when ctx ends.
+func (p *Publisher) acquire(ctx context.Context) error {
+	select {
+	case p.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return outbox.Unavailable(fmt.Errorf("amqpoutbox: the previous batch is still being published (a broker that stopped reading?): %w", ctx.Err()), 0)
+	}
+}
+
+func (p *Publisher) release() { <-p.sem }
 
 // Publish publishes evs and waits for the broker's confirms. It returns
 // nil when every event was confirmed, a *outbox.BatchError with the
 // outcome of each event otherwise, or an error marked outbox.Unavailable
 // when it could not reach the broker at all. It is the Handler.
 func (p *Publisher) Publish(ctx context.Context, evs []outbox.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
 	errs := make([]error, len(evs))
 	msgs := make([]amqp.Publishing, len(evs))
 	keys := make([]string, len(evs))
@@ -219,9 +263,14 @@ func (p *Publisher) Publish(ctx context.Context, evs []outbox.Event) error {
 		msgs[i], keys[i], errs[i] = p.message(&evs[i])
 	}
 
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	if err := p.acquire(ctx); err != nil {
+		return outcome(fill(errs, err))
+	}
+	defer p.release()
 	s, err := p.session(ctx)
+	if err == nil {
+		err = s.blockedError()
+	}
 	if err != nil {
 		return outcome(fill(errs, err))
 	}
@@ -379,7 +428,8 @@ func closeError(reason *amqp.Error, size int) (err error, limit int) {
 	return outbox.Unavailable(fmt.Errorf("amqpoutbox: RabbitMQ closed the channel: %w", reason), 0), limit
 }
 
-// session returns the open session, opening one if needed. p.mu is held.
+// session returns the open session, opening one if needed. p.sem is
+// held.
 func (p *Publisher) session(ctx context.Context) (*session, error) {
 	if p.closed {
 		return nil, outbox.Unavailable(ErrClosed, 0)
@@ -398,11 +448,11 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 		return nil, outbox.Unavailable(fmt.Errorf("amqpoutbox: open a confirm channel: %w", err), 0)
 	}
 	p.s = s
-	p.wg.Go(s.watchReturns)
+	p.wg.Go(s.watch)
 	return s, nil
 }
 
-// discard closes the session, if any. p.mu is held.
+// discard closes the session, if any. p.sem is held.
 func (p *Publisher) discard() {
 	if p.s == nil {
 		return
@@ -445,12 +495,14 @@ type session struct {
 	chClosed   chan *amqp.Error
 	connClosed chan *amqp.Error
 	returns    chan amqp.Return
+	blocking   chan amqp.Blocking
 	barrier    chan chan struct{}
 	stop       chan struct{}
 
 	mu       sync.Mutex
 	returned map[string]amqp.Return // by message id
 	reason   *amqp.Error
+	blocked  string // the reason RabbitMQ gave for blocking publishers, or ""
 }
 
 func openSession(conn *amqp.Connection) (*session, error) {
@@ -467,18 +519,30 @@ func openSession(conn *amqp.Connection) (*session, error) {
 		chClosed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 		connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
 		returns:    ch.NotifyReturn(make(chan amqp.Return, 64)),
+		blocking:   conn.NotifyBlocked(make(chan amqp.Blocking, 4)),
 		barrier:    make(chan chan struct{}),
 		stop:       make(chan struct{}),
 		returned:   map[string]amqp.Return{},
 	}, nil
 }
 
-// watchReturns records the messages the broker returns until the session
-// is discarded.
-func (s *session) watchReturns() {
-	returns := s.returns
+// watch records the messages the broker returns, and whether it blocks
+// publishers, until the session is discarded.
+func (s *session) watch() {
+	returns, blocking := s.returns, s.blocking
 	for {
 		select {
+		case b, ok := <-blocking:
+			if !ok {
+				blocking = nil
+				continue
+			}
+			s.mu.Lock()
+			s.blocked = ""
+			if b.Active {
+				s.blocked = b.Reason
+			}
+			s.mu.Unlock()
 		case r, ok := <-returns:
 			if !ok {
 				returns = nil // the channel closed; serve barriers until stop
@@ -495,7 +559,7 @@ func (s *session) watchReturns() {
 	}
 }
 
-// sync waits until watchReturns has recorded every return it received;
+// sync waits until watch has recorded every return it received;
 // it reports false if the session was discarded meanwhile.
 func (s *session) sync() bool {
 	done := make(chan struct{})
@@ -520,6 +584,17 @@ func (s *session) takeReturn(id string) (amqp.Return, bool) {
 	r, ok := s.returned[id]
 	delete(s.returned, id)
 	return r, ok
+}
+
+// blockedError is an Unavailable error while RabbitMQ blocks publishers
+// (a memory or disk alarm), nil otherwise.
+func (s *session) blockedError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blocked == "" {
+		return nil
+	}
+	return outbox.Unavailable(fmt.Errorf("amqpoutbox: RabbitMQ blocks publishers: %s", s.blocked), 0)
 }
 
 func (s *session) broken() bool { return s.ch.IsClosed() || s.conn.IsClosed() }
