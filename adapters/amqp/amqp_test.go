@@ -361,3 +361,45 @@ func TestClose(t *testing.T) {
 		t.Fatalf("after Close: %v; want ErrClosed, Unavailable", err)
 	}
 }
+
+// With a Dial function, the Publisher dials through it, and dials again
+// on the next call after the connection was closed under it.
+func TestDialFuncAndReconnect(t *testing.T) {
+	tp := newTopology(t, "#")
+	var (
+		mu    sync.Mutex
+		conns []*amqp.Connection
+	)
+	pub := newPublisher(t, amqpoutbox.Config{Exchange: tp.exchange, Dial: func(ctx context.Context) (*amqp.Connection, error) {
+		c, err := amqp.Dial(tp.url)
+		if err == nil {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+		return c, err
+	}})
+	ev := func() []outbox.Event {
+		return []outbox.Event{{Envelope: outbox.Envelope{ID: outbox.NewID(), Type: "a", JSON: []byte(`{}`)}, Attempt: 1}}
+	}
+	if err := pub.Connect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(context.Background(), ev()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	conns[0].Close() // gone under the Publisher's feet
+	mu.Unlock()
+	if err := pub.Publish(context.Background(), ev()); err != nil {
+		t.Fatalf("after the connection closed: %v; want a new connection", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) != 2 {
+		t.Errorf("%d dials; want 2", len(conns))
+	}
+	if n := tp.count(t); n != 2 {
+		t.Errorf("%d messages; want 2", n)
+	}
+}
