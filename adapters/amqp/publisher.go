@@ -283,6 +283,12 @@ func (p *Publisher) Publish(ctx context.Context, evs []outbox.Event) error {
 		if errs[i] != nil {
 			continue
 		}
+		if lost != nil && s.broken() {
+			// Each by its size: the broker may have closed the channel
+			// for a message over its max_message_size.
+			errs[i] = p.lostError(s, len(msgs[i].Body))
+			continue
+		}
 		if lost == nil {
 			dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, keys[i], mandatory, false, msgs[i])
 			if err == nil {
