@@ -26,8 +26,8 @@
 // name is permanent (the event goes DEAD at once); a broker that cannot
 // be reached, a request timeout, a leader change or any other retriable
 // Kafka error is an outage ([outbox.Unavailable]: no attempt is spent and
-// the subscription's circuit opens); anything else is retried with the
-// subscription's back-off.
+// the subscription's circuit opens); anything else, a topic that does not
+// exist included, is retried with the subscription's back-off.
 package kafkaoutbox
 
 import (
@@ -355,6 +355,11 @@ func classify(ev *outbox.Event, r *kgo.Record, err error) error {
 	case errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.InvalidTopicException),
 		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.UnsupportedForMessageFormat):
 		return outbox.Permanent(werr)
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		// Kafka answers, the topic is missing: a configuration error to
+		// see (retries, then DEAD), not an outage that parks the
+		// subscription. The client waited for it to appear first.
+		return werr
 	case Unreachable(err):
 		return outbox.Unavailable(werr, 0)
 	}

@@ -335,6 +335,20 @@ func TestOutageLosesNothingAndSpendsNoAttempt(t *testing.T) {
 		len(ids), n, int(n)-len(ids), unavailable.Load(), failed.Load())
 }
 
+// A topic that does not exist is retried (attempts spent, then DEAD): a
+// configuration error to see, not an outage that parks the subscription.
+func TestUnknownTopicIsRetried(t *testing.T) {
+	c := cluster(t)
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topicName(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := pub.Publish(ctx, outbox.Event{Envelope: outbox.Envelope{ID: "1", Type: "x", JSON: []byte(`{}`)}})
+	down, _ := outbox.IsUnavailable(err)
+	if err == nil || down || outbox.DefaultClassifier(err) == outbox.DecisionDead || !errors.Is(err, kerr.UnknownTopicOrPartition) {
+		t.Fatalf("got %v (unavailable %v), want a plain retry", err, down)
+	}
+}
+
 // New checks its options and the client.
 func TestNewValidates(t *testing.T) {
 	cl := client(t, "127.0.0.1:1", "")
