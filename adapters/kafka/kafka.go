@@ -266,7 +266,10 @@ func (p *Publisher) produce(ctx context.Context, evs []outbox.Event) error {
 	if len(large) > 1 || (len(large) == 1 && len(idx) > 1) {
 		for _, i := range large {
 			if ctx.Err() != nil {
-				break
+				// Not tried alone: it may well fit. A plain retry.
+				errs[i] = fmt.Errorf("kafkaoutbox: event %s to topic %s: refused with the other records of its produce batch as too large, and no time left to produce it alone (%w)",
+					evs[i].ID, recs[i].Topic, kerr.MessageTooLarge)
+				continue
 			}
 			errs[i] = nil
 			recs[i] = cloneRecord(recs[i])
