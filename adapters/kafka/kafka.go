@@ -358,11 +358,6 @@ func classify(ev *outbox.Event, r *kgo.Record, err error) error {
 	case errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.InvalidTopicException),
 		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.UnsupportedForMessageFormat):
 		return outbox.Permanent(werr)
-	case errors.Is(err, kerr.UnknownTopicOrPartition):
-		// Kafka answers, the topic is missing: a configuration error to
-		// see (retries, then DEAD), not an outage that parks the
-		// subscription. The client waited for it to appear first.
-		return werr
 	case Unreachable(err):
 		return outbox.Unavailable(werr, 0)
 	}
@@ -382,10 +377,17 @@ func keyAndHeaders(r *kgo.Record) int {
 // connection that failed or closed, a timeout, a retriable Kafka error
 // (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, …), the client's own record
 // timeout or retry limit, or a closed client. Such errors are outages.
+// UNKNOWN_TOPIC_OR_PARTITION is not one: Kafka answered.
 func Unreachable(err error) bool {
 	var ne net.Error
 	var ke *kerr.Error
 	switch {
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		// Retriable for Kafka, but here Kafka answers and the topic is
+		// missing: a configuration error to see (retries, then DEAD),
+		// not an outage that parks the subscription. The client waited
+		// for the topic to appear before failing the record.
+		return false
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// The subscription's timeout, or the cancelled context of another
 		// record batched with this one (the client fails a batch by its

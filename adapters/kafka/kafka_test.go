@@ -409,6 +409,8 @@ func TestUnreachable(t *testing.T) {
 		{kerr.RequestTimedOut, true},
 		{kerr.MessageTooLarge, false},
 		{kerr.TopicAuthorizationFailed, false},
+		{kerr.UnknownTopicOrPartition, false},
+		{kgo.ErrClientClosed, true},
 		{errors.New("other"), false},
 	} {
 		if got := kafkaoutbox.Unreachable(tc.err); got != tc.want {
