@@ -69,8 +69,8 @@ type config struct {
 // acknowledgements; records not acknowledged by then are reported
 // unavailable (an outage: no attempt is spent). By default the call waits
 // until shortly before its context's deadline (the subscription's
-// Timeout): nine tenths of the time left, so that it answers before the
-// engine gives up on it (which would count an attempt). Without a
+// Timeout): a fifth of the time left earlier, at most a second, so that it
+// answers before the engine gives up on it (which would count an attempt). Without a
 // deadline and without AckTimeout, a call waits as long as Kafka is away.
 func AckTimeout(d time.Duration) Option {
 	return func(c *config) { c.ack = d }
@@ -293,7 +293,9 @@ func (p *Publisher) produce(ctx context.Context, evs []outbox.Event) error {
 func (p *Publisher) ackContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	d := p.cfg.ack
 	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl) * 9 / 10; d == 0 || left < d {
+		left := time.Until(dl)
+		left -= min(left/5, time.Second)
+		if d == 0 || left < d {
 			d = max(left, time.Millisecond)
 		}
 	}
