@@ -1,0 +1,409 @@
+// Package kafkaoutbox delivers outbox events to Kafka with franz-go
+// (github.com/twmb/franz-go/pkg/kgo).
+//
+// A Publisher is a batch subscription handler: every event of a batch
+// becomes one record, produced through the caller's *kgo.Client, and each
+// event gets its own outcome.
+//
+//	cl, _ := kgo.NewClient(kgo.SeedBrokers("kafka:9092"))
+//	pub, _ := kafkaoutbox.New(cl, kafkaoutbox.Topic("orders"))
+//	ob.Subscribe(outbox.Subscription{Name: "to-kafka", Batch: pub.Handler()})
+//
+// The record's value is the payload byte for byte, its headers are the
+// metadata every connector sets (txoutbox-id, txoutbox-type, …, see
+// adapters/README.md), its key is the event's aggregate id by default, so
+// that the events of one aggregate land on one partition, in order.
+//
+// Delivery is at least once. The client's idempotent producer (franz-go's
+// default; do not disable it, New refuses a client that does) removes the
+// duplicates of its own retries within one producer session; an event
+// redelivered by the outbox (a crash before the done mark was written, a
+// lease taken over) is a second record with the same txoutbox-id header
+// and key, on which consumers de-duplicate.
+//
+// Errors: a record the broker or the client refuses as too large
+// (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE), an invalid record or topic
+// name is permanent (the event goes DEAD at once); a broker that cannot
+// be reached, a request timeout, a leader change or any other retriable
+// Kafka error is an outage ([outbox.Unavailable]: no attempt is spent and
+// the subscription's circuit opens); anything else, a topic that does not
+// exist included, is retried with the subscription's back-off.
+package kafkaoutbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txoutbox/txoutbox/adapters/internal/meta"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// TypePlaceholder is replaced by the event type in a TopicTemplate.
+const TypePlaceholder = "{type}"
+
+// MaxTopicLen is the longest topic name Kafka accepts.
+const MaxTopicLen = 249
+
+// Option configures a Publisher.
+type Option func(*config)
+
+type config struct {
+	topic    string
+	template string
+	topicFn  func(ev *outbox.Event) string
+	key      func(ev *outbox.Event) []byte
+	ack      time.Duration
+	set      int // how many of the topic options were given
+}
+
+// AckTimeout bounds how long one Handler call waits for Kafka's
+// acknowledgements; records not acknowledged by then are reported
+// unavailable (an outage: no attempt is spent). By default the call waits
+// until shortly before its context's deadline (the subscription's
+// Timeout): a fifth of the time left earlier, at most a second, so that it
+// answers before the engine gives up on it (which would count an attempt). Without a
+// deadline and without AckTimeout, a call waits as long as Kafka is away.
+func AckTimeout(d time.Duration) Option {
+	return func(c *config) { c.ack = d }
+}
+
+// Topic sends every event to the topic name.
+func Topic(name string) Option {
+	return func(c *config) { c.topic, c.set = name, c.set+1 }
+}
+
+// TopicTemplate sends each event to the topic named by tmpl with every
+// "{type}" replaced by the event's type: "events.{type}" sends an
+// OrderPlaced event to "events.OrderPlaced". An event whose type makes an
+// invalid topic name goes DEAD with a permanent error.
+func TopicTemplate(tmpl string) Option {
+	return func(c *config) { c.template, c.set = tmpl, c.set+1 }
+}
+
+// TopicFunc chooses each event's topic with fn. A name that is not a
+// valid Kafka topic makes the event go DEAD with a permanent error.
+func TopicFunc(fn func(ev *outbox.Event) string) Option {
+	return func(c *config) { c.topicFn, c.set = fn, c.set+1 }
+}
+
+// Key sets the function that computes a record's key, overriding the
+// default: the event's aggregate id, or no key when it has none (the
+// client's partitioner then spreads such records). Records with equal
+// keys go to one partition, in the order the outbox delivers them.
+func Key(fn func(ev *outbox.Event) []byte) Option {
+	return func(c *config) { c.key = fn }
+}
+
+// AggregateKey is the default record key: the event's aggregate id, or
+// nil when it is empty.
+func AggregateKey(ev *outbox.Event) []byte {
+	if ev.AggregateID == "" {
+		return nil
+	}
+	return []byte(ev.AggregateID)
+}
+
+// Publisher produces outbox events to Kafka. It is safe for concurrent
+// use; it starts no goroutine of its own (the client's do the work) and
+// does not close the client.
+type Publisher struct {
+	client *kgo.Client
+	cfg    config
+}
+
+// New returns a Publisher that produces through client, which the caller
+// keeps and closes (after the outbox). Exactly one of Topic,
+// TopicTemplate and TopicFunc must be given. New fails when the client
+// disables idempotent writes (kgo.DisableIdempotentWrite): without them a
+// retried produce request can write a record twice, or out of order.
+func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
+	if client == nil {
+		return nil, errors.New("kafkaoutbox: New: client is nil")
+	}
+	c := config{key: AggregateKey}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.set != 1 {
+		return nil, fmt.Errorf("kafkaoutbox: New: give exactly one of Topic, TopicTemplate and TopicFunc (got %d)", c.set)
+	}
+	switch {
+	case c.topicFn != nil:
+	case c.template != "":
+		if !strings.Contains(c.template, TypePlaceholder) {
+			return nil, fmt.Errorf("kafkaoutbox: New: topic template %q has no %s; use Topic for a fixed topic", c.template, TypePlaceholder)
+		}
+		if err := ValidTopic(strings.ReplaceAll(c.template, TypePlaceholder, "x")); err != nil {
+			return nil, fmt.Errorf("kafkaoutbox: New: topic template %q: %w", c.template, err)
+		}
+	default:
+		if err := ValidTopic(c.topic); err != nil {
+			return nil, fmt.Errorf("kafkaoutbox: New: %w", err)
+		}
+	}
+	if c.ack < 0 {
+		return nil, fmt.Errorf("kafkaoutbox: New: AckTimeout %v is negative", c.ack)
+	}
+	if c.key == nil {
+		return nil, errors.New("kafkaoutbox: New: Key function is nil")
+	}
+	if v, ok := client.OptValue(kgo.DisableIdempotentWrite).(bool); ok && v {
+		return nil, errors.New("kafkaoutbox: New: the client disables idempotent writes (kgo.DisableIdempotentWrite): a retried produce could then duplicate or reorder records; remove that option")
+	}
+	return &Publisher{client: client, cfg: c}, nil
+}
+
+// ValidTopic reports why name is not a valid Kafka topic name, or nil:
+// 1 to 249 ASCII letters, digits, '.', '_' or '-', and not "." or "..".
+func ValidTopic(name string) error {
+	if name == "" || name == "." || name == ".." || len(name) > MaxTopicLen {
+		return fmt.Errorf("invalid Kafka topic name %q: 1 to %d characters, not . or ..", name, MaxTopicLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return fmt.Errorf("invalid Kafka topic name %q: only ASCII letters, digits, '.', '_' and '-'", name)
+		}
+	}
+	return nil
+}
+
+// TopicOf returns the topic ev goes to.
+func (p *Publisher) TopicOf(ev *outbox.Event) (string, error) {
+	var t string
+	switch {
+	case p.cfg.topicFn != nil:
+		t = p.cfg.topicFn(ev)
+	case p.cfg.template != "":
+		t = strings.ReplaceAll(p.cfg.template, TypePlaceholder, string(ev.Type))
+	default:
+		return p.cfg.topic, nil
+	}
+	return t, ValidTopic(t)
+}
+
+// Record returns the record ev becomes: its topic, key, the metadata
+// headers (see adapters/README.md) and the payload as value. An error
+// means the event cannot be produced (an invalid topic name) and is
+// permanent.
+func (p *Publisher) Record(ev *outbox.Event) (*kgo.Record, error) {
+	topic, err := p.TopicOf(ev)
+	if err != nil {
+		return nil, outbox.Permanent(fmt.Errorf("kafkaoutbox: event %s: %w", ev.ID, err))
+	}
+	hs := meta.Headers(ev)
+	rh := make([]kgo.RecordHeader, len(hs))
+	for i, h := range hs {
+		rh[i] = kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)}
+	}
+	return &kgo.Record{Topic: topic, Key: p.cfg.key(ev), Value: ev.Payload(), Headers: rh}, nil
+}
+
+// Handler returns the batch handler to subscribe:
+//
+//	ob.Subscribe(outbox.Subscription{Name: "to-kafka", Batch: pub.Handler()})
+//
+// It produces every event of the batch at once and waits for each
+// record's acknowledgement (or for ctx: the subscription's Timeout bounds
+// the wait, and records not acknowledged by then are reported
+// unavailable). It returns nil when all were written, else a
+// *outbox.BatchError with each event's outcome.
+func (p *Publisher) Handler() outbox.BatchHandler { return p.produce }
+
+// Publish produces one event and waits for its acknowledgement; it is an
+// outbox.Handler, for a subscription that delivers one event per call.
+func (p *Publisher) Publish(ctx context.Context, ev outbox.Event) error {
+	err := p.produce(ctx, []outbox.Event{ev})
+	var be *outbox.BatchError
+	if errors.As(err, &be) {
+		return be.Errs[0]
+	}
+	return err
+}
+
+type result struct {
+	i   int
+	err error
+}
+
+func (p *Publisher) produce(ctx context.Context, evs []outbox.Event) error {
+	ctx, cancel := p.ackContext(ctx)
+	defer cancel()
+	errs := make([]error, len(evs))
+	recs := make([]*kgo.Record, len(evs))
+	var idx []int // the events to produce
+	for i := range evs {
+		r, err := p.Record(&evs[i])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		recs[i] = r
+		idx = append(idx, i)
+	}
+	p.send(ctx, evs, recs, idx, errs)
+
+	// A broker refuses a whole batch when it is too large, good records
+	// with the bad: produce each of them again alone, so that only a
+	// record too large by itself is permanent.
+	var large []int
+	for _, i := range idx {
+		if tooLarge(errs[i]) {
+			large = append(large, i)
+		}
+	}
+	if len(large) > 1 || (len(large) == 1 && len(idx) > 1) {
+		for _, i := range large {
+			if ctx.Err() != nil {
+				// Not tried alone: it may well fit. A plain retry.
+				errs[i] = fmt.Errorf("kafkaoutbox: event %s to topic %s: refused with the other records of its produce batch as too large, and no time left to produce it alone (%w)",
+					evs[i].ID, recs[i].Topic, kerr.MessageTooLarge)
+				continue
+			}
+			errs[i] = nil
+			recs[i] = cloneRecord(recs[i])
+			p.send(ctx, evs, recs, []int{i}, errs)
+		}
+	}
+
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	return &outbox.BatchError{Errs: errs}
+}
+
+// ackContext bounds the wait for acknowledgements (see AckTimeout).
+func (p *Publisher) ackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := p.cfg.ack
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		left -= min(left/5, time.Second)
+		if d == 0 || left < d {
+			d = max(left, time.Millisecond)
+		}
+	}
+	if d == 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// send produces recs[i] for each i in idx and sets errs[i] to the
+// classified outcome. It returns when every record was answered or ctx is
+// done; the records still unanswered then are reported unavailable (the
+// client may still write them: the outbox delivers them again, at least
+// once).
+func (p *Publisher) send(ctx context.Context, evs []outbox.Event, recs []*kgo.Record, idx []int, errs []error) {
+	if len(idx) == 0 {
+		return
+	}
+	// Buffered for every answer, so a promise never blocks the client's
+	// promise goroutine, even after this call returned.
+	done := make(chan result, len(idx))
+	for _, i := range idx {
+		p.client.Produce(ctx, recs[i], func(r *kgo.Record, err error) { done <- result{i, err} })
+	}
+	answered := make([]bool, len(evs))
+	for n := 0; n < len(idx); n++ {
+		select {
+		case r := <-done:
+			answered[r.i] = true
+			errs[r.i] = classify(&evs[r.i], recs[r.i], r.err)
+		case <-ctx.Done():
+			for _, i := range idx {
+				if !answered[i] {
+					errs[i] = outbox.Unavailable(fmt.Errorf("kafkaoutbox: event %s to topic %s: no acknowledgement from Kafka: %w", evs[i].ID, recs[i].Topic, ctx.Err()), 0)
+				}
+			}
+			return
+		}
+	}
+}
+
+// cloneRecord copies what the caller set on a record, for producing it
+// again (the client owns a record until its promise ran).
+func cloneRecord(r *kgo.Record) *kgo.Record {
+	return &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers}
+}
+
+func tooLarge(err error) bool {
+	return err != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge))
+}
+
+// classify maps a produce error onto the outbox's outcomes.
+func classify(ev *outbox.Event, r *kgo.Record, err error) error {
+	if err == nil {
+		return nil
+	}
+	werr := fmt.Errorf("kafkaoutbox: event %s to topic %s: %w", ev.ID, r.Topic, err)
+	switch {
+	case tooLarge(err):
+		return outbox.Permanent(fmt.Errorf("kafkaoutbox: event %s to topic %s: the record (%d bytes of payload, %d of key and headers) is larger than Kafka accepts (the broker's message.max.bytes, the topic's max.message.bytes or the client's ProducerBatchMaxBytes): %w",
+			ev.ID, r.Topic, len(r.Value), keyAndHeaders(r), err))
+	case errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.InvalidTopicException),
+		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.UnsupportedForMessageFormat):
+		return outbox.Permanent(werr)
+	case Unreachable(err):
+		return outbox.Unavailable(werr, 0)
+	}
+	return werr
+}
+
+func keyAndHeaders(r *kgo.Record) int {
+	n := len(r.Key)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// Unreachable reports whether a produce error means Kafka could not be
+// reached or did not answer in time, rather than refusing the record: a
+// connection that failed or closed, a timeout, a retriable Kafka error
+// (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, …), the client's own record
+// timeout or retry limit, or a closed client. Such errors are outages.
+// UNKNOWN_TOPIC_OR_PARTITION is not one: Kafka answered.
+func Unreachable(err error) bool {
+	var ne net.Error
+	var ke *kerr.Error
+	switch {
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		// Retriable for Kafka, but here Kafka answers and the topic is
+		// missing: a configuration error to see (retries, then DEAD),
+		// not an outage that parks the subscription. The client waited
+		// for the topic to appear before failing the record.
+		return false
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// The subscription's timeout, or the cancelled context of another
+		// record batched with this one (the client fails a batch by its
+		// first record's context).
+		return true
+	case errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
+		errors.Is(err, kgo.ErrClientClosed), errors.Is(err, kgo.ErrMaxBuffered):
+		return true
+	case errors.As(err, &ke):
+		return ke.Retriable
+	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE):
+		return true
+	}
+	return false
+}
