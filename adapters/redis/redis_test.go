@@ -358,3 +358,39 @@ func TestIdempotentAfterScriptFlush(t *testing.T) {
 		t.Fatalf("%d entries, want 2 (x, y)", n)
 	}
 }
+
+// Decode gives a Go consumer back the envelope that was published.
+func TestDecode(t *testing.T) {
+	f := setup(t, setupOpts{})
+	at := time.Date(2026, 3, 4, 5, 6, 7, 123000, time.UTC)
+	envs := []outbox.Envelope{
+		{Type: "OrderPlaced", AggregateType: "order", AggregateID: "42", TenantID: "t1", OccurredAt: at,
+			Headers: map[string]string{"x-user": "ana", "traceparent": traceparent}, JSON: []byte(`{"a":1}`)},
+		{Type: "Blob", OccurredAt: at, Bytes: []byte{0, 1, 0xff}, Headers: map[string]string{"content-type": "application/x-blob"}},
+		{Type: "Raw", OccurredAt: at, Bytes: []byte("r")},
+	}
+	ids := f.publish(envs...)
+	f.waitLen(f.stream, 3, 5*time.Second)
+	ms, err := f.rdb.XRange(f.ctx, f.stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range ms {
+		got, err := redisoutbox.Decode(m, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := envs[i]
+		want.ID = ids[i]
+		if !got.OccurredAt.Equal(want.OccurredAt) {
+			t.Errorf("%d: occurred at %v, want %v", i, got.OccurredAt, want.OccurredAt)
+		}
+		got.OccurredAt = want.OccurredAt
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%d:\n got %+v\nwant %+v", i, got, want)
+		}
+	}
+	if _, err := redisoutbox.Decode(ms[0], "body"); err == nil {
+		t.Error("Decode without the payload field: no error")
+	}
+}
