@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -45,6 +46,9 @@ func TestCommitAddsOneEntry(t *testing.T) {
 	es = f.entries(f.stream)
 	if len(es) != 2 {
 		t.Fatalf("stream has %d entries, want 2:\n%s", len(es), describe(es))
+	}
+	if es[0].get("txoutbox-id") != ids[0] { // two calls may deliver them in either order
+		es[0], es[1] = es[1], es[0]
 	}
 	want := [][2]string{
 		{"txoutbox-id", ids[0]}, {"txoutbox-type", "OrderPlaced"}, {"txoutbox-aggregate-type", "order"},
@@ -375,10 +379,17 @@ func TestDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, m := range ms {
+	if len(ms) != len(envs) {
+		t.Fatalf("%d entries", len(ms))
+	}
+	for _, m := range ms {
 		got, err := redisoutbox.Decode(m, "")
 		if err != nil {
 			t.Fatal(err)
+		}
+		i := slices.Index(ids, got.ID)
+		if i < 0 {
+			t.Fatalf("unknown id %s", got.ID)
 		}
 		want := envs[i]
 		want.ID = ids[i]
