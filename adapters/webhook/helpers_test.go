@@ -42,7 +42,7 @@ type receiver struct {
 
 // newReceiver starts a receiver accepting any of secrets; it stops when
 // the test ends.
-func newReceiver(t *testing.T, secrets ...string) *receiver {
+func newReceiver(t testing.TB, secrets ...string) *receiver {
 	t.Helper()
 	r := &receiver{secrets: secrets, stored: map[string][]byte{}, notify: make(chan struct{}, 1)}
 	mux := http.NewServeMux()
@@ -128,7 +128,7 @@ func (r *receiver) Stored() int {
 }
 
 // waitStored waits until n distinct events are stored.
-func (r *receiver) waitStored(t *testing.T, n int, timeout time.Duration) {
+func (r *receiver) waitStored(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -143,7 +143,7 @@ func (r *receiver) waitStored(t *testing.T, n int, timeout time.Duration) {
 
 // fixture is an outbox on a fresh SQLite table with one subscription.
 type fixture struct {
-	t     *testing.T
+	t     testing.TB
 	db    *sqlx.DB
 	store *sqlstore.Store
 	ob    *outbox.Outbox
@@ -163,7 +163,7 @@ func testConfig() outbox.Config {
 
 // start subscribes sub to a new outbox and starts it; it is closed when
 // the test ends.
-func start(t *testing.T, sub outbox.Subscription) *fixture {
+func start(t testing.TB, sub outbox.Subscription) *fixture {
 	t.Helper()
 	db := testdb.SQLite(t)
 	store := testdb.Store(t, db)
@@ -245,7 +245,7 @@ func (f *fixture) settle(id string, timeout time.Duration) delivery {
 }
 
 // newPublisher returns a Publisher for cfg, closed when the test ends.
-func newPublisher(t *testing.T, cfg webhook.Config) *webhook.Publisher {
+func newPublisher(t testing.TB, cfg webhook.Config) *webhook.Publisher {
 	t.Helper()
 	p, err := webhook.New(cfg)
 	if err != nil {
