@@ -183,3 +183,27 @@ func TestHeaders(t *testing.T) {
 		t.Fatalf("control character: %v, want permanent, without the value", err)
 	}
 }
+
+// With FollowRedirects, a 307 is followed with the same signed body; a
+// Config.Client is used (as a copy: its own CheckRedirect is left alone).
+func TestFollowRedirects(t *testing.T) {
+	secret := webhook.NewSecret()
+	rcv := newReceiver(t, secret)
+	mux := rcv.srv.Config.Handler.(*http.ServeMux)
+	mux.HandleFunc("/old", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/hook", http.StatusTemporaryRedirect)
+	})
+	client := &http.Client{}
+	pub := newPublisher(t, webhook.Config{URL: rcv.srv.URL + "/old", Secret: secret, Client: client, FollowRedirects: true})
+	ev := outbox.Event{Envelope: outbox.Envelope{ID: outbox.NewID(), Type: "t", JSON: []byte(`{"a":1}`)}}
+	if err := pub.Send(context.Background(), &ev); err != nil {
+		t.Fatal(err)
+	}
+	ps := rcv.PostsOf(ev.ID)
+	if len(ps) != 1 || ps[0].VerifyErr != nil || string(ps[0].Body) != `{"a":1}` {
+		t.Fatalf("posts %+v", ps)
+	}
+	if client.CheckRedirect != nil {
+		t.Fatal("New changed the caller's client")
+	}
+}
