@@ -588,6 +588,10 @@ func (d *dispatcher) callTx(ctx context.Context, s *subscription, ev Event) erro
 // call runs a handler with a timeout, containing panics. A handler that
 // ignores its cancelled context is abandoned: the caller moves on, and
 // Close waits for the abandoned call.
+// handlerGrace is how long a call whose context ended waits for the
+// handler's own result before it gives up on it.
+const handlerGrace = 50 * time.Millisecond
+
 func (d *dispatcher) call(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
 	if timeout < 0 {
 		return safeCall(ctx, f)
@@ -610,10 +614,16 @@ func (d *dispatcher) call(ctx context.Context, timeout time.Duration, f func(con
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+		// A handler that honours its context returns at once, often with
+		// its own verdict (a connector's Unavailable for a broker that
+		// did not answer in time): prefer that to the engine's timeout,
+		// which spends an attempt.
+		grace := time.NewTimer(handlerGrace)
+		defer grace.Stop()
 		select {
 		case err := <-done:
 			return err
-		default:
+		case <-grace.C:
 		}
 		if state.CompareAndSwap(0, 1) {
 			d.health.abandoned.Add(1)
