@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/txoutbox/txoutbox/adapters/internal/meta"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 	kafkaoutbox "github.com/txoutbox/txoutbox/adapters/kafka"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"

@@ -13,7 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/txoutbox/txoutbox/adapters/internal/meta"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 	natsoutbox "github.com/txoutbox/txoutbox/adapters/nats"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/txoutbox/txoutbox/adapters/internal/meta"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -71,7 +71,7 @@ func (p *Publisher) Subject(ev *outbox.Event) string { return p.tmpl.subject(ev)
 
 // Message returns the message ev is published as: its subject, the
 // Nats-Msg-Id header (the event id, for JetStream's de-duplication), the
-// metadata headers of adapters/internal/meta, and the payload as the
+// metadata headers of outbox/meta, and the payload as the
 // body. An event header whose name starts with "Nats-" (in any case) is
 // left out: those headers instruct the server (Nats-Msg-Id, Nats-Rollup,
 // Nats-Expected-…, Nats-TTL), and an event must not be able to replace

@@ -22,7 +22,7 @@ const (
 )
 
 // A committed event is one stream entry: the metadata fields in the order
-// of adapters/internal/meta (txoutbox-id first), the user and trace
+// of outbox/meta (txoutbox-id first), the user and trace
 // headers, then the payload byte for byte, for JSON and for bytes.
 func TestCommitAddsOneEntry(t *testing.T) {
 	f := setup(t, setupOpts{})

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/txoutbox/txoutbox/adapters/internal/meta"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -215,7 +215,7 @@ type entry struct {
 }
 
 // Fields returns the fields of ev's stream entry, in order: the metadata
-// of adapters/internal/meta (txoutbox-id first), then the payload field.
+// of outbox/meta (txoutbox-id first), then the payload field.
 // It is what Publish sends, for tests and tools.
 func (p *Publisher) Fields(ev *outbox.Event) []any {
 	hs := meta.Headers(ev)

@@ -46,8 +46,20 @@ func TestContentTypeOfBytes(t *testing.T) {
 	if got := Headers(ev); got[len(got)-1] != (Header{ContentType, "application/octet-stream"}) {
 		t.Fatalf("%v", got)
 	}
-	ev.Headers = map[string]string{ContentType: "application/protobuf"}
-	if got := Headers(ev); got[len(got)-1] != (Header{ContentType, "application/protobuf"}) {
+	ev.Headers = map[string]string{"Content-Type": "application/protobuf"}
+	got := Headers(ev)
+	if got[len(got)-1] != (Header{ContentType, "application/protobuf"}) {
 		t.Fatalf("%v", got)
+	}
+	env, err := Envelope(func(k string) string {
+		for _, h := range got {
+			if h.Key == k {
+				return h.Value
+			}
+		}
+		return ""
+	}, []string{ID, Type, ContentType}, []byte{1})
+	if err != nil || env.Headers[ContentType] != "application/protobuf" || len(env.Bytes) != 1 {
+		t.Fatalf("Envelope = %+v, %v; want the user's content type kept", env, err)
 	}
 }

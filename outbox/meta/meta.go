@@ -10,6 +10,7 @@ package meta
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -64,13 +65,18 @@ func Headers(ev *outbox.Event) []Header {
 	ct := "application/octet-stream"
 	if ev.IsJSON() {
 		ct = "application/json"
-	} else if v, ok := ev.Headers[ContentType]; ok && v != "" {
-		ct = v
+	} else {
+		for k, v := range ev.Headers {
+			if v != "" && strings.EqualFold(k, ContentType) {
+				ct = v
+				break
+			}
+		}
 	}
 	add(ContentType, ct)
 	keys := make([]string, 0, len(ev.Headers))
 	for k := range ev.Headers {
-		if !Reserved(k) && k != ContentType {
+		if !Reserved(k) && !strings.EqualFold(k, ContentType) {
 			keys = append(keys, k)
 		}
 	}
@@ -99,10 +105,14 @@ func Envelope(get func(key string) string, keys []string, payload []byte) (outbo
 		}
 		env.OccurredAt = t
 	}
-	if get(ContentType) == "application/json" {
+	switch ct := get(ContentType); ct {
+	case "application/json":
 		env.JSON = payload
-	} else {
+	case "", "application/octet-stream":
 		env.Bytes = payload
+	default: // a user's content type for a payload that is not JSON
+		env.Bytes = payload
+		env.Headers = map[string]string{ContentType: ct}
 	}
 	for _, k := range keys {
 		if Reserved(k) || k == ContentType {
@@ -111,6 +121,8 @@ func Envelope(get func(key string) string, keys []string, payload []byte) (outbo
 		if env.Headers == nil {
 			env.Headers = map[string]string{}
 		}
+		// Broker headers that are not the event's (Nats-Msg-Id, …) are the
+		// caller's to leave out of keys.
 		env.Headers[k] = get(k)
 	}
 	return env, nil
