@@ -11,9 +11,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	amqpoutbox "github.com/txoutbox/txoutbox/adapters/amqp"
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

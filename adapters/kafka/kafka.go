@@ -43,8 +43,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 // TypePlaceholder is replaced by the event type in a TopicTemplate.

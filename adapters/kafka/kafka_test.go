@@ -15,10 +15,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	kafkaoutbox "github.com/txoutbox/txoutbox/adapters/kafka"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

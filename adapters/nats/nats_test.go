@@ -13,10 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	natsoutbox "github.com/txoutbox/txoutbox/adapters/nats"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

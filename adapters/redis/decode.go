@@ -6,8 +6,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 // Decode rebuilds the envelope of an entry a Publisher added, for

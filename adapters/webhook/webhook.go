@@ -49,8 +49,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 // Defaults for Config.

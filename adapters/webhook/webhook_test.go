@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txoutbox/txoutbox/outbox/meta"
 	"github.com/txoutbox/txoutbox/adapters/webhook"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/meta"
 )
 
 // A committed event arrives once, signed (with every secret of a
