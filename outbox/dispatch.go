@@ -49,6 +49,12 @@ func newDispatcher(d *deps) *dispatcher {
 	}
 }
 
+// idle reports whether nothing is queued or in flight here (an item
+// leaves the in-flight set once its outcome is recorded).
+func (d *dispatcher) idle() bool {
+	return len(d.hot) == 0 && len(d.cold) == 0 && d.inflight.empty()
+}
+
 // start launches the workers and one batcher per Batch subscription.
 func (d *dispatcher) start(ctx context.Context, subs []*subscription) {
 	ctx, d.cancel = context.WithCancel(ctx)

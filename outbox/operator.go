@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
@@ -83,4 +85,62 @@ func (o *Outbox) operator(what string) (driver.OperatorStore, error) {
 		return nil, fmt.Errorf("outbox: %s: the store (%T) does not implement driver.OperatorStore", what, o.store)
 	}
 	return os, nil
+}
+
+// idleTick is how often DeliverOne and Drain look whether what they
+// queued has been delivered and recorded.
+const idleTick = 2 * time.Millisecond
+
+// DeliverOne claims the next due event or delivery (one this instance has
+// a subscription for), delivers it through this instance's workers, and
+// returns once its outcome is recorded. It reports whether there was one.
+// It is the operator's "consume one" for tools and tests: the outbox must
+// be started (Start), and rows younger than Config.SkipRecent are not due
+// yet.
+func (o *Outbox) DeliverOne(ctx context.Context) (bool, error) {
+	n, err := o.pollAndSettle(ctx, 1)
+	return n > 0, err
+}
+
+// Drain delivers what is due now, batch after batch, and returns how many
+// events and deliveries it took once a poll finds nothing more and
+// nothing is in flight here. Retries scheduled for later, deliveries
+// deferred by an open circuit or a pause, and rows younger than
+// Config.SkipRecent are not due and are left. The outbox must be started.
+func (o *Outbox) Drain(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := o.pollAndSettle(ctx, o.cfg.PollBatchSize)
+		total += n
+		if err != nil || n == 0 {
+			return total, err
+		}
+	}
+}
+
+func (o *Outbox) pollAndSettle(ctx context.Context, most int) (int, error) {
+	o.mu.RLock()
+	started, closed := o.started, o.closed
+	o.mu.RUnlock()
+	switch {
+	case closed:
+		return 0, ErrClosed
+	case !started:
+		return 0, errors.New("outbox: DeliverOne/Drain: the outbox is not started; call Start first (its workers deliver)")
+	}
+	o.poller.releaseDropped(ctx)
+	n, _, err := o.poller.poll(ctx, most)
+	if err != nil {
+		return n, err
+	}
+	t := time.NewTicker(idleTick)
+	defer t.Stop()
+	for !o.disp.idle() {
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return n, nil
 }

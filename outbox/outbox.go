@@ -333,6 +333,12 @@ func (s *inflightSet) acquire(id string) bool {
 	return true
 }
 
+func (s *inflightSet) empty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m) == 0
+}
+
 func (s *inflightSet) has(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -70,7 +70,7 @@ func (o *Outbox) Poll(ctx context.Context) (int, error) {
 		return 0, ErrClosed
 	}
 	o.poller.releaseDropped(ctx)
-	n, _, err := o.poller.poll(ctx)
+	n, _, err := o.poller.poll(ctx, o.cfg.PollBatchSize)
 	return n, err
 }
 
@@ -146,7 +146,7 @@ func (p *poller) run(ctx context.Context) {
 			roomy.Stop()
 		}
 		released += p.releaseDropped(ctx)
-		n, limit, err := p.poll(ctx)
+		n, limit, err := p.poll(ctx, p.cfg.PollBatchSize)
 		if err == nil {
 			p.health.pollBeat.Store(time.Now().UnixNano())
 		}
@@ -182,8 +182,8 @@ func (p *poller) scheduleRetryWake(due time.Time) {
 	}
 }
 
-func (p *poller) poll(ctx context.Context) (queued, limit int, err error) {
-	limit = min(p.cfg.PollBatchSize, cap(p.disp.cold)-len(p.disp.cold))
+func (p *poller) poll(ctx context.Context, most int) (queued, limit int, err error) {
+	limit = min(most, cap(p.disp.cold)-len(p.disp.cold))
 	if limit <= 0 {
 		return 0, 0, nil
 	}

@@ -100,6 +100,7 @@ func Run(t *testing.T, h Harness) {
 		{"DeadLettersPerSubscription", testDeadPerSubscription},
 		{"SubscribeValidation", testSubscribeValidation},
 		{"LagAndDeadFilters", testLagAndDeadFilters},
+		{"DeliverOneAndDrain", testDeliverOneAndDrain},
 		{"Method/Subscriptions", testMethodSubscriptions},
 		{"Method/Split", testMethodSplit},
 		{"Method/ClaimDeliveries", testMethodClaimDeliveries},
