@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -826,6 +829,89 @@ func (c *cli) peek(args []string) error {
 					when = "in " + age(d.In)
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, orDash(d.Subscription), d.Type, status(d.Status), d.Attempts, when, orDash(d.Owner))
+			}
+		})
+	})
+}
+
+type partitionJSON struct {
+	Name   string `json:"name"`
+	Before string `json:"before,omitempty"`
+	Rows   int64  `json:"rows_estimate"`
+}
+
+func (c *cli) partitionsStatus(args []string) error {
+	fs := c.flags("partitions status")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		ps, err := s.Partitions(c.ctx)
+		if err != nil {
+			return err
+		}
+		if len(ps) == 0 {
+			return fmt.Errorf("%s is not partitioned (outboxctl partitions maintain -create partitions it)", s.Table())
+		}
+		out := make([]partitionJSON, len(ps))
+		for i, p := range ps {
+			out[i] = partitionJSON{Name: p.Name, Rows: p.Rows}
+			if !p.Before.IsZero() {
+				out[i].Before = p.Before.Format(time.DateOnly)
+			}
+		}
+		return c.out(out, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "PARTITION\tBEFORE\tROWS (ESTIMATE)")
+			for _, p := range out {
+				fmt.Fprintf(w, "%s\t%s\t%d\n", p.Name, cmp.Or(p.Before, "-"), p.Rows)
+			}
+		})
+	})
+}
+
+type maintainJSON struct {
+	Created bool             `json:"created,omitempty"`
+	Busy    bool             `json:"busy,omitempty"`
+	Added   []string         `json:"added"`
+	Dropped []string         `json:"dropped"`
+	Kept    map[string]int64 `json:"kept_undelivered,omitempty"`
+}
+
+func (c *cli) partitionsMaintain(args []string) error {
+	fs := c.flags("partitions maintain")
+	create := fs.Bool("create", false, "partition the table first if it is not")
+	ahead := fs.Int("ahead", 7, "days ahead that get their partition")
+	retention := fs.Duration("retention", 0, "drop day partitions that ended longer ago than this, when nothing in them is undelivered (0: drop none)")
+	dead := fs.Bool("dead", false, "drop partitions holding dead events too")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		cfg := sqlstore.PartitionConfig{Ahead: *ahead, Retention: *retention, DropDead: *dead}
+		var out maintainJSON
+		if *create {
+			ps, err := s.Partitions(c.ctx)
+			if err != nil {
+				return err
+			}
+			if len(ps) == 0 {
+				if err := s.Partition(c.ctx, cfg); err != nil {
+					return err
+				}
+				out.Created = true
+			}
+		}
+		res, err := s.MaintainPartitions(c.ctx, cfg)
+		if err != nil {
+			return err
+		}
+		out.Busy, out.Added, out.Dropped, out.Kept = res.Busy, append([]string{}, res.Added...), append([]string{}, res.Dropped...), res.Kept
+		return c.out(out, func(w *tabwriter.Writer) {
+			if out.Created {
+				fmt.Fprintf(w, "partitioned %s by day\n", s.Table())
+			}
+			if out.Busy {
+				fmt.Fprintln(w, "another session is maintaining the partitions; nothing done")
+				return
+			}
+			fmt.Fprintf(w, "added %d: %s\n", len(out.Added), strings.Join(out.Added, " "))
+			fmt.Fprintf(w, "dropped %d: %s\n", len(out.Dropped), strings.Join(out.Dropped, " "))
+			for _, name := range slices.Sorted(maps.Keys(out.Kept)) {
+				fmt.Fprintf(w, "kept %s: %d events not delivered yet\n", name, out.Kept[name])
 			}
 		})
 	})

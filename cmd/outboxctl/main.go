@@ -54,6 +54,11 @@ Commands:
                              delete delivered events older than -older
   peek [-limit 20]           the next due events and deliveries, earliest
                              first, without taking them
+  partitions status          MySQL/MariaDB: the table's day partitions
+  partitions maintain [-create] [-ahead 7] [-retention 168h] [-dead]
+                             add the days ahead, drop days past retention
+                             that hold nothing undelivered; -create
+                             partitions a table that is not yet
 
 Filters (dead list, replay, purge):
   -sub NAME  -type TYPE  -since T  -until T  -error TEXT
@@ -218,6 +223,18 @@ func (c *cli) dispatch(args []string) error {
 		return c.cleanup(args)
 	case "peek":
 		return c.peek(args)
+	case "partitions":
+		s, rest, err := sub()
+		if err != nil {
+			return err
+		}
+		switch s {
+		case "status":
+			return c.partitionsStatus(rest)
+		case "maintain":
+			return c.partitionsMaintain(rest)
+		}
+		return usageErr("partitions %s: want status or maintain", s)
 	case "help":
 		fmt.Fprint(c.stdout, usage)
 		return nil

@@ -355,3 +355,38 @@ func TestUsageAndSecrets(t *testing.T) {
 		}
 	}
 }
+
+// partitions status and maintain on MariaDB; a clear refusal elsewhere.
+func TestPartitionsCommand(t *testing.T) {
+	f := newFixture(t, "mysql")
+	if r := f.run("migrate", "up"); r.code != 0 {
+		t.Fatalf("migrate up: %+v", r)
+	}
+	if r := f.run("partitions", "status"); r.code != exitError || !strings.Contains(r.stderr, "not partitioned") {
+		t.Fatalf("status of a plain table: %+v; want exit 1 saying it is not partitioned", r)
+	}
+	r := f.run("-json", "partitions", "maintain", "-create", "-ahead", "1")
+	if r.code != 0 {
+		t.Fatalf("maintain -create: %+v", r)
+	}
+	var m maintainJSON
+	if err := json.Unmarshal([]byte(r.stdout), &m); err != nil || !m.Created || len(m.Added) != 0 {
+		t.Fatalf("maintain -create = %s (%v); want created, nothing more to add", r.stdout, err)
+	}
+	today := time.Now().UTC()
+	r = f.run("partitions", "status")
+	for _, want := range []string{"p" + today.Format("20060102"), "p" + today.AddDate(0, 0, 1).Format("20060102"), "pmax"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Fatalf("status = %+v; want %s listed", r, want)
+		}
+	}
+	r = f.run("partitions", "maintain", "-ahead", "3")
+	if r.code != 0 || !strings.Contains(r.stdout, "added 2: p"+today.AddDate(0, 0, 2).Format("20060102")) {
+		t.Fatalf("maintain -ahead 3 = %+v; want two days added", r)
+	}
+	sf := newFixture(t, "sqlite")
+	sf.run("migrate", "up")
+	if r := sf.run("partitions", "status"); r.code != exitError || !strings.Contains(r.stderr, "only MySQL and MariaDB") {
+		t.Fatalf("status on SQLite: %+v; want exit 1 naming MySQL and MariaDB", r)
+	}
+}

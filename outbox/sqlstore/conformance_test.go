@@ -8,6 +8,7 @@ import (
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 	"github.com/txoutbox/txoutbox/outbox/storetest"
 )
 
@@ -28,4 +29,19 @@ func TestConformance(t *testing.T) {
 			})
 		})
 	}
+	// The same contract on a MariaDB table partitioned by day.
+	t.Run("mysql-partitioned", func(t *testing.T) {
+		testdb.MySQL(t)
+		storetest.Run(t, storetest.Harness{
+			NewStore: func(t *testing.T) (driver.Store, storetest.Beginner) {
+				db := testdb.MySQL(t)
+				st := testdb.Store(t, db)
+				if err := st.Partition(context.Background(), sqlstore.PartitionConfig{Ahead: 1}); err != nil {
+					t.Fatal(err)
+				}
+				return st, func(ctx context.Context) (storetest.Tx, error) { return outbox.BeginTx(ctx, db.DB, nil) }
+			},
+			ConcurrentWriters: true,
+		})
+	})
 }

@@ -1,0 +1,149 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+func partitionNames(t *testing.T, s *sqlstore.Store) []string {
+	t.Helper()
+	ps, err := s.Partitions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range ps {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+func day(t time.Time, d int) string { return "p" + t.AddDate(0, 0, d).Format("20060102") }
+
+// A populated table is partitioned by day with its rows kept; the
+// maintainer adds the days ahead, keeps an old day that still holds an
+// undelivered event, drops it (with its events' delivery rows) once
+// everything in it is delivered, and steps aside while another session
+// holds its lock.
+func TestPartitionMaintenance(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.MySQL(t)
+	s := testdb.Store(t, db)
+	ob, err := outbox.New(s, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func() string {
+		tx, err := outbox.BeginTx(ctx, db.DB, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "T", JSON: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	old, oldDone, fresh := publish(), publish(), publish()
+	// Two events three days old: one undelivered, one delivered with a
+	// delivery row (as a split event leaves).
+	if _, err := db.Exec(`UPDATE `+s.Table()+` SET created_at = created_at - INTERVAL 3 DAY WHERE id IN (?, ?)`, old, oldDone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE `+s.Table()+` SET status = 1 WHERE id = ?`, oldDone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO `+s.DeliveriesTable()+` (event_id, subscription, status, attempts, available_at, created_at) VALUES (?, 'x', 1, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, oldDone); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(24 * time.Hour)
+	if err := s.Partition(ctx, sqlstore.PartitionConfig{Ahead: 2}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{day(now, -3), day(now, -2), day(now, -1), day(now, 0), day(now, 1), day(now, 2), "pmax"}
+	if got := partitionNames(t, s); !slices.Equal(got, want) {
+		t.Fatalf("partitions = %v; want %v", got, want)
+	}
+	if err := s.Partition(ctx, sqlstore.PartitionConfig{}); err != nil {
+		t.Fatalf("Partition of a partitioned table: %v; want nothing done", err)
+	}
+	for _, id := range []string{old, oldDone, fresh} {
+		if _, err := s.Inspect(ctx, id); err != nil {
+			t.Fatalf("event %s after partitioning: %v", id, err)
+		}
+	}
+	publish() // inserts still land (today's partition)
+
+	// Two days later: two more days ahead; the old day is past a one-day
+	// retention but holds an undelivered event.
+	later := func() time.Time { return time.Now().AddDate(0, 0, 2) }
+	cfg := sqlstore.PartitionConfig{Ahead: 2, Retention: 24 * time.Hour, Now: later}
+	res, err := s.MaintainPartitions(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Added, []string{day(now, 3), day(now, 4)}) {
+		t.Fatalf("added %v; want %v", res.Added, []string{day(now, 3), day(now, 4)})
+	}
+	if res.Kept[day(now, -3)] != 1 || slices.Contains(res.Dropped, day(now, -3)) {
+		t.Fatalf("result %+v; want %s kept for its one undelivered event", res, day(now, -3))
+	}
+	if len(res.Dropped) != 2 || res.Dropped[0] != day(now, -2) {
+		t.Fatalf("dropped %v; want the two empty days before yesterday-of-then", res.Dropped)
+	}
+	if _, err := s.Inspect(ctx, old); err != nil {
+		t.Fatalf("undelivered event lost: %v", err)
+	}
+
+	if _, err := db.Exec(`UPDATE `+s.Table()+` SET status = 1 WHERE id = ?`, old); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lock := "txoutbox_partitions_" + s.Table()[1:len(s.Table())-1]
+	if _, err := conn.ExecContext(ctx, "SELECT GET_LOCK(?, 0)", lock); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.MaintainPartitions(ctx, cfg); err != nil || !res.Busy || len(res.Dropped) != 0 {
+		t.Fatalf("with the lock held elsewhere: %+v, %v; want Busy and nothing done", res, err)
+	}
+	conn.ExecContext(ctx, "SELECT RELEASE_LOCK(?)", lock)
+
+	res, err = s.MaintainPartitions(ctx, cfg)
+	if err != nil || !slices.Equal(res.Dropped, []string{day(now, -3)}) || len(res.Added) != 0 {
+		t.Fatalf("after delivery: %+v, %v; want %s dropped, nothing added", res, err, day(now, -3))
+	}
+	if _, err := s.Inspect(ctx, old); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("event of a dropped day: %v; want ErrNotFound", err)
+	}
+	var n int
+	if err := db.Get(&n, `SELECT COUNT(*) FROM `+s.DeliveriesTable()+` WHERE event_id = ?`, oldDone); err != nil || n != 0 {
+		t.Fatalf("delivery rows of a dropped day: %d, %v; want 0", n, err)
+	}
+	if _, err := s.Inspect(ctx, fresh); err != nil {
+		t.Fatalf("today's event: %v", err)
+	}
+}
+
+func TestPartitionsOnlyOnMySQL(t *testing.T) {
+	s := testdb.Store(t, testdb.SQLite(t))
+	if _, err := s.Partitions(context.Background()); !errors.Is(err, sqlstore.ErrNotPartitionable) {
+		t.Fatalf("Partitions on SQLite: %v; want ErrNotPartitionable", err)
+	}
+	if _, err := s.MaintainPartitions(context.Background(), sqlstore.PartitionConfig{}); !errors.Is(err, sqlstore.ErrNotPartitionable) {
+		t.Fatalf("MaintainPartitions on SQLite: %v", err)
+	}
+}
