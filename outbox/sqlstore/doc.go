@@ -33,6 +33,12 @@
 // Times are UTC DATETIME(6) from UTC_TIMESTAMP(6), so leases use the
 // database's clock whatever the clients' clocks say.
 //
+// The table can be partitioned by day (Store.Partition): delivered days
+// are then dropped whole (Store.MaintainPartitions, RunPartitionMaintainer,
+// outboxctl partitions maintain) instead of deleted row by row; a day is
+// dropped only when none of its events is undelivered. The whole
+// conformance suite runs on a partitioned table too.
+//
 // # SQLite
 //
 // SQLite has one writer at a time and is meant for one process (the demo,
