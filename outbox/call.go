@@ -1,0 +1,111 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// PanicError is the error of a handler that panicked.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("outbox: handler panicked: %v", e.Value) }
+
+func safeCall(ctx context.Context, f func(context.Context) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return f(ctx)
+}
+
+// callOne runs a Handler within the subscription's concurrency limit.
+func (d *dispatcher) callOne(ctx context.Context, s *subscription, ev Event) error {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	return d.call(ctx, s.Timeout, func(ctx context.Context) error { return s.Handler(ctx, ev) })
+}
+
+// callTx runs a Tx handler in a transaction that records its delivery.
+func (d *dispatcher) callTx(ctx context.Context, s *subscription, ev Event) error {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	ts := d.store.(driver.TxDeliveryStore) // checked by Subscribe
+	return d.call(ctx, s.Timeout, func(ctx context.Context) error {
+		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error {
+			return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) })
+		})
+		if already {
+			d.log.Debug("delivery recorded already; not run again", slog.String("event_id", ev.ID), slog.String("subscription", s.Name))
+		}
+		return err
+	})
+}
+
+// call runs a handler with a timeout, containing panics. A handler that
+// ignores its cancelled context is abandoned: the caller moves on, and
+// Close waits for the abandoned call.
+// handlerGrace is how long a call whose context ended waits for the
+// handler's own result before it gives up on it.
+const handlerGrace = 50 * time.Millisecond
+
+func (d *dispatcher) call(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
+	if timeout < 0 {
+		return safeCall(ctx, f)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	var state atomic.Int32 // 0 running, 1 abandoned, 2 returned in time
+	d.stragglers.Add(1)
+	d.running.Add(1)
+	go func() {
+		defer d.stragglers.Done()
+		defer d.running.Add(-1) // runs before Done: see Close
+		done <- safeCall(ctx, f)
+		if !state.CompareAndSwap(0, 2) {
+			d.health.abandoned.Add(-1) // it was counted as abandoned
+		}
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		// A handler that honours its context returns at once, often with
+		// its own verdict (a connector's Unavailable for a broker that
+		// did not answer in time): prefer that to the engine's timeout,
+		// which spends an attempt.
+		grace := time.NewTimer(handlerGrace)
+		defer grace.Stop()
+		select {
+		case err := <-done:
+			return err
+		case <-grace.C:
+		}
+		if state.CompareAndSwap(0, 1) {
+			d.health.abandoned.Add(1)
+		}
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("outbox: handler did not return within %v: %w", timeout, ctx.Err())
+		}
+		return fmt.Errorf("outbox: handler cancelled: %w", ctx.Err())
+	}
+}

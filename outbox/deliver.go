@@ -1,0 +1,342 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// item is one event on its way through the engine: to every subscription
+// of this instance that takes it (an event from the hot path or the
+// event claim), or to one subscription (a delivery claimed from the
+// DeliveryStore).
+type item struct {
+	env      Envelope
+	path     Path
+	attempts int       // failed attempts before this one
+	since    time.Time // commit (hot) or insert (cold) time
+	sub      *subscription
+
+	// The join of the subscriptions' outcomes.
+	mu      sync.Mutex
+	pending int
+	results []result
+	start   time.Time
+}
+
+// key is the item's name in the in-flight set.
+func (it *item) key() string {
+	if it.sub == nil {
+		return it.env.ID
+	}
+	return deliveryKeyString(it.env.ID, it.sub.Name)
+}
+
+func deliveryKeyString(id, sub string) string { return id + "\x00" + sub }
+
+func parseDeliveryKey(k string) (driver.DeliveryKey, bool) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == 0 {
+			return driver.DeliveryKey{EventID: k[:i], Subscription: k[i+1:]}, true
+		}
+	}
+	return driver.DeliveryKey{}, false
+}
+
+type resultKind int8
+
+const (
+	resDone      resultKind = iota
+	resRetry                // failed; another attempt after delay
+	resDead                 // failed for the last time
+	resDefer                // not attempted or unavailable: due again after delay, attempts unchanged
+	resCancelled            // cut by shutdown: hand the whole item back
+)
+
+func (k resultKind) outcome() Outcome {
+	switch k {
+	case resRetry:
+		return OutcomeRetry
+	case resDead:
+		return OutcomeDead
+	case resDefer:
+		return OutcomeDeferred
+	}
+	return OutcomeDone
+}
+
+type result struct {
+	sub      string
+	kind     resultKind
+	recorded bool // done, and recorded already (a Tx subscription)
+	delay    time.Duration
+	attempts int
+	err      string
+}
+
+func (it *item) add(r result) {
+	it.mu.Lock()
+	it.results = append(it.results, r)
+	it.mu.Unlock()
+}
+
+// process delivers one item to its subscriptions and, once every outcome
+// is in (batch subscriptions report later), records them.
+func (d *dispatcher) process(ctx context.Context, it *item) {
+	it.start = time.Now()
+	if it.attempts == 0 && it.sub == nil {
+		d.m.Latency(it.path, it.start.Sub(it.since))
+	}
+	reg := d.reg.load()
+	var targets []*subscription
+	var owed []string
+	if it.sub != nil {
+		targets = []*subscription{it.sub}
+	} else {
+		targets = reg.match(it.env.Type)
+		if len(targets) == 0 {
+			// Never complete what no subscription here accepted: give it
+			// back for an instance that has one (no attempt spent).
+			d.reg.noListener(it.env.ID, it.env.Type)
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			d.leases.release(ctx, []string{it.env.ID}, d.cfg.NoListenerDelay, "hand back an event with no subscription here")
+			cancel()
+			d.inflight.release(it.key())
+			return
+		}
+		owed = reg.owedElsewhere(it.env.Type)
+	}
+	ev := Event{Envelope: it.env, Attempt: it.attempts + 1, Path: it.path}
+	it.pending = 1 // this call's own share, settled at the end
+	it.results = make([]result, 0, len(targets)+len(owed))
+	for _, s := range targets {
+		if reg.paused[s.Name] {
+			d.m.Delivered(s.Name, OutcomeDeferred, 0)
+			it.add(result{sub: s.Name, kind: resDefer, attempts: it.attempts})
+			continue
+		}
+		ok, probe, wait := s.circuit.acquire(time.Now())
+		if !ok {
+			d.m.Delivered(s.Name, OutcomeDeferred, 0)
+			it.add(result{sub: s.Name, kind: resDefer, delay: wait, attempts: it.attempts})
+			continue
+		}
+		if s.batch != nil {
+			it.mu.Lock()
+			it.pending++
+			it.mu.Unlock()
+			if !s.batch.add(ctx, task{it: it, ev: ev, probe: probe}) {
+				s.circuit.release(probe)
+				it.add(result{sub: s.Name, kind: resCancelled})
+				d.settle(it)
+			}
+			continue
+		}
+		ev.Subscription = s.Name
+		start := time.Now()
+		if s.Tx != nil {
+			err := d.callTx(ctx, s, ev)
+			r := d.outcome(ctx, s, it, probe, err, time.Since(start))
+			r.recorded = err == nil
+			it.add(r)
+			continue
+		}
+		err := d.callOne(ctx, s, ev)
+		it.add(d.outcome(ctx, s, it, probe, err, time.Since(start)))
+	}
+	for _, name := range owed {
+		it.add(result{sub: name, kind: resDefer, attempts: it.attempts})
+	}
+	d.settle(it)
+}
+
+// settle counts one share of the item as finished and records the
+// outcomes once the last share is in.
+func (d *dispatcher) settle(it *item) {
+	it.mu.Lock()
+	it.pending--
+	last := it.pending == 0
+	it.mu.Unlock()
+	if last {
+		d.finish(it)
+	}
+}
+
+// outcome turns a call's error into the subscription's result, updating
+// its circuit.
+func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, probe bool, err error, took time.Duration) (r result) {
+	r = result{sub: s.Name, attempts: it.attempts}
+	defer func() {
+		if r.kind != resCancelled {
+			d.m.Delivered(s.Name, r.kind.outcome(), took)
+		}
+	}()
+	now := time.Now()
+	if err == nil {
+		if s.circuit.success() {
+			// What waited for the circuit is due now, not at its probe time.
+			dctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			n, err := d.dstore.DueNow(dctx, s.Name)
+			cancel()
+			if err != nil {
+				d.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
+			}
+			d.poller.wake()
+			d.m.Circuit(s.Name, CircuitClosed)
+			d.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
+			d.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
+		}
+		return r // resDone
+	}
+	if ctx.Err() != nil {
+		// Shutdown cancelled the call: not the event's fault.
+		s.circuit.release(probe)
+		r.kind = resCancelled
+		return r
+	}
+	if down, retryAfter := IsUnavailable(err); down {
+		wait, opened := s.circuit.unavailable(now, retryAfter, probe)
+		if opened {
+			d.m.Circuit(s.Name, CircuitOpen)
+			d.log.Warn("destination unavailable: circuit open, events wait without spending attempts",
+				slog.String("subscription", s.Name), slog.Duration("probe_in", wait), slog.String("error", errorText(err.Error())))
+		}
+		r.kind, r.delay, r.err = resDefer, wait, errorText(err.Error())
+		return r
+	}
+	s.circuit.failure(probe)
+	r.attempts = it.attempts + 1
+	r.err = errorText(err.Error())
+	if s.Classify(err) == DecisionDead || r.attempts >= s.MaxAttempts {
+		r.kind = resDead
+	} else {
+		r.kind, r.delay = resRetry, s.Retry.Delay(r.attempts)
+	}
+	return r
+}
+
+// finish records the outcomes of an item whose subscriptions have all
+// answered.
+func (d *dispatcher) finish(it *item) {
+	took := time.Since(it.start)
+	done, cancelled := true, false
+	outcome := OutcomeDone
+	for _, r := range it.results {
+		switch r.kind {
+		case resDone:
+			continue
+		case resCancelled:
+			cancelled = true
+		case resDead:
+			outcome = OutcomeDead
+		case resRetry:
+			if outcome != OutcomeDead {
+				outcome = OutcomeRetry
+			}
+		}
+		done = false
+	}
+	if cancelled {
+		d.requeue(it)
+		return
+	}
+	if done {
+		d.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
+		if it.sub != nil && it.results[0].recorded {
+			// A Tx subscription's delivery: recorded in its own
+			// transaction already.
+			d.inflight.release(it.key())
+			return
+		}
+		d.comp.add(it) // the completer releases it after the write
+		return
+	}
+	if outcome != OutcomeDone {
+		d.m.Dispatched(it.env.Type, it.path, outcome, took)
+	}
+	d.recordFailures(it)
+}
+
+// recordFailures writes the state of the subscriptions that did not
+// deliver the item.
+func (d *dispatcher) recordFailures(it *item) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	var writes []driver.DeliveryWrite
+	var wake time.Duration = -1
+	for _, r := range it.results {
+		w := driver.DeliveryWrite{Subscription: r.sub, Attempts: r.attempts, Delay: r.delay, Error: r.err}
+		attrs := []any{slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)),
+			slog.String("subscription", r.sub), slog.String("path", string(it.path))}
+		switch r.kind {
+		case resDone:
+			continue
+		case resRetry:
+			w.Status = driver.StatusRetry
+			d.log.Warn("delivery failed; will retry", append(attrs, slog.Int("attempt", r.attempts), slog.Duration("retry_in", r.delay), slog.String("error", r.err))...)
+		case resDead:
+			w.Status = driver.StatusDead
+			d.log.Error("delivery is dead: failed for the last time", append(attrs, slog.Int("attempt", r.attempts), slog.String("error", r.err))...)
+		case resDefer:
+			w.Status = driver.StatusNew
+			if r.err != "" {
+				d.log.Debug("destination unavailable; delivery deferred without an attempt", append(attrs, slog.Duration("retry_in", r.delay), slog.String("error", r.err))...)
+			}
+		}
+		if w.Status != driver.StatusDead && (wake < 0 || r.delay < wake) {
+			wake = r.delay
+		}
+		writes = append(writes, w)
+	}
+	// The item leaves this instance's hands with the write that gives up
+	// its lease: from then on a claim (here too) may take it again, and
+	// must find it free in the in-flight set. Until the write, the live
+	// lease keeps every claim off it.
+	d.inflight.release(it.key())
+	write := func(writes []driver.DeliveryWrite) (bool, error) {
+		start := time.Now()
+		name := "split"
+		if it.sub != nil {
+			name = "fail_delivery"
+		}
+		defer func() { d.m.Statement(name, len(writes), time.Since(start)) }()
+		return retryStore(ctx, func() (bool, error) {
+			if it.sub == nil {
+				return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes)
+			}
+			return d.dstore.FailDelivery(ctx, d.cfg.InstanceID, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
+		})
+	}
+	held, err := write(writes)
+	if err != nil && ctx.Err() == nil {
+		// The database refused the outcome itself (the text, a column, a
+		// trigger): record it with a text it cannot refuse, so that
+		// attempts still advance and the delivery reaches DEAD rather
+		// than being tried again every lease.
+		d.log.Error("record failed delivery; recording it without the error text", slog.String("event_id", it.env.ID), slog.Any("error", err))
+		for i := range writes {
+			if writes[i].Error != "" {
+				writes[i].Error = errorText("outbox: the handler's error could not be stored: " + err.Error())
+			}
+		}
+		if held, err = write(writes); err != nil {
+			for i := range writes {
+				if writes[i].Error != "" {
+					writes[i].Error = "outbox: the handler's error could not be stored"
+				}
+			}
+			held, err = write(writes)
+		}
+	}
+	switch {
+	case err != nil:
+		d.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", err))
+	case !held:
+		d.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
+	case wake >= 0:
+		d.poller.scheduleRetryWake(time.Now().Add(wake))
+	}
+}
