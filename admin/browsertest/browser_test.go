@@ -27,14 +27,15 @@ import (
 
 const token = "browser-test-token"
 
-// chromium returns the browser to drive: $TXOUTBOX_CHROMIUM, else
+// chromium returns the browser to drive: $TXOUTBOX_CHROMIUM if set, else
 // /usr/bin/chromium or one on the PATH. Without one the test skips, and
 // fails in CI (TXOUTBOX_REQUIRE_DB set: .ci/run installs chromium).
 func chromium(t *testing.T) string {
+	names := []string{"/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"}
 	if p := os.Getenv("TXOUTBOX_CHROMIUM"); p != "" {
-		return p
+		names = []string{p}
 	}
-	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"} {
+	for _, name := range names {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
 		}
