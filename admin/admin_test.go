@@ -441,12 +441,12 @@ func TestReplayDryRunThenConfirm(t *testing.T) {
 		t.Fatalf("after the dry run mailer's delivery is %v; want still dead", st)
 	}
 	resp, _ = f.post("/admin/dead/replay", url.Values{"subscription": {"mailer"}, "confirm": {"1"}})
-	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "/admin/dead?notice=Replayed+1+dead+letters&subscription=mailer" {
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "/admin/dead?notice=Replayed+1+dead+letter&subscription=mailer" {
 		t.Fatalf("confirm: %d, Location %q", resp.StatusCode, loc)
 	}
 	f.waitFor("the replayed delivery", func() bool { return f.deliveryStatus(id, "mailer") == outbox.StatusDone })
-	_, page = f.do(req{method: "GET", path: "/admin/dead?notice=Replayed+1+dead+letters&subscription=mailer"})
-	if !strings.Contains(page, "Replayed 1 dead letters") || !strings.Contains(page, `id="no-dead"`) {
+	_, page = f.do(req{method: "GET", path: "/admin/dead?notice=Replayed+1+dead+letter&subscription=mailer"})
+	if !strings.Contains(page, "Replayed 1 dead letter") || !strings.Contains(page, `id="no-dead"`) {
 		t.Fatalf("the dead letters page after the replay:\n%s", page)
 	}
 	// Nothing left: the dry run says so and offers no confirmation.

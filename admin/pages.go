@@ -222,7 +222,11 @@ func (h *handler) pageBulk(action string) http.HandlerFunc {
 			return
 		}
 		verb := map[string]string{"replay": "Replayed", "purge": "Purged"}[action]
-		h.redirect(w, r, "/dead", form.Query(), verb+" "+strconv.Itoa(n)+" dead letters")
+		letters := " dead letters"
+		if n == 1 {
+			letters = " dead letter"
+		}
+		h.redirect(w, r, "/dead", form.Query(), verb+" "+strconv.Itoa(n)+letters)
 	}
 }
 

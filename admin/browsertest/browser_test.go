@@ -196,7 +196,7 @@ func TestAdminInBrowser(t *testing.T) {
 		t.Fatal("the dry run changed the dead letter")
 	}
 	do("confirm", chromedp.Click(chromedp.CSS("#confirm")), chromedp.WaitVisible(chromedp.CSS("#notice")), chromedp.WaitVisible(chromedp.CSS("#no-dead")))
-	if got := text("#notice"); got != "Replayed 1 dead letters" {
+	if got := text("#notice"); got != "Replayed 1 dead letter" {
 		t.Fatalf("after the confirmation the page says %q", got)
 	}
 	select {
