@@ -2,7 +2,7 @@
 GO      ?= go
 # Nested modules, each with its own go.mod so that their heavy dependencies
 # (httpexpect, GORM, ent, Watermill) never reach users of the library.
-MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod internal/*/go.mod examples/*/go.mod))
+MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/go.mod internal/*/go.mod examples/*/go.mod))
 
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites

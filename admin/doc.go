@@ -1,0 +1,42 @@
+// Package admin is the operator's web interface to an outbox: an
+// http.Handler with a JSON API and a small server-rendered page
+// (html/template, no JavaScript), built on the Outbox's operator API.
+//
+// It shows the subscriptions with their state, lag and circuit, and
+// pauses and resumes them; lists dead letters by filter, replays them
+// (a dry run counts them first, then the operator confirms) and purges
+// them; and looks an event up by id, with each subscription's delivery
+// state and its last failed attempts. Payloads are shown only on request.
+//
+// Security: every request, pages and API alike, goes through
+// Config.Authorize, which the application supplies (there is no default;
+// Token is a ready one for a shared secret). Every state-changing request
+// is a POST that must carry the CSRF token (the hidden field csrf_token,
+// or the X-CSRF-Token header, whose value every authorized response
+// carries and GET /api/csrf returns) and must not come from another site
+// (http.CrossOriginProtection: Sec-Fetch-Site and Origin); otherwise it is
+// answered 403. Every action, and every refused request, is written to
+// the audit log (Config.Logger) with who did what.
+//
+// Mount it under its BasePath:
+//
+//	h, err := admin.New(ob, admin.Config{
+//		Authorize: admin.Token(os.Getenv("ADMIN_TOKEN")),
+//		Realm:     "outbox admin",
+//		BasePath:  "/admin",
+//		Store:     store, // *sqlstore.Store: enables purge
+//	})
+//	mux.Handle("/admin/", h)
+//
+// The JSON API, under BasePath+"/api":
+//
+//	GET  /api/csrf                          {"token": …} for the X-CSRF-Token header
+//	GET  /api/subscriptions                 state, circuit, lag
+//	POST /api/subscriptions/{name}/pause
+//	POST /api/subscriptions/{name}/resume
+//	GET  /api/stats                         counts by status
+//	GET  /api/dead?subscription=&type=&error=&since=&until=&after=&limit=
+//	POST /api/dead/replay?…&dry_run=1       {"count": n}; without dry_run, replays
+//	POST /api/dead/purge?…&dry_run=1        501 without a Purger
+//	GET  /api/events/{id}[?payload=1]       the event and its deliveries
+package admin
