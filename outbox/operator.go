@@ -53,7 +53,7 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 // Dead lists dead deliveries that match f, oldest first, without payloads.
 // Page with f.After (the last id of the previous page) and f.Limit.
 func (o *Outbox) Dead(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
-	os, err := o.operator("Dead")
+	os, err := o.operator("Dead", f)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +68,7 @@ func (o *Outbox) Dead(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
 // twice. The instance's poller is woken, so the replayed deliveries go
 // out at once.
 func (o *Outbox) Replay(ctx context.Context, f DeadFilter, dryRun bool) (int, error) {
-	os, err := o.operator("Replay")
+	os, err := o.operator("Replay", f)
 	if err != nil {
 		return 0, err
 	}
@@ -79,7 +79,13 @@ func (o *Outbox) Replay(ctx context.Context, f DeadFilter, dryRun bool) (int, er
 	return n, err
 }
 
-func (o *Outbox) operator(what string) (driver.OperatorStore, error) {
+// MaxFilterIDs is the most ids a DeadFilter may name.
+const MaxFilterIDs = 1000
+
+func (o *Outbox) operator(what string, f DeadFilter) (driver.OperatorStore, error) {
+	if len(f.IDs) > MaxFilterIDs {
+		return nil, fmt.Errorf("outbox: %s: %d ids in the filter; at most %d: split them into several calls", what, len(f.IDs), MaxFilterIDs)
+	}
 	os, ok := o.store.(driver.OperatorStore)
 	if !ok {
 		return nil, fmt.Errorf("outbox: %s: the store (%T) does not implement driver.OperatorStore", what, o.store)

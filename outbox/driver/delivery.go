@@ -143,6 +143,8 @@ type DeadFilter struct {
 	Since, Until time.Time
 	// ErrorContains selects dead letters whose last error contains it.
 	ErrorContains string
+	// IDs selects these events only (at most 1000).
+	IDs []string
 	// After is the paging cursor: only events with a greater id.
 	After string
 	// Limit is the most dead letters returned; 0: 100.

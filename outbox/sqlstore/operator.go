@@ -119,6 +119,12 @@ func (s *Store) deadWhere(f outbox.DeadFilter, errCol string) (string, []any) {
 	if f.ErrorContains != "" {
 		add(errCol+" LIKE ? ESCAPE '!'", likeContains(f.ErrorContains))
 	}
+	if len(f.IDs) > 0 {
+		conds = append(conds, "e.id IN (?"+strings.Repeat(", ?", len(f.IDs)-1)+")")
+		for _, id := range f.IDs {
+			args = append(args, id)
+		}
+	}
 	return strings.Join(conds, " AND "), args
 }
 

@@ -455,6 +455,8 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 		{outbox.DeadFilter{Since: time.Now().Add(time.Hour)}, nil},
 		{outbox.DeadFilter{Limit: 1}, bad[:1]},
 		{outbox.DeadFilter{After: bad[0]}, bad[1:]},
+		{outbox.DeadFilter{IDs: []string{bad[1], good[0]}}, bad[1:]},
+		{outbox.DeadFilter{Subscription: "picky", IDs: []string{bad[0]}}, bad[:1]},
 	} {
 		dls, err := ob.Dead(ctx, tc.f) // the Outbox's operator API over FindDead
 		if err != nil {
@@ -470,6 +472,12 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 	}
 	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, true); err != nil || n != 2 {
 		t.Fatalf("dry run = %d, %v; want 2", n, err)
+	}
+	if n, err := ob.Replay(ctx, outbox.DeadFilter{IDs: bad[1:]}, true); err != nil || n != 1 {
+		t.Fatalf("dry run by id = %d, %v; want 1", n, err)
+	}
+	if _, err := ob.Replay(ctx, outbox.DeadFilter{IDs: make([]string, outbox.MaxFilterIDs+1)}, true); err == nil {
+		t.Fatalf("a filter of %d ids was taken; want an error naming the limit", outbox.MaxFilterIDs+1)
 	}
 	if l := lagOf("picky"); l.Dead != 2 {
 		t.Fatalf("after a dry run: %+v; want still 2 dead", l)
