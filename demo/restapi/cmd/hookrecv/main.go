@@ -61,7 +61,7 @@ func run(ctx context.Context, addr, secret string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (choose another with -addr)", addr, err)
 	}
-	url := "http://" + ln.Addr().String() + path
+	url := "http://" + displayAddr(addr, ln.Addr()) + path
 	fmt.Fprintf(out, "hookrecv: verifying and printing the webhooks POSTed to %s (Ctrl-C stops)\n", url)
 	fmt.Fprintf(out, "start the demo against it, from the repository's root:\n  WEBHOOK_URL=%s WEBHOOK_SECRET=%s make run\n", url, secret)
 	srv := &http.Server{Handler: newReceiver(secret, out), ReadHeaderTimeout: 5 * time.Second}
@@ -79,6 +79,17 @@ func run(ctx context.Context, addr, secret string, out io.Writer) error {
 		err = errors.Join(err, serr)
 	}
 	return err
+}
+
+// displayAddr is the host of -addr (localhost when it has none) with
+// the port listened on.
+func displayAddr(addr string, ln net.Addr) string {
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+	}
+	_, port, _ := net.SplitHostPort(ln.String())
+	return net.JoinHostPort(host, port)
 }
 
 // receiver verifies and prints the requests; safe for concurrent requests.
