@@ -179,7 +179,7 @@ func (a *app) close(ctx context.Context) error {
 	err := a.ob.Close(ctx)
 	a.fwd.close() // after the outbox: it publishes until Close returns
 	if s, serr := a.store.Stats(context.WithoutCancel(ctx)); serr == nil {
-		a.log.Info("outbox closed", slog.Int64("pending", s.Pending()), slog.Int64("done", s.Done), slog.Int64("dead", s.Dead))
+		a.log.Info("outbox closed", slog.Int64("pending", s.Pending()), slog.Int64("done", s.Done), slog.Int64("dead", s.Dead), slog.Int64("split", s.Split))
 	}
 	return errors.Join(err, a.db.Close())
 }
