@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +44,8 @@ type appOptions struct {
 	wrapStore func(driver.Store) driver.Store
 	// wrapMetrics, if set, wraps the metrics the outbox engine reports to.
 	wrapMetrics func(outbox.Metrics) outbox.Metrics
+	// natsStream and natsSubjectPrefix default to "ORDERS" and "orders".
+	natsStream, natsSubjectPrefix string
 }
 
 // app is the service: database, outbox, listeners and routes.
@@ -58,6 +61,7 @@ type app struct {
 	now     func() time.Time
 	ready   atomic.Bool
 	handler http.Handler
+	fwd     *forwarders
 }
 
 // newApp opens the database, applies the migrations (the outbox table and
@@ -150,6 +154,9 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 		now: func() time.Time { return clock().UTC().Truncate(time.Microsecond) }}
 	a.model.register(ob)
 	ob.Handle("log", logDelivered(log))
+	if a.fwd, err = subscribeForwarders(ctx, o.config, o, ob, log); err != nil {
+		return nil, err
+	}
 	a.handler = a.router()
 	return a, nil
 }
@@ -170,8 +177,9 @@ func (a *app) start(ctx context.Context) {
 func (a *app) close(ctx context.Context) error {
 	a.ready.Store(false)
 	err := a.ob.Close(ctx)
+	a.fwd.close() // after the outbox: it publishes until Close returns
 	if s, serr := a.store.Stats(context.WithoutCancel(ctx)); serr == nil {
-		a.log.Info("outbox closed", slog.Int64("pending", s.Pending()), slog.Int64("done", s.Done), slog.Int64("dead", s.Dead))
+		a.log.Info("outbox closed", slog.Int64("pending", s.Pending()), slog.Int64("done", s.Done), slog.Int64("dead", s.Dead), slog.Int64("split", s.Split))
 	}
 	return errors.Join(err, a.db.Close())
 }
@@ -184,6 +192,7 @@ func (a *app) router() http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
 	r.Get("/readyz", a.readyz)
+	r.Handle("/livez", a.ob.LiveHandler())
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+"; try POST /orders, GET /orders, GET /events/stats or GET /metrics")
 	})
@@ -194,7 +203,10 @@ func (a *app) router() http.Handler {
 }
 
 // readyz answers 200 while the service takes traffic: started, not
-// shutting down, and the database answers.
+// shutting down, and the outbox ready, which it is when it runs and can
+// write to the database (outbox.Health; its JSON is at /livez). The
+// service's own flag goes first: it turns at the start of a shutdown,
+// while the outbox still delivers.
 func (a *app) readyz(w http.ResponseWriter, r *http.Request) {
 	if !a.ready.Load() {
 		writeText(w, http.StatusServiceUnavailable, "not ready: starting or shutting down")
@@ -202,9 +214,17 @@ func (a *app) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := a.db.PingContext(ctx); err != nil {
-		a.log.Warn("readiness: database does not answer", slog.Any("error", err))
-		writeText(w, http.StatusServiceUnavailable, "not ready: database does not answer")
+	if h := a.ob.Health(ctx); !h.Ready {
+		// The client gets the names of the failed checks; their details
+		// (database errors) go to the log.
+		var names []string
+		for _, c := range h.Checks {
+			if c.Ready && !c.OK {
+				names = append(names, c.Name)
+				a.log.Warn("readiness: outbox check failed", slog.String("check", c.Name), slog.String("detail", c.Detail))
+			}
+		}
+		writeText(w, http.StatusServiceUnavailable, "not ready: outbox check failed: "+strings.Join(names, ", "))
 		return
 	}
 	writeText(w, http.StatusOK, "ready")

@@ -88,10 +88,15 @@ type eventStats struct {
 	} `json:"read_model"`
 	// Outbox counts the rows of the outbox table by status.
 	Outbox struct {
-		New                  int64   `json:"new"`
-		Retry                int64   `json:"retry"`
-		Done                 int64   `json:"done"`
-		Dead                 int64   `json:"dead"`
+		New   int64 `json:"new"`
+		Retry int64 `json:"retry"`
+		Done  int64 `json:"done"`
+		Dead  int64 `json:"dead"`
+		// Split counts the events some subscriptions owe still, or gave
+		// up on, while others have them: a connector that waits for its
+		// broker, or a webhook's dead letter (outboxctl stats and dead list
+		// say which).
+		Split                int64   `json:"split"`
 		OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	} `json:"outbox"`
 }
@@ -112,7 +117,7 @@ func (a *app) eventStats(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "read outbox stats", err)
 		return
 	}
-	out.Outbox.New, out.Outbox.Retry, out.Outbox.Done, out.Outbox.Dead = s.New, s.Retry, s.Done, s.Dead
+	out.Outbox.New, out.Outbox.Retry, out.Outbox.Done, out.Outbox.Dead, out.Outbox.Split = s.New, s.Retry, s.Done, s.Dead, s.Split
 	out.Outbox.OldestPendingSeconds = s.OldestPending.Seconds()
 	writeJSON(w, http.StatusOK, out)
 }

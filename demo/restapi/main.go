@@ -49,6 +49,9 @@ type config struct {
 	StatsInterval   time.Duration
 	Retention       time.Duration
 	ShutdownTimeout time.Duration
+	NATSURL         string
+	WebhookURL      string
+	WebhookSecret   string
 }
 
 // flagDef is one flag and the environment variable that sets its default.
@@ -75,6 +78,10 @@ func flagDefs(c *config) []flagDef {
 		// The engine's default keeps every row.
 		{name: "retention", env: "RETENTION", dur: &c.Retention, def: "168h", usage: "delivered events older than this are deleted, hourly (engine default: kept)"},
 		{name: "shutdown-timeout", env: "SHUTDOWN_TIMEOUT", dur: &c.ShutdownTimeout, def: "15s", usage: "how long a shutdown waits for requests and deliveries in flight"},
+		// The connectors: each configured one is a subscription of its own.
+		{name: "nats-url", env: "NATS_URL", str: &c.NATSURL, def: "", usage: "NATS server with JetStream, e.g. nats://127.0.0.1:4222: forward every event to the stream " + natsStream + ", subjects " + natsSubjectPrefix + ".<type>; empty: no NATS"},
+		{name: "webhook-url", env: "WEBHOOK_URL", str: &c.WebhookURL, def: "", usage: "endpoint every event is POSTed to, signed the Standard Webhooks way; empty: no webhook"},
+		{name: "webhook-secret", env: "WEBHOOK_SECRET", str: &c.WebhookSecret, def: "", usage: "whsec_... secret that signs the webhook requests (prefer the variable: flags show in ps)"},
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/txoutbox/txoutbox/internal/leakcheck"
+	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -165,6 +166,19 @@ func TestHealthAndReadiness(t *testing.T) {
 		if status, body := h.do(t, http.MethodGet, path, ""); status != http.StatusOK || body != want {
 			t.Errorf("GET %s: %d %q, want 200 %q", path, status, body, want)
 		}
+	}
+	// /livez is the engine's liveness (outbox.Health as JSON).
+	status, body := h.do(t, http.MethodGet, "/livez", "")
+	var live outbox.HealthStatus
+	if err := json.Unmarshal([]byte(body), &live); err != nil || status != http.StatusOK || !live.Live || len(live.Checks) == 0 {
+		t.Errorf("GET /livez: %d %s (%v), want 200 and live checks", status, body, err)
+	}
+	// /readyz fails with the outbox: closed, it is not ready.
+	if err := h.ob.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := h.do(t, http.MethodGet, "/readyz", ""); status != http.StatusServiceUnavailable || !strings.Contains(body, "running") {
+		t.Errorf("GET /readyz with the outbox closed: %d %q, want 503 naming the check \"running\"", status, body)
 	}
 	h.ready.Store(false) // what shutdown does first
 	if status, _ := h.do(t, http.MethodGet, "/readyz", ""); status != http.StatusServiceUnavailable {

@@ -204,6 +204,12 @@ type testApp struct {
 // are dropped at the end.
 func startTestApp(t *testing.T, dsn string) *testApp {
 	t.Helper()
+	return startTestAppWith(t, dsn, nil)
+}
+
+// startTestAppWith is startTestApp with options changed by mod first.
+func startTestAppWith(t *testing.T, dsn string, mod func(*appOptions)) *testApp {
+	t.Helper()
 	cfg, err := parseConfig(nil, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -219,6 +225,9 @@ func startTestApp(t *testing.T, dsn string) *testApp {
 		wrapStore: func(s driver.Store) driver.Store {
 			return &signallingStore{Store: s.(*sqlstore.Store), marked: h.marked}
 		},
+	}
+	if mod != nil {
+		mod(&opts)
 	}
 	ctx := context.Background()
 	a, err := newApp(ctx, opts)
