@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,13 +25,48 @@ import (
 type tracing struct {
 	tp  *sdktrace.TracerProvider
 	exp *tracetest.InMemoryExporter
+
+	mu      sync.Mutex
+	changed chan struct{} // closed when a span ends
 }
 
 func newTracing(t *testing.T) *tracing {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { tp.Shutdown(context.Background()) })
-	return &tracing{tp: tp, exp: exp}
+	tr := &tracing{exp: tracetest.NewInMemoryExporter(), changed: make(chan struct{})}
+	// The exporter first: a span is exported when the notifier runs.
+	tr.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(tr.exp), sdktrace.WithSpanProcessor(tr))
+	t.Cleanup(func() { tr.tp.Shutdown(context.Background()) })
+	return tr
+}
+
+// The span processor that signals ended spans.
+func (tr *tracing) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (tr *tracing) Shutdown(context.Context) error                 { return nil }
+func (tr *tracing) ForceFlush(context.Context) error               { return nil }
+func (tr *tracing) OnEnd(sdktrace.ReadOnlySpan) {
+	tr.mu.Lock()
+	close(tr.changed)
+	tr.changed = make(chan struct{})
+	tr.mu.Unlock()
+}
+
+// wait waits until n spans called name have ended, and returns them.
+func (tr *tracing) wait(t *testing.T, name string, n int, within time.Duration) []tracetest.SpanStub {
+	t.Helper()
+	timeout := time.NewTimer(within)
+	defer timeout.Stop()
+	for {
+		tr.mu.Lock()
+		changed := tr.changed
+		tr.mu.Unlock()
+		if got := tr.named(name); len(got) >= n {
+			return got
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			t.Fatalf("no %d spans %q within %v: %d", n, name, within, len(tr.named(name)))
+		}
+	}
 }
 
 // named returns the ended spans called name, in the order they ended.
