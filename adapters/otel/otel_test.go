@@ -40,8 +40,8 @@ func newTracing(t *testing.T) *tracing {
 
 // The span processor that signals ended spans.
 func (tr *tracing) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (tr *tracing) Shutdown(context.Context) error                 { return nil }
-func (tr *tracing) ForceFlush(context.Context) error               { return nil }
+func (tr *tracing) Shutdown(context.Context) error                  { return nil }
+func (tr *tracing) ForceFlush(context.Context) error                { return nil }
 func (tr *tracing) OnEnd(sdktrace.ReadOnlySpan) {
 	tr.mu.Lock()
 	close(tr.changed)
