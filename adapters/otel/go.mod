@@ -5,7 +5,9 @@ go 1.26.0
 require (
 	github.com/jmoiron/sqlx v1.4.0
 	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/txoutbox/txoutbox v0.1.0
+	github.com/txoutbox/txoutbox/adapters/amqp v0.1.0
 	github.com/txoutbox/txoutbox/adapters/nats v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
