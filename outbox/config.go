@@ -157,6 +157,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the engine's measurements. Defaults to NopMetrics.
 	Metrics Metrics
+	// Interceptors see every Publish and wrap every handler call, in
+	// order, the first outermost (tracing: adapters/otel). See
+	// Interceptor. Defaults to none.
+	Interceptors []Interceptor
 }
 
 // withDefaults returns c with zero fields set to their defaults.
@@ -235,6 +239,11 @@ func (c *Config) validate() error {
 	}
 	if c.CleanupDead && c.Retention == 0 {
 		errs = append(errs, errors.New("outbox: Config.CleanupDead is set but Config.Retention is 0; set the retention of dead letters"))
+	}
+	for i, ic := range c.Interceptors {
+		if ic == nil {
+			errs = append(errs, fmt.Errorf("outbox: Config.Interceptors[%d] is nil", i))
+		}
 	}
 	if len(c.InstanceID) > 64 {
 		errs = append(errs, fmt.Errorf("outbox: Config.InstanceID is %d bytes; the limit is 64", len(c.InstanceID)))

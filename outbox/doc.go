@@ -139,6 +139,17 @@
 // not know), [DeadLetterStore] (list, replay), [Cleaner] (delete delivered
 // rows) and [driver.Inspector] (look one event up).
 //
+// [Config.Interceptors] see both ends of every event without the core
+// knowing what they do: an [Interceptor]'s Publish is called for each
+// envelope before it is validated and written, with the publisher's
+// context, and may set headers (a trace context); its Deliver wraps each
+// handler call (one event for a Handler or Tx, the batch for a Batch) and
+// passes a context on to the handler (a span). They apply in order, the
+// first outermost. github.com/txoutbox/txoutbox/adapters/otel is the
+// OpenTelemetry one: the request's W3C trace context is stored at Publish,
+// each delivery is a span linked to it, and connectors copy the headers
+// onto the broker's message, so consumers continue the trace.
+//
 // # Defaults
 //
 // 4 workers, hot and cold queues of 1000, poll every 5 s (backing off to

@@ -138,7 +138,7 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 	if tx == nil {
 		return "", ErrNoTx
 	}
-	row, env, err := encode(env, time.Now())
+	row, env, err := encode(o.interceptPublish(ctx, env), time.Now())
 	if err != nil {
 		return "", err
 	}
@@ -173,7 +173,7 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 	rows := make([]driver.Row, len(envs))
 	encoded := make([]Envelope, len(envs))
 	for i, env := range envs {
-		row, env, err := encode(env, now)
+		row, env, err := encode(o.interceptPublish(ctx, env), now)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: envelope %d of %d: %w", i, len(envs), err)
 		}
