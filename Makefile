@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod internal/
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test lint vet bench bench-load run fmt
+.PHONY: test lint vet bench bench-load bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -46,3 +46,7 @@ bench:
 ## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes LOAD.md.
 bench-load:
 	cd bench && $(GO) run ./cmd/outboxbench -only-load -out ../LOAD.md $(BENCHFLAGS)
+
+## bench-connectors: only the connector table: raw client vs txoutbox vs Watermill's forwarder to NATS, RabbitMQ, Redis and Kafka (kfake) from the local MariaDB (~3 min); writes CONNECTORS.md.
+bench-connectors:
+	cd bench && $(GO) run ./cmd/outboxbench -only-connectors -out ../CONNECTORS.md $(BENCHFLAGS)
