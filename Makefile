@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test lint vet bench bench-load bench-partitions run fmt
+.PHONY: test lint vet bench bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -50,3 +50,6 @@ bench-load:
 ## bench-partitions: MariaDB day partitions: dropping 1M delivered rows vs batched DELETE, claim latency with 5M DONE rows (~5 min); writes PARTITIONS.md.
 bench-partitions:
 	cd bench && $(GO) run ./cmd/partbench -out ../PARTITIONS.md $(BENCHFLAGS)
+## bench-connectors: only the connector table: raw client vs txoutbox vs Watermill's forwarder to NATS, RabbitMQ, Redis and Kafka (kfake) from the local MariaDB (~3 min); writes CONNECTORS.md.
+bench-connectors:
+	cd bench && $(GO) run ./cmd/outboxbench -only-connectors -out ../CONNECTORS.md $(BENCHFLAGS)

@@ -12,6 +12,7 @@ import (
 type Report struct {
 	Started, Finished time.Time
 	Command           string
+	Connectors        *ConnReport   `json:",omitempty"`
 	Duration          time.Duration // per cell
 	Repeats           int
 	Concurrency       []int
@@ -550,6 +551,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if len(r.Load) > 0 {
 		p("")
 		WriteLoad(w, r.Load)
+	}
+	if r.Connectors != nil {
+		p("")
+		r.Connectors.Write(w)
 	}
 	if notes := append(r.Findings(), r.Notes...); len(notes) > 0 {
 		p("")

@@ -57,6 +57,13 @@ func main() {
 		loadRepeats = flag.Int("load-repeats", 3, "repeats of the load test")
 		loadRates   = flag.String("load-rates", "0.25,0.5", "paced load runs, as fractions of the baseline's closed-loop throughput")
 		kickFlag    = flag.Bool("kick", false, "internal: drive the poller with ob.Poll (workaround for a stalled poll loop)")
+		connOn      = flag.Bool("connectors", true, "run the connector table: raw client, txoutbox and Watermill's forwarder to each broker (see -only-connectors, -brokers)")
+		onlyConn    = flag.Bool("only-connectors", false, "run the connector table only; the report is the table alone (make bench-connectors writes CONNECTORS.md)")
+		brokers     = flag.String("brokers", strings.Join(harness.BrokerNames, ","), "brokers of the connector table: nats, amqp, redis, kafka (in-process kfake)")
+		connN       = flag.Int("connector-events", 20000, "events per connector measurement")
+		natsURL     = flag.String("nats", "nats://127.0.0.1:4222", "NATS (JetStream) URL of the connector table")
+		amqpURL     = flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL of the connector table")
+		redisAddr   = flag.String("redis", "127.0.0.1:6379", "Redis address of the connector table")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -78,6 +85,41 @@ func main() {
 		}
 		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 			fatal("%v", err)
+		}
+		return
+	}
+
+	connectors := func() *harness.ConnReport {
+		cr := &harness.ConnReport{
+			Command: "outboxbench " + strings.Join(os.Args[1:], " "),
+			Started: time.Now(),
+			Options: harness.ConnOptions{
+				Brokers: strings.Split(*brokers, ","),
+				Addrs:   harness.BrokerAddrs{NATS: *natsURL, AMQP: *amqpURL, Redis: *redisAddr},
+				N:       *connN,
+				Log:     logf,
+			},
+		}
+		cr.Options.Defaults()
+		res, err := harness.RunConnectors(ctx, db, cr.Options)
+		if err != nil {
+			fatal("connectors: %v", err)
+		}
+		cr.Results, cr.Ended = res, time.Now()
+		cr.Notes = harness.ConnNotes()
+		return cr
+	}
+	if *onlyConn {
+		cr := connectors()
+		cr.StandaloneHeader = true
+		cr.Environment = append(environment(ctx, db), [2]string{"load average at end (1/5/15 min)", loadavg()})
+		if *out != "" {
+			var buf bytes.Buffer
+			cr.Write(&buf)
+			if err := os.WriteFile(*out, buf.Bytes(), 0o644); err != nil {
+				fatal("%v", err)
+			}
+			logf("wrote %s", *out)
 		}
 		return
 	}
@@ -284,6 +326,10 @@ func main() {
 		}
 		rep.Memory = m
 		logf("memory drain %d: %.0f events/s in %v, %d samples", m.N, m.Rate, m.Took.Round(time.Millisecond), len(m.Mem))
+	}
+
+	if *connOn && !*onlyLoad {
+		rep.Connectors = connectors()
 	}
 
 	rep.Finished = time.Now()
