@@ -50,6 +50,7 @@ bench-load:
 ## bench-partitions: MariaDB day partitions: dropping 1M delivered rows vs batched DELETE, claim latency with 5M DONE rows (~5 min); writes PARTITIONS.md.
 bench-partitions:
 	cd bench && $(GO) run ./cmd/partbench -out ../PARTITIONS.md $(BENCHFLAGS)
+
 ## bench-connectors: only the connector table: raw client vs txoutbox vs Watermill's forwarder to NATS, RabbitMQ, Redis and Kafka (kfake) from the local MariaDB (~3 min); writes CONNECTORS.md.
 bench-connectors:
 	cd bench && $(GO) run ./cmd/outboxbench -only-connectors -out ../CONNECTORS.md $(BENCHFLAGS)

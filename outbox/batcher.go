@@ -64,7 +64,7 @@ func (b *batcher) deliver(batch []task) {
 		evs[i].Subscription = b.s.Name
 	}
 	start := time.Now()
-	err := b.d.call(b.ctx, b.s.Timeout, func(ctx context.Context) error { return b.s.Batch(ctx, evs) })
+	err := b.d.call(b.ctx, b.s.Timeout, b.d.interceptDeliver(b.s.Name, evs, func(ctx context.Context) error { return b.s.Batch(ctx, evs) }))
 	took := time.Since(start)
 	var be *BatchError
 	if errors.As(err, &be) && len(be.Errs) != len(batch) {

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	_ "modernc.org/sqlite" // driver "sqlite"
 
+	"github.com/txoutbox/txoutbox/admin"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
@@ -62,6 +63,7 @@ type app struct {
 	ready   atomic.Bool
 	handler http.Handler
 	fwd     *forwarders
+	admin   http.Handler // nil without ADMIN_TOKEN
 }
 
 // newApp opens the database, applies the migrations (the outbox table and
@@ -157,6 +159,14 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 	if a.fwd, err = subscribeForwarders(ctx, o.config, o, ob, log); err != nil {
 		return nil, err
 	}
+	if tok := o.config.AdminToken; tok != "" {
+		// Outside the request transactions of /orders: the admin page's
+		// writes (pause, replay) are the engine's own.
+		if a.admin, err = admin.New(ob, admin.Config{Authorize: admin.Token(tok), Realm: "txoutbox demo",
+			BasePath: "/admin", Store: store, Logger: log}); err != nil {
+			return nil, err
+		}
+	}
 	a.handler = a.router()
 	return a, nil
 }
@@ -193,6 +203,9 @@ func (a *app) router() http.Handler {
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
 	r.Get("/readyz", a.readyz)
 	r.Handle("/livez", a.ob.LiveHandler())
+	if a.admin != nil {
+		r.Handle("/admin/*", a.admin)
+	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path+"; try POST /orders, GET /orders, GET /events/stats or GET /metrics")
 	})
