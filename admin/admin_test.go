@@ -67,7 +67,7 @@ func newFixture(t *testing.T, cfg admin.Config) *fixture {
 	t.Helper()
 	f := &fixture{t: t, audit: &syncBuffer{}}
 	f.failing.Store(true)
-	db := testdb.SQLite(t)
+	db := testdb.Open(t, fixtureDB)
 	f.store = testdb.Store(t, db)
 	ob, err := outbox.New(f.store, outbox.Config{PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -670,5 +670,27 @@ func TestToken(t *testing.T) {
 	r.Header.Set("Authorization", "Bearer pw2")
 	if _, err := auth(r); err == nil {
 		t.Error("wrong bearer accepted")
+	}
+}
+
+// fixtureDB is the database newFixture opens: SQLite, unless
+// TestOnMariaDBAndPostgreSQL runs the tests again on the servers.
+var fixtureDB = "sqlite"
+
+// The tests that read and write the outbox through the admin handler, on
+// MariaDB and PostgreSQL too.
+func TestOnMariaDBAndPostgreSQL(t *testing.T) {
+	defer func() { fixtureDB = "sqlite" }()
+	for _, name := range []string{"mysql", "postgres"} {
+		fixtureDB = name
+		t.Run(name, func(t *testing.T) {
+			testdb.Open(t, name) // skip (or fail in CI) early without the server
+			t.Run("PauseResume", TestPauseResume)
+			t.Run("ReplayDryRunThenConfirm", TestReplayDryRunThenConfirm)
+			t.Run("Purge", TestPurge)
+			t.Run("Lookup", TestLookup)
+			t.Run("DeadFilters", TestDeadFilters)
+			t.Run("CSRF", TestCSRF)
+		})
 	}
 }
