@@ -156,7 +156,7 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 		now: func() time.Time { return clock().UTC().Truncate(time.Microsecond) }}
 	a.model.register(ob)
 	ob.Handle("log", logDelivered(log))
-	if a.fwd, err = subscribeForwarders(ctx, o.config, o, ob, log); err != nil {
+	if a.fwd, err = subscribeForwarders(ctx, o, ob, log); err != nil {
 		return nil, err
 	}
 	if tok := o.config.AdminToken; tok != "" {

@@ -41,11 +41,12 @@ type forwarders struct {
 	hook *webhook.Publisher
 }
 
-// subscribeForwarders subscribes the connectors that cfg configures: every
+// subscribeForwarders subscribes the connectors that o.config configures: every
 // event to NATS JetStream (NATS_URL) and to a webhook (WEBHOOK_URL,
 // signed with WEBHOOK_SECRET). Nothing configured, nothing done. It runs
 // before the outbox starts; close runs after the outbox closed.
-func subscribeForwarders(ctx context.Context, cfg config, o appOptions, ob *outbox.Outbox, log *slog.Logger) (_ *forwarders, err error) {
+func subscribeForwarders(ctx context.Context, o appOptions, ob *outbox.Outbox, log *slog.Logger) (_ *forwarders, err error) {
+	cfg := o.config
 	f := &forwarders{}
 	defer func() {
 		if err != nil {
