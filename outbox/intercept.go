@@ -64,7 +64,8 @@ func (o *Outbox) interceptPublish(ctx context.Context, env Envelope) Envelope {
 var errNextTwice = errors.New("outbox: an Interceptor's Deliver called next more than once; the handler was not called again")
 
 // interceptDeliver wraps the handler call f of subscription sub with the
-// interceptors, the first outermost.
+// interceptors, the first outermost. Callers skip it when there are none,
+// so that an undecorated call allocates nothing more.
 func (d *dispatcher) interceptDeliver(sub string, evs []Event, f func(context.Context) error) func(context.Context) error {
 	ics := d.cfg.Interceptors
 	for i := len(ics) - 1; i >= 0; i-- {
