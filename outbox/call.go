@@ -37,7 +37,11 @@ func (d *dispatcher) callOne(ctx context.Context, s *subscription, ev Event) err
 		return ctx.Err()
 	}
 	defer func() { <-s.sem }()
-	return d.call(ctx, s.Timeout, d.interceptDeliver(s.Name, []Event{ev}, func(ctx context.Context) error { return s.Handler(ctx, ev) }))
+	f := func(ctx context.Context) error { return s.Handler(ctx, ev) }
+	if len(d.cfg.Interceptors) > 0 {
+		f = d.interceptDeliver(s.Name, []Event{ev}, f)
+	}
+	return d.call(ctx, s.Timeout, f)
 }
 
 // callTx runs a Tx handler in a transaction that records its delivery.
@@ -49,7 +53,7 @@ func (d *dispatcher) callTx(ctx context.Context, s *subscription, ev Event) erro
 	}
 	defer func() { <-s.sem }()
 	ts := d.store.(driver.TxDeliveryStore) // checked by Subscribe
-	return d.call(ctx, s.Timeout, d.interceptDeliver(s.Name, []Event{ev}, func(ctx context.Context) error {
+	f := func(ctx context.Context) error {
 		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error {
 			return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) })
 		})
@@ -57,7 +61,11 @@ func (d *dispatcher) callTx(ctx context.Context, s *subscription, ev Event) erro
 			d.log.Debug("delivery recorded already; not run again", slog.String("event_id", ev.ID), slog.String("subscription", s.Name))
 		}
 		return err
-	}))
+	}
+	if len(d.cfg.Interceptors) > 0 {
+		f = d.interceptDeliver(s.Name, []Event{ev}, f)
+	}
+	return d.call(ctx, s.Timeout, f)
 }
 
 // call runs a handler with a timeout, containing panics. A handler that

@@ -82,8 +82,8 @@ func flagDefs(c *config) []flagDef {
 		// The connectors: each configured one is a subscription of its own.
 		{name: "nats-url", env: "NATS_URL", str: &c.NATSURL, def: "", usage: "NATS server with JetStream, e.g. nats://127.0.0.1:4222: forward every event to the stream " + natsStream + ", subjects " + natsSubjectPrefix + ".<type>; empty: no NATS"},
 		{name: "webhook-url", env: "WEBHOOK_URL", str: &c.WebhookURL, def: "", usage: "endpoint every event is POSTed to, signed the Standard Webhooks way; empty: no webhook"},
-		{name: "admin-token", env: "ADMIN_TOKEN", str: &c.AdminToken, def: "", usage: "serve the admin page and API at /admin/ to those who present this token (Bearer, or Basic with it as the password); empty: no admin page"},
 		{name: "webhook-secret", env: "WEBHOOK_SECRET", str: &c.WebhookSecret, def: "", usage: "whsec_... secret that signs the webhook requests (prefer the variable: flags show in ps)"},
+		{name: "admin-token", env: "ADMIN_TOKEN", str: &c.AdminToken, def: "", usage: "serve the admin page and API at /admin/ to those who present this token (Bearer, or Basic with it as the password); empty: no admin page"},
 	}
 }
 
