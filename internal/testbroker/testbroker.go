@@ -72,7 +72,7 @@ func reach(t testing.TB, what, envVar, def string) string {
 	if Required() {
 		t.Fatal(msg)
 	}
-	noteSkip(what, envVar)
+	NoteSkip(what, envVar)
 	t.Skip(msg)
 	return ""
 }
@@ -100,10 +100,12 @@ func WithHost(v, addr string) string {
 	return addr
 }
 
-// noteSkip appends a line to the file named by TXOUTBOX_SKIP_LOG, which
-// make test prints at the end, so a laptop without the brokers sees what
-// was skipped instead of a bare "ok".
-func noteSkip(what, envVar string) {
+// NoteSkip appends a line for a suite that did not run (what: the
+// server, envVar: how to provide it) to the file named by
+// TXOUTBOX_SKIP_LOG, which make test prints at the end, so that a laptop
+// without the servers sees what was skipped instead of a bare "ok".
+// internal/testdb uses it too.
+func NoteSkip(what, envVar string) {
 	path := os.Getenv("TXOUTBOX_SKIP_LOG")
 	if path == "" {
 		return

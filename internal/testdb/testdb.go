@@ -26,6 +26,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "modernc.org/sqlite" // driver "sqlite"
 
+	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
@@ -149,23 +150,6 @@ func DropTable(t testing.TB, db *sqlx.DB, tables ...string) {
 	}
 }
 
-// noteSkip appends a line for a database suite that did not run to the
-// file named by TXOUTBOX_SKIP_LOG (make test sets it and prints the lines,
-// one per database and package, at the end), so that a laptop without the
-// servers sees what was skipped instead of a bare "ok".
-func noteSkip(what, envVar string) {
-	path := os.Getenv("TXOUTBOX_SKIP_LOG")
-	if path == "" {
-		return
-	}
-	pkg := "?"
-	if wd, err := os.Getwd(); err == nil {
-		pkg = wd
-	}
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	fmt.Fprintf(f, "skipped: %s tests in %s (%s not reachable; set %s)\n", what, pkg, what, envVar)
-}
+// noteSkip records a database suite that did not run (see
+// testbroker.NoteSkip).
+func noteSkip(what, envVar string) { testbroker.NoteSkip(what, envVar) }
