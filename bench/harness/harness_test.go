@@ -41,8 +41,11 @@ func TestSmoke(t *testing.T) {
 				t.Errorf("lost %d, phantoms %d", res.Lost, res.Phantoms)
 			}
 			// txoutbox takes the commit time in the first after-commit
-			// hook, before the event can reach a worker.
-			if _, ok := sys.(*Txoutbox); ok && res.Early != 0 {
+			// hook, before the hot path can hand the event to a worker.
+			// (With the poller only, and SkipRecent -1, the poller may
+			// claim the row between the server's COMMIT and that hook:
+			// a measurement race, not an early delivery.)
+			if tx, ok := sys.(*Txoutbox); ok && tx.HotPath && res.Early != 0 {
 				t.Errorf("%d deliveries recorded before their commit", res.Early)
 			}
 			if res.Delivered != res.Committed {
