@@ -21,6 +21,9 @@ const (
 	ConnRaw       = "raw client"
 	ConnTxoutbox  = "txoutbox"
 	ConnWatermill = "Watermill forwarder"
+	// The drains: the same events committed first, then delivered.
+	ConnTxDrain = "txoutbox, backlog drain"
+	ConnWmDrain = "Watermill forwarder, backlog drain"
 )
 
 // ConnOptions tune the connector table.
@@ -58,25 +61,34 @@ func (o *ConnOptions) Defaults() {
 
 // ConnCell is one measurement: N events to one broker one way.
 type ConnCell struct {
-	Broker, Way string
-	N           int
-	Elapsed     time.Duration // first commit (raw: first publish) to last ack
-	PerSec      float64       // acked events / Elapsed
-	P50, P99    time.Duration // per event, commit → ack (raw: chunk sent → acked)
-	Acked       int64         // distinct events the publisher saw acked
-	OnBroker    int64         // messages the destination holds after
-	Lost        int64         // events not on the broker: max(N − acked, N − on broker)
-	Err         string        // why the cell did not run or finished early
+	Broker, Way  string
+	N            int
+	Elapsed      time.Duration // first commit (raw: first publish) to last ack
+	PerSec       float64       // acked events / Elapsed
+	P50, P99     time.Duration // per event, commit → ack (raw: chunk sent → acked)
+	CommitPerSec float64       // events committed per second while the producers ran (0 for raw)
+	Acked        int64         // distinct events the publisher saw acked
+	OnBroker     int64         // messages the destination holds after
+	Lost         int64         // events not on the broker: max(N − acked, N − on broker)
+	Err          string        // why the cell did not run or finished early
 }
 
 // ConnResult is one broker's row of the table.
 type ConnResult struct {
 	Broker, Client     string
 	Raw, Tx, Wm        ConnCell
+	TxDrain, WmDrain   ConnCell
 	WatermillPublisher string
-	TxPerWm, TxPerRaw  float64
-	MeetsWm, MeetsRaw  bool
-	Verdict            string
+	// TxPerWm compares the end-to-end rates (commit to ack, producers
+	// running); TxPerRaw the txoutbox backlog drain with the raw client
+	// (the delivery side alone: the end-to-end rate cannot pass the
+	// database's commit rate); E2EPerRaw the end-to-end rate with raw;
+	// DrainPerWm the two drains.
+	TxPerWm, TxPerRaw float64
+	E2EPerRaw         float64
+	DrainPerWm        float64
+	MeetsWm, MeetsRaw bool
+	Verdict           string
 }
 
 // RunConnectors measures every broker of o: raw publish, txoutbox with
@@ -106,16 +118,24 @@ func runBroker(ctx context.Context, db *sqlx.DB, name string, o ConnOptions) (Co
 	defer b.Close()
 	r := ConnResult{Broker: b.Name(), Client: b.Client(), WatermillPublisher: watermillPublishers[name]}
 	prefix := UniquePrefix("cb" + name)
-	r.Raw = measure(ctx, b, prefix+"raw", ConnRaw, o, func(dest string, rec *Recorder) error { return runRaw(ctx, b, dest, o, rec) })
-	o.Log("%s, %s: %s", b.Name(), ConnRaw, r.Raw)
-	r.Tx = measure(ctx, b, prefix+"tx", ConnTxoutbox, o, func(dest string, rec *Recorder) error {
-		return runTxoutbox(ctx, db, b, dest, prefix, o, rec)
+	cell := func(way, suffix string, run func(dest string, rec *Recorder, restart func()) error) ConnCell {
+		c := measure(ctx, b, prefix+suffix, way, o, run)
+		o.Log("%s, %s: %s", b.Name(), way, c)
+		return c
+	}
+	r.Raw = cell(ConnRaw, "raw", func(dest string, rec *Recorder, _ func()) error { return runRaw(ctx, b, dest, o, rec) })
+	r.Tx = cell(ConnTxoutbox, "tx", func(dest string, rec *Recorder, _ func()) error {
+		return runTxoutbox(ctx, db, b, dest, prefix+"tx", o, rec, nil)
 	})
-	o.Log("%s, %s: %s", b.Name(), ConnTxoutbox, r.Tx)
-	r.Wm = measure(ctx, b, prefix+"wm", ConnWatermill, o, func(dest string, rec *Recorder) error {
-		return runWatermill(ctx, db, b, dest, prefix, o, rec)
+	r.TxDrain = cell(ConnTxDrain, "txd", func(dest string, rec *Recorder, restart func()) error {
+		return runTxoutbox(ctx, db, b, dest, prefix+"txd", o, rec, restart)
 	})
-	o.Log("%s, %s: %s", b.Name(), ConnWatermill, r.Wm)
+	r.Wm = cell(ConnWatermill, "wm", func(dest string, rec *Recorder, _ func()) error {
+		return runWatermill(ctx, db, b, dest, prefix+"wm", o, rec, nil)
+	})
+	r.WmDrain = cell(ConnWmDrain, "wmd", func(dest string, rec *Recorder, restart func()) error {
+		return runWatermill(ctx, db, b, dest, prefix+"wmd", o, rec, restart)
+	})
 	r.judge()
 	return r, ctx.Err()
 }
@@ -128,9 +148,15 @@ const (
 
 func (r *ConnResult) judge() {
 	ok := func(c ConnCell) bool { return c.Err == "" && c.Lost == 0 && c.PerSec > 0 }
-	if ok(r.Tx) && ok(r.Raw) {
-		r.TxPerRaw = r.Tx.PerSec / r.Raw.PerSec
+	if ok(r.TxDrain) && ok(r.Raw) {
+		r.TxPerRaw = r.TxDrain.PerSec / r.Raw.PerSec
 		r.MeetsRaw = r.TxPerRaw >= TargetPerRaw
+	}
+	if ok(r.Tx) && ok(r.Raw) {
+		r.E2EPerRaw = r.Tx.PerSec / r.Raw.PerSec
+	}
+	if ok(r.TxDrain) && r.WmDrain.PerSec > 0 {
+		r.DrainPerWm = r.TxDrain.PerSec / r.WmDrain.PerSec
 	}
 	if ok(r.Tx) && r.Wm.PerSec > 0 {
 		r.TxPerWm = r.Tx.PerSec / r.Wm.PerSec
@@ -139,6 +165,8 @@ func (r *ConnResult) judge() {
 	switch {
 	case !ok(r.Tx):
 		r.Verdict = "FAIL: txoutbox " + cellProblem(r.Tx)
+	case !ok(r.TxDrain):
+		r.Verdict = "FAIL: txoutbox drain " + cellProblem(r.TxDrain)
 	case r.TxPerWm == 0:
 		r.Verdict = "no Watermill figure"
 	case r.MeetsWm && r.MeetsRaw:
@@ -160,8 +188,8 @@ func cellProblem(c ConnCell) string {
 }
 
 func (c ConnCell) String() string {
-	s := fmt.Sprintf("%d events in %v: %.0f/s, p50 %v p99 %v, acked %d, on broker %d, lost %d",
-		c.N, c.Elapsed.Round(time.Millisecond), c.PerSec, c.P50.Round(time.Microsecond), c.P99.Round(time.Microsecond), c.Acked, c.OnBroker, c.Lost)
+	s := fmt.Sprintf("%d events in %v: %.0f/s (committed %.0f/s), p50 %v p99 %v, acked %d, on broker %d, lost %d",
+		c.N, c.Elapsed.Round(time.Millisecond), c.PerSec, c.CommitPerSec, c.P50.Round(time.Microsecond), c.P99.Round(time.Microsecond), c.Acked, c.OnBroker, c.Lost)
 	if c.Err != "" {
 		s += " — " + c.Err
 	}
@@ -169,7 +197,9 @@ func (c ConnCell) String() string {
 }
 
 // measure prepares dest, runs one way into it and checks the broker.
-func measure(ctx context.Context, b Broker, dest, way string, o ConnOptions, run func(dest string, rec *Recorder) error) ConnCell {
+// A drain calls restart once the backlog is committed, which starts the
+// clock again.
+func measure(ctx context.Context, b Broker, dest, way string, o ConnOptions, run func(dest string, rec *Recorder, restart func()) error) ConnCell {
 	c := ConnCell{Broker: b.Name(), Way: way, N: o.N}
 	pctx, cancel := context.WithTimeout(ctx, brokerTimeout)
 	defer cancel()
@@ -180,16 +210,28 @@ func measure(ctx context.Context, b Broker, dest, way string, o ConnOptions, run
 	defer b.Remove(context.WithoutCancel(ctx), dest)
 	rec := NewRecorder(o.N)
 	start := rec.Since()
-	if err := run(dest, rec); err != nil {
+	drain := false
+	if err := run(dest, rec, func() { start, drain = rec.Since(), true }); err != nil {
 		c.Err = trim(err.Error())
 	}
 	c.Acked = rec.DeliveredCount()
+	if way != ConnRaw && !drain {
+		var lastCommit int64
+		for i := range rec.commit {
+			lastCommit = max(lastCommit, rec.commit[i].Load())
+		}
+		if d := time.Duration(lastCommit) - start; d > 0 {
+			c.CommitPerSec = float64(rec.CommittedCount()) / d.Seconds()
+		}
+	}
 	if last := rec.LastDelivery(); last > start {
 		c.Elapsed = last - start
 		c.PerSec = float64(c.Acked) / c.Elapsed.Seconds()
 	}
-	lat, _ := rec.latencies()
-	c.P50, c.P99 = quantile(lat, 0.50), quantile(lat, 0.99)
+	if !drain { // a backlog's latency is how long it waited
+		lat, _ := rec.latencies()
+		c.P50, c.P99 = quantile(lat, 0.50), quantile(lat, 0.99)
+	}
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), brokerTimeout)
 	defer vcancel()
 	n, err := b.Count(vctx, dest)
@@ -254,7 +296,9 @@ func produce(ctx context.Context, o ConnOptions, rec *Recorder, tx func(ctx cont
 // await waits until every event is acked, nothing arrived for stall, or
 // the timeout passed.
 func await(ctx context.Context, rec *Recorder, n int, timeout time.Duration) error {
-	const stall = 20 * time.Second
+	// Longer than outbox.DefaultLease: an event whose hot-path lease
+	// could not be released waits that long, late but not lost.
+	const stall = 45 * time.Second
 	end := time.Now().Add(timeout)
 	last, lastChange := rec.DeliveredCount(), time.Now()
 	tick := time.NewTicker(2 * time.Millisecond)
@@ -281,7 +325,10 @@ func await(ctx context.Context, rec *Recorder, n int, timeout time.Duration) err
 // runTxoutbox: producers commit events to the outbox table; the engine's
 // Batch subscription hands them to the connector; an event is acked when
 // the batch handler returns success for it.
-func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string, o ConnOptions, rec *Recorder) (err error) {
+//
+// With drain set, the producers commit every event before the engine
+// starts; drain is called then.
+func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string, o ConnOptions, rec *Recorder, drain func()) (err error) {
 	st, err := newStore(ctx, db, prefix+"_ob")
 	if err != nil {
 		return err
@@ -290,6 +337,18 @@ func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string
 	ob, err := outbox.New(st, outbox.Config{Logger: quietLogger()})
 	if err != nil {
 		return err
+	}
+	// The producers' outbox: the engine itself, or for a drain another
+	// instance that never starts (no hot path), as if the backlog was
+	// committed while the engine was down. Committed through the engine
+	// before its Start, the events would take hot-path leases: the hot
+	// queue and the overflow list (1000 + 10000) full, the rest would wait
+	// out their lease (30 s).
+	pob := ob
+	if drain != nil {
+		if pob, err = outbox.New(st, outbox.Config{Logger: quietLogger(), DisableHotPath: true}); err != nil {
+			return err
+		}
 	}
 	h, release, err := b.Connector(dest)
 	if err != nil {
@@ -316,14 +375,22 @@ func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string
 	if err != nil {
 		return err
 	}
-	if err := ob.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
+	start := func() error {
+		if err := ob.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+		return nil
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		err = errors.Join(err, ob.Close(cctx))
 		cancel()
 	}()
+	if drain == nil {
+		if err := start(); err != nil {
+			return err
+		}
+	}
 	perr := produce(ctx, o, rec, func(ctx context.Context, seqs []int64) error {
 		tx, err := outbox.BeginTx(ctx, db.DB, nil)
 		if err != nil {
@@ -339,13 +406,19 @@ func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string
 		for i, s := range seqs {
 			envs[i] = envelope(s, Payload(s))
 		}
-		if _, err := ob.PublishAllTx(ctx, tx, envs...); err != nil {
+		if _, err := pob.PublishAllTx(ctx, tx, envs...); err != nil {
 			return err
 		}
 		return tx.Commit()
 	})
 	if perr != nil {
 		return perr
+	}
+	if drain != nil {
+		drain()
+		if err := start(); err != nil {
+			return err
+		}
 	}
 	return await(ctx, rec, o.N, o.Timeout)
 }
@@ -379,7 +452,9 @@ func (p ackingPublisher) Publish(topic string, msgs ...*message.Message) error {
 // runWatermill: producers commit events through watermill-sql's
 // forwarder.Publisher (tuned: 10 ms poll, batches of 1000); the forwarder
 // republishes each to the broker's Watermill publisher.
-func runWatermill(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string, o ConnOptions, rec *Recorder) (err error) {
+//
+// With drain set, the forwarder starts once every event is committed.
+func runWatermill(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string, o ConnOptions, rec *Recorder, drain func()) (err error) {
 	w := &Watermill{Tuned: true}
 	if err := w.prepare(ctx, &Env{DB: db, Rec: rec, Prefix: prefix}); err != nil {
 		return err
@@ -401,16 +476,24 @@ func runWatermill(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix strin
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = fwd.Run(runCtx) })
 	defer func() {
 		_ = fwd.Close()
 		cancel()
 		wg.Wait()
 	}()
-	select {
-	case <-fwd.Running():
-	case <-time.After(30 * time.Second):
-		return errors.New("watermill forwarder did not start")
+	start := func() error {
+		wg.Go(func() { _ = fwd.Run(runCtx) })
+		select {
+		case <-fwd.Running():
+			return nil
+		case <-time.After(30 * time.Second):
+			return errors.New("watermill forwarder did not start")
+		}
+	}
+	if drain == nil {
+		if err := start(); err != nil {
+			return err
+		}
 	}
 	topic := b.WatermillTopic(dest)
 	perr := produce(ctx, o, rec, func(ctx context.Context, seqs []int64) error {
@@ -441,6 +524,12 @@ func runWatermill(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix strin
 	})
 	if perr != nil {
 		return perr
+	}
+	if drain != nil {
+		drain()
+		if err := start(); err != nil {
+			return err
+		}
 	}
 	return await(ctx, rec, o.N, o.Timeout)
 }
