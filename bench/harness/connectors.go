@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -14,6 +15,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
 // The three ways an event reaches a broker in the connector table.
@@ -71,6 +74,7 @@ type ConnCell struct {
 	OnBroker     int64         // messages the destination holds after
 	Lost         int64         // events not on the broker: max(N − acked, N − on broker)
 	Err          string        // why the cell did not run or finished early
+	Note         string        // txoutbox: the engine's claim and completion statements
 }
 
 // ConnResult is one broker's row of the table.
@@ -118,17 +122,20 @@ func runBroker(ctx context.Context, db *sqlx.DB, name string, o ConnOptions) (Co
 	defer b.Close()
 	r := ConnResult{Broker: b.Name(), Client: b.Client(), WatermillPublisher: watermillPublishers[name]}
 	prefix := UniquePrefix("cb" + name)
+	var note string
 	cell := func(way, suffix string, run func(dest string, rec *Recorder, restart func()) error) ConnCell {
+		note = ""
 		c := measure(ctx, b, prefix+suffix, way, o, run)
+		c.Note = note
 		o.Log("%s, %s: %s", b.Name(), way, c)
 		return c
 	}
 	r.Raw = cell(ConnRaw, "raw", func(dest string, rec *Recorder, _ func()) error { return runRaw(ctx, b, dest, o, rec) })
 	r.Tx = cell(ConnTxoutbox, "tx", func(dest string, rec *Recorder, _ func()) error {
-		return runTxoutbox(ctx, db, b, dest, prefix+"tx", o, rec, nil)
+		return runTxoutbox(ctx, db, b, dest, prefix+"tx", o, rec, nil, &note)
 	})
 	r.TxDrain = cell(ConnTxDrain, "txd", func(dest string, rec *Recorder, restart func()) error {
-		return runTxoutbox(ctx, db, b, dest, prefix+"txd", o, rec, restart)
+		return runTxoutbox(ctx, db, b, dest, prefix+"txd", o, rec, restart, &note)
 	})
 	r.Wm = cell(ConnWatermill, "wm", func(dest string, rec *Recorder, _ func()) error {
 		return runWatermill(ctx, db, b, dest, prefix+"wm", o, rec, nil)
@@ -190,6 +197,9 @@ func cellProblem(c ConnCell) string {
 func (c ConnCell) String() string {
 	s := fmt.Sprintf("%d events in %v: %.0f/s (committed %.0f/s), p50 %v p99 %v, acked %d, on broker %d, lost %d",
 		c.N, c.Elapsed.Round(time.Millisecond), c.PerSec, c.CommitPerSec, c.P50.Round(time.Microsecond), c.P99.Round(time.Microsecond), c.Acked, c.OnBroker, c.Lost)
+	if c.Note != "" {
+		s += "; " + c.Note
+	}
 	if c.Err != "" {
 		s += " — " + c.Err
 	}
@@ -328,16 +338,18 @@ func await(ctx context.Context, rec *Recorder, n int, timeout time.Duration) err
 //
 // With drain set, the producers commit every event before the engine
 // starts; drain is called then.
-func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string, o ConnOptions, rec *Recorder, drain func()) (err error) {
+func runTxoutbox(ctx context.Context, db *sqlx.DB, b Broker, dest, prefix string, o ConnOptions, rec *Recorder, drain func(), note *string) (err error) {
 	st, err := newStore(ctx, db, prefix+"_ob")
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, dropTables(context.WithoutCancel(ctx), db, storeTables(st)...)) }()
-	ob, err := outbox.New(st, outbox.Config{Logger: quietLogger()})
+	ts := &timingStore{Store: st}
+	ob, err := outbox.New(ts, outbox.Config{Logger: quietLogger()})
 	if err != nil {
 		return err
 	}
+	defer func() { *note = ts.String() }()
 	// The producers' outbox: the engine itself, or for a drain another
 	// instance that never starts (no hot path), as if the backlog was
 	// committed while the engine was down. Committed through the engine
@@ -542,4 +554,37 @@ func ConnNotes() []string {
 		"Kafka runs on franz-go's in-process kfake broker (no disk, same process as the bench), so its rates say more about the clients' CPU cost than about a real cluster; Watermill's Kafka publisher is Sarama's SyncProducer.",
 		"The machine has 2 cores shared by MariaDB, the brokers and the bench; raw rates are the same client in the same run, not the brokers' ceilings.",
 	}
+}
+
+// timingStore times the engine's claim and completion statements, to
+// say where a drain's time goes.
+type timingStore struct {
+	*sqlstore.Store
+	claims, claimed, claimNs atomic.Int64
+	dones, done, doneNs      atomic.Int64
+}
+
+func (s *timingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
+	t := time.Now()
+	rows, err := s.Store.Claim(ctx, req)
+	s.claims.Add(1)
+	s.claimed.Add(int64(len(rows)))
+	s.claimNs.Add(int64(time.Since(t)))
+	return rows, err
+}
+
+func (s *timingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+	t := time.Now()
+	n, err := s.Store.MarkDone(ctx, owner, ids)
+	s.dones.Add(1)
+	s.done.Add(int64(len(ids)))
+	s.doneNs.Add(int64(time.Since(t)))
+	return n, err
+}
+
+func (s *timingStore) String() string {
+	per := func(ns, n int64) time.Duration { return time.Duration(ns / max(n, 1)).Round(time.Microsecond) }
+	return fmt.Sprintf("%d claims of %d rows (mean %v, %v in all), %d MarkDone of %d ids (mean %v, %v in all)",
+		s.claims.Load(), s.claimed.Load(), per(s.claimNs.Load(), s.claims.Load()), time.Duration(s.claimNs.Load()).Round(time.Millisecond),
+		s.dones.Load(), s.done.Load(), per(s.doneNs.Load(), s.dones.Load()), time.Duration(s.doneNs.Load()).Round(time.Millisecond))
 }

@@ -77,6 +77,16 @@ func (r *ConnReport) Write(w io.Writer) {
 	for _, c := range r.Results {
 		p("| %s | %s | %s |", c.Broker, c.Client, c.WatermillPublisher)
 	}
+	p("")
+	p("%s Where txoutbox's time goes", h)
+	p("")
+	p("The engine's store statements per run, timed around the sqlstore calls (claims run one at a time in the poller; MarkDone statements in the completer):")
+	p("")
+	p("| broker | txoutbox end to end | txoutbox drain |")
+	p("| --- | --- | --- |")
+	for _, c := range r.Results {
+		p("| %s | %s | %s |", c.Broker, c.Tx.Note, c.TxDrain.Note)
+	}
 	var errs []string
 	for _, c := range r.Results {
 		for _, cell := range []ConnCell{c.Raw, c.Tx, c.TxDrain, c.Wm, c.WmDrain} {
