@@ -168,6 +168,8 @@ func (r *ConnResult) judge() {
 		r.MeetsWm = r.TxPerWm >= TargetPerWatermill
 	}
 	switch {
+	case r.Broker == (&nopBroker{}).Name():
+		r.Verdict = "reference (no broker)"
 	case !ok(r.Tx):
 		r.Verdict = "FAIL: txoutbox " + cellProblem(r.Tx)
 	case !ok(r.TxDrain):
@@ -439,6 +441,7 @@ var watermillPublishers = map[string]string{
 	"amqp":  "watermill-amqp v1.1.4 (streadway/amqp, NewDurableQueueConfig: no publisher confirms; v2/v3 are not on the module proxy)",
 	"redis": "watermill-redisstream v1.4.5 (one XADD per message)",
 	"kafka": "watermill-kafka/v3 v3.0.6 (Sarama SyncProducer, one message per call)",
+	"none":  "a message.Publisher that only counts",
 }
 
 // ackingPublisher records each message as acked when the Watermill

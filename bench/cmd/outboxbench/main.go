@@ -110,9 +110,10 @@ func main() {
 		return cr
 	}
 	if *onlyConn {
+		env := environment(ctx, db)
 		cr := connectors()
 		cr.StandaloneHeader = true
-		cr.Environment = append(environment(ctx, db), [2]string{"load average at end (1/5/15 min)", loadavg()})
+		cr.Environment = append(env, [2]string{"load average at end (1/5/15 min)", loadavg()})
 		if *out != "" {
 			var buf bytes.Buffer
 			cr.Write(&buf)
