@@ -8,6 +8,12 @@
 // It creates its own uniquely named tables in the DSN's database and drops
 // them when each measurement ends. Flags narrow a run for investigation:
 // -systems and -concurrency pick cells, -cpuprofile profiles them.
+//
+// The connector table (-only-connectors, `make bench-connectors`) sends
+// the same events to NATS JetStream, RabbitMQ, Redis Streams and Kafka
+// (an in-process kfake) three ways: the broker's own client, txoutbox with
+// the broker's connector, and Watermill's forwarder with Watermill's
+// publisher for the broker; it counts the messages on the broker after.
 package main
 
 import (
