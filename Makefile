@@ -39,7 +39,7 @@ lint: vet
 fmt:
 	gofmt -w .
 
-## bench: compare txoutbox with the raw database limit and Watermill on the local MariaDB (~25 min); writes BENCHMARKS.md. BENCHFLAGS passes flags (e.g. -dsn, -duration; see `go run ./cmd/outboxbench -h` in bench/).
+## bench: compare txoutbox with the raw database limit and Watermill on the local MariaDB, then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~30 min); writes BENCHMARKS.md. BENCHFLAGS passes flags (e.g. -dsn, -duration; see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
 

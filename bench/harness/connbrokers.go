@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -105,6 +107,8 @@ func OpenBroker(ctx context.Context, name string, a BrokerAddrs) (Broker, error)
 			return nil, err
 		}
 		return &redisBroker{rdb: rdb, addr: a.Redis}, nil
+	case "none":
+		return &nopBroker{counts: map[string]*atomic.Int64{}}, nil
 	case "kafka":
 		c, err := kfake.NewCluster(kfake.NumBrokers(1))
 		if err != nil {
@@ -120,8 +124,10 @@ func OpenBroker(ctx context.Context, name string, a BrokerAddrs) (Broker, error)
 	return nil, fmt.Errorf("harness: unknown broker %q (nats, amqp, redis, kafka)", name)
 }
 
-// BrokerNames are the brokers of the connector table, in its order.
-var BrokerNames = []string{"nats", "amqp", "redis", "kafka"}
+// BrokerNames are the brokers of the connector table, in its order;
+// "none" is no broker at all (a handler and a publisher that only count),
+// which shows the ceiling of the database side.
+var BrokerNames = []string{"none", "nats", "amqp", "redis", "kafka"}
 
 // --- NATS JetStream
 
@@ -412,3 +418,69 @@ func (b *kafkaBroker) Close() {
 
 // brokerTimeout bounds the broker calls of setup and verification.
 const brokerTimeout = 30 * time.Second
+
+// --- no broker
+
+type nopBroker struct {
+	mu     sync.Mutex
+	counts map[string]*atomic.Int64
+}
+
+func (b *nopBroker) Name() string { return "none (no-op destination)" }
+func (b *nopBroker) Client() string {
+	return "none: every publish succeeds at once and is only counted"
+}
+
+func (b *nopBroker) count(dest string) *atomic.Int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c, ok := b.counts[dest]
+	if !ok {
+		c = new(atomic.Int64)
+		b.counts[dest] = c
+	}
+	return c
+}
+
+func (b *nopBroker) Prepare(ctx context.Context, dest string) error {
+	b.count(dest).Store(0)
+	return nil
+}
+
+func (b *nopBroker) Raw(ctx context.Context, dest string, payloads [][]byte, chunk int, acked func(from, to int)) error {
+	c := b.count(dest)
+	for from := 0; from < len(payloads); from += chunk {
+		to := min(from+chunk, len(payloads))
+		c.Add(int64(to - from))
+		acked(from, to)
+	}
+	return nil
+}
+
+func (b *nopBroker) Connector(dest string) (outbox.BatchHandler, func(), error) {
+	c := b.count(dest)
+	return func(_ context.Context, evs []outbox.Event) error {
+		c.Add(int64(len(evs)))
+		return nil
+	}, func() {}, nil
+}
+
+func (b *nopBroker) Watermill() (message.Publisher, error) { return nopPublisher{b}, nil }
+
+func (b *nopBroker) WatermillTopic(dest string) string { return dest }
+
+func (b *nopBroker) Count(ctx context.Context, dest string) (int64, error) {
+	return b.count(dest).Load(), nil
+}
+
+func (b *nopBroker) Remove(ctx context.Context, dest string) {}
+func (b *nopBroker) Close()                                  {}
+
+type nopPublisher struct{ b *nopBroker }
+
+func (p nopPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.b.count(topic).Add(int64(len(msgs)))
+	return nil
+}
+
+func (p nopPublisher) Close() error { return nil }

@@ -39,7 +39,7 @@ func TestConnectorsSmoke(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := res[0]
-			for _, c := range []ConnCell{r.Raw, r.Tx, r.Wm} {
+			for _, c := range []ConnCell{r.Raw, r.Tx, r.TxDrain, r.Wm, r.WmDrain} {
 				t.Logf("%s: %s", c.Way, c)
 				if c.Err != "" || c.Lost != 0 || c.Acked != 200 || c.OnBroker != 200 {
 					t.Errorf("%s: acked %d, on broker %d, lost %d, err %q", c.Way, c.Acked, c.OnBroker, c.Lost, c.Err)

@@ -8,6 +8,12 @@
 // It creates its own uniquely named tables in the DSN's database and drops
 // them when each measurement ends. Flags narrow a run for investigation:
 // -systems and -concurrency pick cells, -cpuprofile profiles them.
+//
+// The connector table (-only-connectors, `make bench-connectors`) sends
+// the same events to NATS JetStream, RabbitMQ, Redis Streams and Kafka
+// (an in-process kfake) three ways: the broker's own client, txoutbox with
+// the broker's connector, and Watermill's forwarder with Watermill's
+// publisher for the broker; it counts the messages on the broker after.
 package main
 
 import (
@@ -110,9 +116,10 @@ func main() {
 		return cr
 	}
 	if *onlyConn {
+		env := environment(ctx, db)
 		cr := connectors()
 		cr.StandaloneHeader = true
-		cr.Environment = append(environment(ctx, db), [2]string{"load average at end (1/5/15 min)", loadavg()})
+		cr.Environment = append(env, [2]string{"load average at end (1/5/15 min)", loadavg()})
 		if *out != "" {
 			var buf bytes.Buffer
 			cr.Write(&buf)
