@@ -46,11 +46,11 @@ func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []dri
 	}()
 	// Due retries first, up to a quarter of the batch so that a backlog of
 	// new events cannot starve them, then new events for the rest.
-	out, err := selectRows(ctx, tx, nil, s.q.claimRetry, max(1, req.Limit/4))
+	out, _, err := selectRows(ctx, tx, nil, false, s.q.claimRetry, max(1, req.Limit/4))
 	if err != nil {
 		return nil, err
 	}
-	if out, err = selectRows(ctx, tx, out, s.q.claimNew, max(0, req.SkipRecent.Microseconds()), req.Limit-len(out)); err != nil {
+	if out, err = s.claimNewRows(ctx, tx, out, req); err != nil {
 		return nil, err
 	}
 	if len(out) == 0 {
@@ -79,25 +79,115 @@ func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []dri
 	return out, nil
 }
 
-// selectRows appends the rows of a claim SELECT to out.
-func selectRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row, q string, args ...any) ([]driver.Row, error) {
-	if limit := args[len(args)-1].(int); limit <= 0 {
+// claimCursor is where an owner's last full claim of NEW rows ended: the
+// available_at (as the driver returned it, bound back as is) and id of its
+// last row. The next claim resumes after it instead of at the front of the
+// (status, available_at) index, which on InnoDB is cluttered with the
+// delete-marked entries of rows delivered since its purge last ran.
+//
+// Rows before the cursor that become due later (a lease that expired, a
+// row handed back, a replay, a row whose transaction committed late) are
+// found by a claim from the front: one runs whenever a resumed claim comes
+// back short (the backlog is exhausted, and the cursor is dropped), and
+// every frontEvery-th claim in any case, so that a long backlog delays
+// them by at most a few batches.
+type claimCursor struct {
+	at      any
+	id      string
+	resumed int // claims resumed since the last one from the front
+}
+
+const frontEvery = 16
+
+// claimNewRows appends to out the NEW rows of a claim, up to req.Limit
+// rows in all.
+func (s *Store) claimNewRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row, req driver.ClaimRequest) ([]driver.Row, error) {
+	want := req.Limit - len(out)
+	if want <= 0 {
 		return out, nil
+	}
+	skip := max(0, req.SkipRecent.Microseconds())
+	if !s.d.claimCursor {
+		out, _, err := selectRows(ctx, tx, out, true, s.q.claimNew, skip, want)
+		return out, err
+	}
+	s.mu.Lock()
+	cur, ok := s.cursors[req.Owner]
+	s.mu.Unlock()
+	n := len(out)
+	var last any
+	var err error
+	if ok && cur.resumed < frontEvery {
+		out, last, err = selectRows(ctx, tx, out, true, s.q.claimNewAfter, cur.at, cur.at, cur.id, skip, want)
+		if err != nil {
+			return nil, err
+		}
+		cur.resumed++
+		if got := len(out) - n; got < want {
+			// The end of the backlog: the rest from the front, which holds
+			// what became due behind the cursor. Rows this claim already
+			// locked come back from it too (a transaction does not skip its
+			// own locks) and are dropped.
+			seen := make(map[string]bool, got)
+			for _, r := range out[n:] {
+				seen[r.ID] = true
+			}
+			more, _, err := selectRows(ctx, tx, nil, true, s.q.claimNew, skip, want-got)
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range more {
+				if !seen[r.ID] {
+					out = append(out, r)
+				}
+			}
+			ok, last = false, nil
+		}
+	} else {
+		out, last, err = selectRows(ctx, tx, out, true, s.q.claimNew, skip, want)
+		if err != nil {
+			return nil, err
+		}
+		ok, cur = len(out)-n == want, claimCursor{}
+	}
+	s.mu.Lock()
+	if s.cursors == nil {
+		s.cursors = make(map[string]claimCursor)
+	}
+	if ok && last != nil {
+		cur.at, cur.id = last, out[len(out)-1].ID
+		s.cursors[req.Owner] = cur
+	} else {
+		delete(s.cursors, req.Owner)
+	}
+	s.mu.Unlock()
+	return out, nil
+}
+
+// selectRows appends the rows of a claim SELECT to out. With at, each row
+// carries one more column, its available_at, and the last one is returned.
+func selectRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row, at bool, q string, args ...any) (_ []driver.Row, last any, _ error) {
+	if limit := args[len(args)-1].(int); limit <= 0 {
+		return out, nil, nil
 	}
 	rs, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: claim: select: %w", err)
+		return nil, nil, fmt.Errorf("sqlstore: claim: select: %w", err)
+	}
+	var extra []any
+	if at {
+		extra = []any{&last}
 	}
 	for rs.Next() {
-		r, err := scanRow(rs)
+		r, err := scanRow(rs, extra...)
 		if err != nil {
 			rs.Close()
-			return nil, fmt.Errorf("sqlstore: claim: scan: %w", err)
+			return nil, nil, fmt.Errorf("sqlstore: claim: scan: %w", err)
 		}
 		out = append(out, r)
 	}
 	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-		return nil, fmt.Errorf("sqlstore: claim: select: %w", err)
+		return nil, nil, fmt.Errorf("sqlstore: claim: select: %w", err)
 	}
-	return out, nil
+	return out, last, nil
 }

@@ -55,6 +55,15 @@ type Dialect struct {
 	// lockTimeout: migrationLock takes a timeout in seconds and answers 1
 	// when it got the lock (MySQL's GET_LOCK).
 	lockTimeout bool
+	// claimCursor: claims of NEW rows resume after the last row the
+	// instance claimed (see claimCursor in claim.go). InnoDB keeps the
+	// (status, available_at) entries of delivered rows, delete-marked,
+	// until its purge thread removes them; a claim that starts at the
+	// front of the index walks over all of them, and while a backlog
+	// drains it got slower with every batch (0.9 ms → 12 ms for 200
+	// rows). PostgreSQL marks dead index entries on the first scan that
+	// meets them, so its claims stay flat without a cursor.
+	claimCursor bool
 }
 
 // Name returns the dialect's name: "mysql", "postgres" or "sqlite".
@@ -81,6 +90,7 @@ var (
 		readCommitted:   true,
 		writeTx:         true,
 		byID:            " FORCE INDEX (PRIMARY)",
+		claimCursor:     true,
 		migrationLock:   "SELECT GET_LOCK(?, ?)",
 		lockTimeout:     true,
 		migrationUnlock: "SELECT RELEASE_LOCK(?)",

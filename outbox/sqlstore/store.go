@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -38,6 +39,9 @@ type Store struct {
 	table string // quoted
 	name  string // bare, for index and lock names
 	q     queries
+
+	mu      sync.Mutex
+	cursors map[string]claimCursor // by claiming owner; see claimCursor
 }
 
 var (
@@ -104,7 +108,7 @@ func (s *Store) Dialect() *Dialect { return s.d }
 func (s *Store) Table() string { return s.table }
 
 type queries struct {
-	inspect, insert, claimNew, claimRetry, markRetry, markDead, stats, listDead, cleanup string
+	inspect, insert, claimNew, claimNewAfter, claimRetry, markRetry, markDead, stats, listDead, cleanup string
 	insertHead, insertValues                                                             string // unbound
 	// update is "UPDATE <table>" with the dialect's hint to look rows up by
 	// primary key (see Dialect.byID).
@@ -142,10 +146,19 @@ VALUES `
 		// database sorts every due row, and a claim costs time in
 		// proportion to the backlog. A NEW row's available_at is its
 		// insert time, so SkipRecent is a bound on the same index.
-		claimNew: s.rebind(`SELECT ` + rowColumns + ` FROM ` + t + `
+		claimNew: s.rebind(`SELECT ` + rowColumns + `, available_at FROM ` + t + `
 WHERE status = 0 AND available_at <= ` + d.nowMinus + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
-ORDER BY available_at LIMIT ?` + d.lock),
+ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + d.lock),
+		// claimNew resumed after (available_at, id) of the last row claimed.
+		// The index is forced, and the cursor is a bound on available_at
+		// alone (the tie broken by a filter): else MariaDB reads the index
+		// from the front of status = 0 ("ref"), which is what the cursor
+		// is there to avoid.
+		claimNewAfter: s.rebind(`SELECT ` + rowColumns + `, available_at FROM ` + t + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
+WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
+ORDER BY available_at, id LIMIT ?` + d.lock),
 		claimRetry: s.rebind(`SELECT ` + rowColumns + ` FROM ` + t + `
 WHERE status = 2 AND available_at <= ` + d.now + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
@@ -158,6 +171,16 @@ WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		listDead: s.rebind(`SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, attempts, COALESCE(last_error, ''), created_at FROM ` + t + ` WHERE status = 3 AND id > ? ORDER BY id LIMIT ?`),
 		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` ORDER BY available_at LIMIT ?`),
 	}
+}
+
+// claimTieBreak orders the claim's rows of one available_at by id where a
+// cursor resumes after them (InnoDB's secondary index holds the primary
+// key, so the order costs no sort).
+func claimTieBreak(d *Dialect) string {
+	if d.claimCursor {
+		return ", id"
+	}
+	return ""
 }
 
 // The engine's writes that name n rows by id. Each goes through s.q.update,
