@@ -109,7 +109,7 @@ func (s *Store) Table() string { return s.table }
 
 type queries struct {
 	inspect, insert, claimNew, claimNewAfter, claimRetry, markRetry, markDead, stats, listDead, cleanup string
-	insertHead, insertValues                                                             string // unbound
+	insertHead, insertValues                                                                            string // unbound
 	// update is "UPDATE <table>" with the dialect's hint to look rows up by
 	// primary key (see Dialect.byID).
 	update string
