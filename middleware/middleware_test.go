@@ -108,6 +108,9 @@ func TestBufferedResponseAndHooks(t *testing.T) {
 	if !strings.Contains(logs.String(), "after-commit hook panicked") || !strings.Contains(logs.String(), "hook failure") {
 		t.Errorf("the panicking hook was not logged: %s", logs.String())
 	}
+	if !strings.Contains(logs.String(), "method=POST") || !strings.Contains(logs.String(), "path=/x") {
+		t.Errorf("the report of the panicking hook does not name the request's method and path: %s", logs.String())
+	}
 }
 
 func TestCommitFailureSendsNothingOfTheHandler(t *testing.T) {
