@@ -127,7 +127,17 @@ func TableName(prefix string) string {
 // table is dropped when t ends.
 func Store(t testing.TB, db *sqlx.DB) *sqlstore.Store {
 	t.Helper()
-	s, err := sqlstore.New(db, sqlstore.Options{Table: TableName("outbox")})
+	return StoreWith(t, db, sqlstore.Options{})
+}
+
+// StoreWith is Store with options; a Table of its own is kept, else the
+// fresh table's name is set.
+func StoreWith(t testing.TB, db *sqlx.DB, opts sqlstore.Options) *sqlstore.Store {
+	t.Helper()
+	if opts.Table == "" {
+		opts.Table = TableName("outbox")
+	}
+	s, err := sqlstore.New(db, opts)
 	if err != nil {
 		t.Fatalf("sqlstore.New: %v", err)
 	}
