@@ -3,9 +3,11 @@ package releasetest
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,7 +81,7 @@ func TestModulesResolveFromAProxy(t *testing.T) {
 	}
 	// The examples' third-party requirements (broker clients, kfake, the
 	// OTel SDK and exporter), at the versions the examples pin.
-	var thirdParty []string
+	thirdParty := map[string]bool{}
 	for _, name := range examples {
 		dir := "examples/" + name
 		write(t, filepath.Join(user, "cmd", name+"example", "main.go"), atRev(t, clone, rev, dir+"/main.go"))
@@ -90,7 +92,7 @@ func TestModulesResolveFromAProxy(t *testing.T) {
 		}
 		for _, r := range mf.Require {
 			if !r.Indirect && !strings.HasPrefix(r.Mod.Path, "github.com/txoutbox/") {
-				thirdParty = append(thirdParty, r.Mod.String())
+				thirdParty["-require="+r.Mod.String()] = true
 			}
 		}
 	}
@@ -132,7 +134,12 @@ func TestModulesResolveFromAProxy(t *testing.T) {
 		get = append(get, path+"@"+version)
 	}
 	run(get...)
-	run(append([]string{"get"}, thirdParty...)...)
+	// Required as the examples' go.mod files do. (go get of a package
+	// path such as go.opentelemetry.io/otel/exporters/stdout/stdouttrace
+	// at a version fails with "module go.opentelemetry.io/otel@v1.47.0
+	// found, but does not contain package" while the enclosing module is
+	// in the build list and the nested one not yet downloaded.)
+	run(append([]string{"mod", "edit"}, slices.Sorted(maps.Keys(thirdParty))...)...)
 	gomod, _ := os.ReadFile(filepath.Join(user, "go.mod"))
 	for _, path := range libraries {
 		if strings.Contains(string(gomod), "replace") || !strings.Contains(string(gomod), path+" "+version) {
