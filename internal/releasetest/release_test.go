@@ -105,11 +105,16 @@ func TestModulesResolveFromAProxy(t *testing.T) {
 	// would leave our modules at version, and every later run would
 	// build those instead of HEAD's. Third-party modules come from the
 	// shared cache's download directory (a file proxy) or, missing there,
-	// from the real proxy; -trimpath keeps the build cache's entries
-	// independent of the cache's location, so they are reused.
+	// from the real proxy. -trimpath keeps the build cache's entries
+	// independent of the module cache's location, so they are reused
+	// from run to run; CGO_ENABLED=0 too (a cgo package's C flags name
+	// its directory): the only cgo package is mattn/go-sqlite3, which
+	// gorm.io/driver/sqlite imports and the GORM program does not use
+	// (it hands GORM a modernc.org/sqlite connection).
 	env := append(os.Environ(),
 		"GOWORK=off",
 		"GOFLAGS=-mod=mod -modcacherw -trimpath",
+		"CGO_ENABLED=0",
 		"GOMODCACHE="+filepath.Join(t.TempDir(), "mod"),
 		"GOPROXY=file://"+filepath.ToSlash(proxy)+",file://"+filepath.ToSlash(filepath.Join(goEnv(t, "GOMODCACHE"), "cache", "download"))+","+goEnv(t, "GOPROXY"),
 		"GONOSUMDB=github.com/txoutbox",
