@@ -54,7 +54,7 @@ type MemSample struct {
 // written a minute ago, not leased.
 func prefillOutbox(ctx context.Context, db *sqlx.DB, table string, first, n int64) error {
 	const batch = 1000
-	const ago = "(UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE)"
+	ago := dialectOf(db).Ago
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(2)
 	for lo := first; lo < first+n; lo += batch {
@@ -71,10 +71,10 @@ func prefillOutbox(ctx context.Context, db *sqlx.DB, table string, first, n int6
 				if i > lo {
 					sb.WriteString(",")
 				}
-				sb.WriteString(`(?, 'OrderPlaced', 'order', ?, '', NULL, ?, 1, ` + ago + `, 0, 0, ` + ago + `, ` + ago + `)`)
+				sb.WriteString(`(?, 'OrderPlaced', 'order', ?, '', NULL, ?, TRUE, ` + ago + `, 0, 0, ` + ago + `, ` + ago + `)`)
 				args = append(args, ids[i-lo], strconv.FormatInt(i, 10), Payload(i))
 			}
-			_, err := db.ExecContext(ctx, sb.String(), args...)
+			_, err := db.ExecContext(ctx, db.Rebind(sb.String()), args...)
 			return err
 		})
 	}
@@ -102,14 +102,15 @@ func RawUpdateRate(ctx context.Context, db *sqlx.DB, n int64, batch int) (float6
 	if err := db.SelectContext(ctx, &ids, "SELECT id FROM "+st.Table()+" ORDER BY id"); err != nil {
 		return 0, err
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE "+st.Table()+" SET locked_by = 'raw', locked_until = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"); err != nil {
+	d := dialectOf(db)
+	if _, err := db.ExecContext(ctx, "UPDATE "+st.Table()+" SET locked_by = 'raw', locked_until = "+d.NowPlusHour); err != nil {
 		return 0, err
 	}
 	start := time.Now()
 	for lo := 0; lo < len(ids); lo += batch {
 		chunk := ids[lo:min(lo+batch, len(ids))]
-		q := `UPDATE ` + st.Table() + ` SET status = 1, done_at = UTC_TIMESTAMP(6), locked_by = NULL, locked_until = NULL
-WHERE locked_by = ? AND status IN (0, 2) AND id IN (` + strings.TrimSuffix(strings.Repeat("?, ", len(chunk)), ", ") + `)`
+		q := db.Rebind(`UPDATE ` + st.Table() + ` SET status = 1, done_at = ` + d.Now + `, locked_by = NULL, locked_until = NULL
+WHERE locked_by = ? AND status IN (0, 2) AND id IN (` + strings.TrimSuffix(strings.Repeat("?, ", len(chunk)), ", ") + `)`)
 		args := []any{"raw"}
 		for _, id := range chunk {
 			args = append(args, id)
@@ -279,9 +280,10 @@ func DrainWatermill(ctx context.Context, db *sqlx.DB, tuned bool, o DrainOptions
 // timeClaim times the claim's SELECT … FOR UPDATE SKIP LOCKED of 200
 // rows with the given status condition, in a transaction rolled back.
 func timeClaim(ctx context.Context, db *sqlx.DB, table, cond string) (time.Duration, error) {
+	d := dialectOf(db)
 	q := `SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by FROM ` + table + `
-WHERE ` + cond + ` AND available_at <= UTC_TIMESTAMP(6)
-  AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) AND created_at <= (UTC_TIMESTAMP(6) - INTERVAL 1000000 MICROSECOND)
+WHERE ` + cond + ` AND available_at <= ` + d.Now + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.Now + `) AND created_at <= ` + strings.ReplaceAll(d.NowMinusMicros, "?", "1000000") + `
 ORDER BY available_at LIMIT 200 FOR UPDATE SKIP LOCKED`
 	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {

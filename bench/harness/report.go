@@ -103,9 +103,6 @@ var (
 	SplitClaimDrainName = "txoutbox poller, claim split NEW/RETRY (experiment)"
 )
 
-// RawLimitName is the system whose commit rate is the reference.
-var RawLimitName = (&Raw{WithOutbox: true}).Name()
-
 // cellsOf returns the cells of one system at one concurrency.
 func (r *Report) cellsOf(system string, conc int) []CellResult {
 	var out []CellResult

@@ -152,7 +152,7 @@ func main() {
 	hot, cold := &harness.Txoutbox{HotPath: true}, &harness.Txoutbox{HotPath: false}
 	rep.Settings = [][2]string{
 		{"raw SQL", "`database/sql` transaction, go-sql-driver/mysql with interpolateParams=true; the outbox row is sqlstore's INSERT into a table created by its migration"},
-		{"Watermill forwarder", harness.WatermillSettings},
+		{"Watermill forwarder", harness.WatermillSettings(harness.MariaDB)},
 		{hot.Name(), "outbox.Config{} defaults: " + harness.ConfigSummary(db, true)},
 		{cold.Name(), "poller only with a short poll and no SkipRecent: " + harness.ConfigSummary(db, false)},
 	}
@@ -394,7 +394,7 @@ func memoryChild(ctx context.Context, dsn string, n int64, kick bool) (*harness.
 func fresh(s harness.System) harness.System {
 	switch s := s.(type) {
 	case *harness.Raw:
-		return &harness.Raw{WithOutbox: s.WithOutbox}
+		return &harness.Raw{Row: s.Row}
 	case *harness.Watermill:
 		return &harness.Watermill{Tuned: s.Tuned}
 	case *harness.Txoutbox:
