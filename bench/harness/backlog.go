@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -34,9 +33,6 @@ type DrainResult struct {
 	DoneRows   int64 // txoutbox: rows DONE in the table after Close
 	Mem        []MemSample
 	Note       string
-	// ClaimIn and ClaimEq time one claim SELECT on the full backlog as
-	// sqlstore writes it (status IN (0, 2)) and with status = 0 alone.
-	ClaimIn, ClaimEq time.Duration
 }
 
 // MemSample is the process's memory at one moment of a drain.
@@ -180,13 +176,6 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 	}
 	res.Prefill = time.Since(t0)
 	logf(o.Log, "prefilled %d events in %v", o.N, res.Prefill.Round(time.Millisecond))
-	if res.ClaimIn, err = timeClaim(ctx, db, st.Table(), "status IN (0, 2)"); err != nil {
-		return res, err
-	}
-	if res.ClaimEq, err = timeClaim(ctx, db, st.Table(), "status = 0"); err != nil {
-		return res, err
-	}
-
 	rec := NewRecorder(int(o.N))
 	var m Counters
 	var store driver.Store = st
@@ -275,32 +264,6 @@ func DrainWatermill(ctx context.Context, db *sqlx.DB, tuned bool, o DrainOptions
 	stopSampling()
 	res.finish(rec, start)
 	return res, nil
-}
-
-// timeClaim times the claim's SELECT … FOR UPDATE SKIP LOCKED of 200
-// rows with the given status condition, in a transaction rolled back.
-func timeClaim(ctx context.Context, db *sqlx.DB, table, cond string) (time.Duration, error) {
-	d := dialectOf(db)
-	q := `SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by FROM ` + table + `
-WHERE ` + cond + ` AND available_at <= ` + d.Now + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.Now + `) AND created_at <= ` + strings.ReplaceAll(d.NowMinusMicros, "?", "1000000") + `
-ORDER BY available_at LIMIT 200 FOR UPDATE SKIP LOCKED`
-	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback()
-	t0 := time.Now()
-	rows, err := tx.QueryContext(ctx, q)
-	if err != nil {
-		return 0, fmt.Errorf("harness: time claim: %w", err)
-	}
-	for rows.Next() {
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return 0, fmt.Errorf("harness: time claim: %w", err)
-	}
-	return time.Since(t0), nil
 }
 
 // kick calls ob.Poll whenever the cold queue has room for a batch, until

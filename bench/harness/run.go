@@ -44,9 +44,9 @@ type CellResult struct {
 	// CPU is the user+sys CPU time of the whole process (producers,
 	// system and consumer; HTTP clients and server for the HTTP systems)
 	// during production.
-	CPU         time.Duration
-	Early       int   // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
-	Note        string
+	CPU   time.Duration
+	Early int // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
+	Note  string
 }
 
 // CellOptions tune one run.
