@@ -503,6 +503,8 @@ func fresh(s harness.System) harness.System {
 		return &harness.Watermill{Tuned: s.Tuned}
 	case *harness.Txoutbox:
 		return &harness.Txoutbox{HotPath: s.HotPath, Via: s.Via, DoneDelay: s.DoneDelay, SkipDone: s.SkipDone, DeleteDone: s.DeleteDone}
+	case *harness.HTTP:
+		return &harness.HTTP{Baseline: s.Baseline}
 	}
 	panic(fmt.Sprintf("unknown system %T", s))
 }
