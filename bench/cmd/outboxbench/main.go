@@ -1,13 +1,20 @@
-// Command outboxbench runs the whole comparison of issue 6 against a local
-// MariaDB/MySQL — the raw database limit, Watermill's SQL forwarder
-// (default and tuned) and txoutbox (hot path and poller only) — and writes
-// BENCHMARKS.md. `make bench` runs it with the defaults.
+// Command outboxbench runs the comparison of issues 6 and 15 on a local
+// MariaDB/MySQL and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn) and
+// writes BENCHMARKS.md; `make bench` runs it with the defaults. Per
+// database: the producer tables (raw order only, order + minimal outbox
+// row, order + sqlstore's row, Watermill's forwarder default and tuned,
+// txoutbox hot path and poller only), the HTTP rows (chi + txmw against a
+// hand-written handler, real loopback HTTP), the batched UPDATE limit and
+// the backlog drains; the memory drain (MariaDB); then the connector
+// table.
 //
 //	go run ./cmd/outboxbench -out ../BENCHMARKS.md
 //
-// It creates its own uniquely named tables in the DSN's database and drops
-// them when each measurement ends. Flags narrow a run for investigation:
-// -systems and -concurrency pick cells, -cpuprofile profiles them.
+// It creates its own uniquely named tables in each database and drops
+// them when each measurement ends. It prints an estimate of its run time
+// at the start and the elapsed time at the end. Flags narrow a run for
+// investigation: -db, -systems and -concurrency pick cells, -cpuprofile
+// profiles them; -load adds the load test (-only-load: `make bench-load`).
 //
 // The connector table (-only-connectors, `make bench-connectors`) sends
 // the same events to NATS JetStream, RabbitMQ, Redis Streams and Kafka
@@ -258,7 +265,7 @@ func write(out string, render func(io.Writer)) {
 // BENCHMARKS.md was measured on: per cell its duration plus setup and the
 // wait for the last deliveries; the drains at the rates measured there.
 func estimate(dbs, repeats, concs, systems int, cell time.Duration, sizes []int, largeReps int, watermill, mem bool, memN int64, conn, load bool, loadReps int, loadDur time.Duration, loadRates int) time.Duration {
-	const overhead = 1500 * time.Millisecond // setup, drain wait, teardown of a cell
+	const overhead = 800 * time.Millisecond // setup, drain wait, teardown of a cell
 	t := time.Duration(dbs*repeats*concs*systems) * (cell + overhead)
 	t += time.Duration(dbs*repeats) * 3 * time.Second // batched UPDATE limit
 	for _, n := range sizes {
