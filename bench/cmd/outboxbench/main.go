@@ -57,7 +57,7 @@ func main() {
 		dbs         = flag.String("db", "mariadb,postgres", "databases of the producer, HTTP and drain tables: mariadb, postgres")
 		out         = flag.String("out", "BENCHMARKS.md", "report to write; empty: none")
 		jsonOut     = flag.String("json", "", "also write the raw results as JSON to this file")
-		duration    = flag.Duration("duration", 4*time.Second, "production time per cell")
+		duration    = flag.Duration("duration", 6*time.Second, "production time per cell")
 		repeats     = flag.Int("repeats", 3, "repeats of every cell")
 		concurrency = flag.String("concurrency", "1,4,16,64", "producer (and HTTP client) counts")
 		systems     = flag.String("systems", "", "comma-separated substrings; run only matching systems (the raw references always run)")
@@ -194,7 +194,7 @@ func main() {
 		chosen = append(chosen, &harness.Txoutbox{HotPath: true, DoneDelay: 10 * time.Millisecond}, &harness.Txoutbox{HotPath: true, DeleteDone: true}, &harness.Txoutbox{HotPath: true, SkipDone: true})
 	}
 	withMariaDB := slices.Contains(dialects, harness.MariaDB)
-	est := estimate(len(dialects), *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
+	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
 	logf("estimated time: %v (finishes about %s)", est.Round(time.Minute), time.Now().Add(est).Format("15:04"))
 
@@ -263,35 +263,42 @@ func write(out string, render func(io.Writer)) {
 
 // estimate is how long the run will take on a 2-core machine like the one
 // BENCHMARKS.md was measured on: per cell its duration plus setup and the
-// wait for the last deliveries; the drains at the rates measured there.
-func estimate(dbs, repeats, concs, systems int, cell time.Duration, sizes []int, largeReps int, watermill, mem bool, memN int64, conn, load bool, loadReps int, loadDur time.Duration, loadRates int) time.Duration {
-	const overhead = 800 * time.Millisecond // setup, drain wait, teardown of a cell
-	t := time.Duration(dbs*repeats*concs*systems) * (cell + overhead)
-	t += time.Duration(dbs*repeats) * 3 * time.Second // batched UPDATE limit
+// wait for the last deliveries (5 s more where Watermill loses events on
+// MariaDB); the drains at the rates measured there.
+func estimate(dbs []*harness.Dialect, repeats, concs, systems int, cell time.Duration, sizes []int, largeReps int, watermill, mem bool, memN int64, conn, load bool, loadReps int, loadDur time.Duration, loadRates int) time.Duration {
+	const overhead = 200 * time.Millisecond // setup, drain wait, teardown of a cell
+	rate := func(n int, perSec float64) time.Duration {
+		return time.Duration(float64(n) / perSec * float64(time.Second))
+	}
+	t := time.Duration(len(dbs)*repeats*concs*systems) * (cell + overhead)
+	if watermill && slices.Contains(dbs, harness.MariaDB) {
+		t += time.Duration(repeats*2*max(0, concs-1)) * 5 * time.Second
+	}
+	t += time.Duration(len(dbs)*repeats) * 2 * time.Second // batched UPDATE limit
 	for _, n := range sizes {
 		reps := repeats
 		if n > 50_000 {
 			reps = largeReps
 		}
-		// Prefill ~25k rows/s; txoutbox ~15k/s default and ~20k/s with
-		// batches of 1000; Watermill ~5k/s.
-		per := 3*time.Duration(n)*time.Second/25_000 + time.Duration(n)*time.Second/15_000 + time.Duration(n)*time.Second/20_000
+		// Prefill ~50k rows/s; txoutbox ~18k/s by default and ~30k/s
+		// with batches of 1000; Watermill tuned ~14k/s, default ~6k/s.
+		per := 2*rate(n, 50_000) + rate(n, 18_000) + rate(n, 30_000)
 		if n <= 50_000 {
-			per += 2*time.Duration(n)*time.Second/20_000 + 2*time.Duration(n)*time.Second/25_000
+			per += 2*rate(n, 50_000) + rate(n, 15_000) + rate(n, 3_000) // the 1 ms destinations
 		}
 		if watermill {
-			per += time.Duration(n) * time.Second / 5_000
+			per += rate(n, 50_000) + rate(n, 14_000)
 			if n <= 50_000 {
-				per += time.Duration(n)*time.Second/5_000 + time.Duration(n)*time.Second/25_000
+				per += rate(n, 50_000) + rate(n, 6_000)
 			}
 		}
-		t += time.Duration(dbs*reps) * per
+		t += time.Duration(len(dbs)*reps) * per
 	}
 	if mem {
-		t += time.Duration(memN)*time.Second/25_000 + time.Duration(memN)*time.Second/20_000
+		t += rate(int(memN), 50_000) + rate(int(memN), 16_000)
 	}
 	if conn {
-		t += 3 * time.Minute
+		t += 2 * time.Minute
 	}
 	if load {
 		t += time.Duration(loadReps*(2+2*loadRates)) * (loadDur + 5*time.Second)
