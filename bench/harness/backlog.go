@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -34,9 +33,6 @@ type DrainResult struct {
 	DoneRows   int64 // txoutbox: rows DONE in the table after Close
 	Mem        []MemSample
 	Note       string
-	// ClaimIn and ClaimEq time one claim SELECT on the full backlog as
-	// sqlstore writes it (status IN (0, 2)) and with status = 0 alone.
-	ClaimIn, ClaimEq time.Duration
 }
 
 // MemSample is the process's memory at one moment of a drain.
@@ -54,7 +50,7 @@ type MemSample struct {
 // written a minute ago, not leased.
 func prefillOutbox(ctx context.Context, db *sqlx.DB, table string, first, n int64) error {
 	const batch = 1000
-	const ago = "(UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE)"
+	ago := dialectOf(db).Ago
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(2)
 	for lo := first; lo < first+n; lo += batch {
@@ -71,10 +67,10 @@ func prefillOutbox(ctx context.Context, db *sqlx.DB, table string, first, n int6
 				if i > lo {
 					sb.WriteString(",")
 				}
-				sb.WriteString(`(?, 'OrderPlaced', 'order', ?, '', NULL, ?, 1, ` + ago + `, 0, 0, ` + ago + `, ` + ago + `)`)
+				sb.WriteString(`(?, 'OrderPlaced', 'order', ?, '', NULL, ?, TRUE, ` + ago + `, 0, 0, ` + ago + `, ` + ago + `)`)
 				args = append(args, ids[i-lo], strconv.FormatInt(i, 10), Payload(i))
 			}
-			_, err := db.ExecContext(ctx, sb.String(), args...)
+			_, err := db.ExecContext(ctx, db.Rebind(sb.String()), args...)
 			return err
 		})
 	}
@@ -102,14 +98,15 @@ func RawUpdateRate(ctx context.Context, db *sqlx.DB, n int64, batch int) (float6
 	if err := db.SelectContext(ctx, &ids, "SELECT id FROM "+st.Table()+" ORDER BY id"); err != nil {
 		return 0, err
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE "+st.Table()+" SET locked_by = 'raw', locked_until = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"); err != nil {
+	d := dialectOf(db)
+	if _, err := db.ExecContext(ctx, "UPDATE "+st.Table()+" SET locked_by = 'raw', locked_until = "+d.NowPlusHour); err != nil {
 		return 0, err
 	}
 	start := time.Now()
 	for lo := 0; lo < len(ids); lo += batch {
 		chunk := ids[lo:min(lo+batch, len(ids))]
-		q := `UPDATE ` + st.Table() + ` SET status = 1, done_at = UTC_TIMESTAMP(6), locked_by = NULL, locked_until = NULL
-WHERE locked_by = ? AND status IN (0, 2) AND id IN (` + strings.TrimSuffix(strings.Repeat("?, ", len(chunk)), ", ") + `)`
+		q := db.Rebind(`UPDATE ` + st.Table() + ` SET status = 1, done_at = ` + d.Now + `, locked_by = NULL, locked_until = NULL
+WHERE locked_by = ? AND status IN (0, 2) AND id IN (` + strings.TrimSuffix(strings.Repeat("?, ", len(chunk)), ", ") + `)`)
 		args := []any{"raw"}
 		for _, id := range chunk {
 			args = append(args, id)
@@ -179,13 +176,6 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 	}
 	res.Prefill = time.Since(t0)
 	logf(o.Log, "prefilled %d events in %v", o.N, res.Prefill.Round(time.Millisecond))
-	if res.ClaimIn, err = timeClaim(ctx, db, st.Table(), "status IN (0, 2)"); err != nil {
-		return res, err
-	}
-	if res.ClaimEq, err = timeClaim(ctx, db, st.Table(), "status = 0"); err != nil {
-		return res, err
-	}
-
 	rec := NewRecorder(int(o.N))
 	var m Counters
 	var store driver.Store = st
@@ -274,31 +264,6 @@ func DrainWatermill(ctx context.Context, db *sqlx.DB, tuned bool, o DrainOptions
 	stopSampling()
 	res.finish(rec, start)
 	return res, nil
-}
-
-// timeClaim times the claim's SELECT … FOR UPDATE SKIP LOCKED of 200
-// rows with the given status condition, in a transaction rolled back.
-func timeClaim(ctx context.Context, db *sqlx.DB, table, cond string) (time.Duration, error) {
-	q := `SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by FROM ` + table + `
-WHERE ` + cond + ` AND available_at <= UTC_TIMESTAMP(6)
-  AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) AND created_at <= (UTC_TIMESTAMP(6) - INTERVAL 1000000 MICROSECOND)
-ORDER BY available_at LIMIT 200 FOR UPDATE SKIP LOCKED`
-	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback()
-	t0 := time.Now()
-	rows, err := tx.QueryContext(ctx, q)
-	if err != nil {
-		return 0, fmt.Errorf("harness: time claim: %w", err)
-	}
-	for rows.Next() {
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return 0, fmt.Errorf("harness: time claim: %w", err)
-	}
-	return time.Since(t0), nil
 }
 
 // kick calls ob.Poll whenever the cold queue has room for a batch, until

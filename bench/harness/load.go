@@ -77,15 +77,6 @@ func (r LoadResult) HotShare() float64 {
 	return float64(r.Hot) / float64(r.Delivered)
 }
 
-const loadOutboxDDL = `CREATE TABLE %s (
-  id           BINARY(16)   NOT NULL PRIMARY KEY,
-  event_type   VARCHAR(128) NOT NULL,
-  aggregate_id VARCHAR(128) NOT NULL,
-  payload      JSON         NOT NULL,
-  created_at   DATETIME(6)  NOT NULL,
-  KEY %s_created (created_at)
-) ENGINE=InnoDB`
-
 // RunLoad runs one load test on db's database.
 func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadResult, error) {
 	if o.Log == nil {
@@ -93,8 +84,8 @@ func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadR
 	}
 	o.Instances = max(o.Instances, 1)
 	prefix := UniquePrefix("load")
-	orders := "`" + prefix + "_orders`"
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(ordersDDL, orders)); err != nil {
+	orders := MariaDB.Quote(prefix + "_orders")
+	if err := createOrders(ctx, db, orders); err != nil {
 		return LoadResult{}, err
 	}
 	defer db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+orders)
@@ -130,8 +121,8 @@ func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadR
 		}
 	}()
 	if o.Baseline {
-		minimal := "`" + prefix + "_outbox`"
-		if _, err := db.ExecContext(ctx, fmt.Sprintf(loadOutboxDDL, minimal, prefix)); err != nil {
+		minimal := MariaDB.Quote(prefix + "_outbox")
+		if err := createMinimal(ctx, db, minimal, prefix); err != nil {
 			return res, err
 		}
 		closers = append(closers, func() { db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+minimal) })
@@ -144,7 +135,7 @@ func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadR
 			pool.SetMaxIdleConns(o.Clients)
 			closers = append(closers, func() { pool.Close() })
 			r := chi.NewRouter()
-			insOrder := fmt.Sprintf(insertOrder, orders)
+			insOrder := insertOrderSQL(db, orders)
 			insEvent := `INSERT INTO ` + minimal + ` (id, event_type, aggregate_id, payload, created_at) VALUES (?, 'OrderPlaced', ?, ?, UTC_TIMESTAMP(6))`
 			r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 				seq := seqs.Add(1)
@@ -206,7 +197,7 @@ func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadR
 			closers = append(closers, func() { ob.Close(context.Background()) })
 			r := chi.NewRouter()
 			r.Use(txmw.Transactional(pool, middleware.WithOutbox(ob)))
-			insOrder := fmt.Sprintf(insertOrder, orders)
+			insOrder := insertOrderSQL(db, orders)
 			r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
 				seq := seqs.Add(1)
 				ctx := r.Context()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -40,8 +41,12 @@ type CellResult struct {
 	Lost        int64 // committed orders never delivered
 	Duplicates  int64
 	Phantoms    int64 // deliveries of events whose order is not in the table
-	Early       int   // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
-	Note        string
+	// CPU is the user+sys CPU time of the whole process (producers,
+	// system and consumer; HTTP clients and server for the HTTP systems)
+	// during production.
+	CPU   time.Duration
+	Early int // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
+	Note  string
 }
 
 // CellOptions tune one run.
@@ -66,8 +71,9 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	// Room for 40k tx/s, far above what one MariaDB on this kind of
 	// machine commits durably.
 	rec := NewRecorder(int(o.Duration.Seconds()*40000) + 10000)
-	env := &Env{DB: db, Rec: rec, Prefix: o.Prefix, Orders: quote(o.Prefix + "_orders")}
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(ordersDDL, env.Orders)); err != nil {
+	d := dialectOf(db)
+	env := &Env{DB: db, D: d, Rec: rec, Prefix: o.Prefix, Orders: d.Quote(o.Prefix + "_orders")}
+	if err := createOrders(ctx, db, env.Orders); err != nil {
 		return res, fmt.Errorf("harness: create orders table: %w", err)
 	}
 	defer func() {
@@ -78,6 +84,7 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	}
 
 	// Producers.
+	cpu0 := processCPU()
 	start := rec.Since()
 	deadline := time.Now().Add(o.Duration)
 	var wg sync.WaitGroup
@@ -106,6 +113,7 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	}
 	wg.Wait()
 	end := rec.Since()
+	res.CPU = processCPU() - cpu0
 	res.Duration = end - start
 	var all []time.Duration
 	for w := range o.Concurrency {
@@ -176,6 +184,15 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	}
 	res.Phantoms += rec.unknown.Load()
 	return res, nil
+}
+
+// processCPU returns the user+sys CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // quieter is implemented by systems that may legitimately deliver nothing

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -34,21 +35,19 @@ type System interface {
 // Env is what a system gets for one run.
 type Env struct {
 	DB     *sqlx.DB
+	D      *Dialect // the database's dialect; nil: from DB's driver
 	Rec    *Recorder
 	Prefix string // unique table-name prefix of this run
 	Orders string // quoted name of the orders table
 }
 
-// ordersDDL is the business table every system writes one row to.
-const ordersDDL = `CREATE TABLE %s (
-  id          BIGINT      NOT NULL PRIMARY KEY,
-  customer_id VARCHAR(32) NOT NULL,
-  total_cents BIGINT      NOT NULL,
-  status      VARCHAR(16) NOT NULL,
-  created_at  DATETIME(6) NOT NULL
-) ENGINE=InnoDB`
-
-const insertOrder = `INSERT INTO %s (id, customer_id, total_cents, status, created_at) VALUES (?, ?, ?, 'placed', UTC_TIMESTAMP(6))`
+// dialect returns the run's dialect.
+func (e *Env) dialect() *Dialect {
+	if e.D == nil {
+		e.D = dialectOf(e.DB)
+	}
+	return e.D
+}
 
 func orderArgs(seq int64) []any {
 	return []any{seq, "cust-" + strconv.FormatInt(seq%100000, 10), 1999 + seq%5000}
@@ -71,8 +70,6 @@ func seqOf(s string) int64 {
 	return n
 }
 
-func quote(name string) string { return "`" + name + "`" }
-
 func dropTables(ctx context.Context, db *sqlx.DB, quoted ...string) error {
 	var errs []string
 	for _, t := range quoted {
@@ -88,20 +85,43 @@ func dropTables(ctx context.Context, db *sqlx.DB, quoted ...string) error {
 
 // --- raw SQL ---
 
-// Raw is the database limit: the same transaction in plain SQL, with the
-// same outbox row txoutbox writes (WithOutbox) or with the order alone.
+// RawRow is which outbox row a Raw transaction writes besides the order.
+type RawRow int
+
+const (
+	// RawNone writes the order alone.
+	RawNone RawRow = iota
+	// RawMinimal writes a minimal outbox row: ULID bytes id, type,
+	// aggregate id, JSON payload, created-at, one secondary index.
+	RawMinimal
+	// RawSqlstore writes sqlstore's exact INSERT into its migrated table.
+	RawSqlstore
+)
+
+// Raw is the database limit: the same transaction in plain SQL, with a
+// minimal outbox row, with the row txoutbox writes, or with the order
+// alone.
 type Raw struct {
-	WithOutbox bool
+	Row RawRow
 
 	env    *Env
-	table  string
+	tables []string
 	qOrder string
 	qEvent string
 }
 
+// Names of the raw systems; RawLimitName is the reference of the ratios.
+var (
+	RawLimitName    = (&Raw{Row: RawMinimal}).Name()
+	RawSqlstoreName = (&Raw{Row: RawSqlstore}).Name()
+)
+
 func (s *Raw) Name() string {
-	if s.WithOutbox {
-		return "raw SQL: order + outbox row"
+	switch s.Row {
+	case RawMinimal:
+		return "raw SQL: order + minimal outbox row"
+	case RawSqlstore:
+		return "raw SQL: order + sqlstore's outbox row"
 	}
 	return "raw SQL: order only"
 }
@@ -110,23 +130,43 @@ func (s *Raw) Delivers() bool { return false }
 
 func (s *Raw) Setup(ctx context.Context, env *Env) error {
 	s.env = env
-	s.qOrder = fmt.Sprintf(insertOrder, env.Orders)
-	if !s.WithOutbox {
-		return nil
+	s.qOrder = insertOrderSQL(env.DB, env.Orders)
+	switch s.Row {
+	case RawMinimal:
+		t := env.dialect().Quote(env.Prefix + "_min")
+		s.tables = []string{t}
+		if err := createMinimal(ctx, env.DB, t, env.Prefix+"_min"); err != nil {
+			return err
+		}
+		s.qEvent = minimalInsert(env.DB, t)
+	case RawSqlstore:
+		store, err := newStore(ctx, env.DB, env.Prefix+"_rawob")
+		if err != nil {
+			return err
+		}
+		s.tables = storeTables(store)
+		s.qEvent = rawInsert(env.DB, store.Table())
 	}
-	store, err := newStore(ctx, env.DB, env.Prefix+"_rawob")
-	if err != nil {
-		return err
-	}
-	s.table = store.Table()
-	s.qEvent = rawInsert(s.table)
 	return nil
 }
 
+// minimalInsert is the INSERT of one minimal outbox row.
+func minimalInsert(db *sqlx.DB, table string) string {
+	return db.Rebind(`INSERT INTO ` + table + ` (id, event_type, aggregate_id, payload, created_at) VALUES (?, 'OrderPlaced', ?, ?, ` + dialectOf(db).Now + `)`)
+}
+
 // rawInsert is the INSERT sqlstore issues for one event, verbatim.
-func rawInsert(table string) string {
-	return `INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, (UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND))`
+func rawInsert(db *sqlx.DB, table string) string {
+	d := dialectOf(db)
+	return db.Rebind(`INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.Now + `, ` + d.Now + `, ?, ` + d.NowPlusMicros + `)`)
+}
+
+// minimalRow is the minimal outbox row's arguments: a client-side ULID as
+// 16 bytes, the aggregate id and the payload.
+func minimalRow(seq int64, payload []byte) []any {
+	id := ulid.Make()
+	return []any{id[:], strconv.FormatInt(seq, 10), payload}
 }
 
 func (s *Raw) Tx(ctx context.Context, seq int64, payload []byte) error {
@@ -138,7 +178,12 @@ func (s *Raw) Tx(ctx context.Context, seq int64, payload []byte) error {
 	if _, err := tx.ExecContext(ctx, s.qOrder, orderArgs(seq)...); err != nil {
 		return err
 	}
-	if s.WithOutbox {
+	switch s.Row {
+	case RawMinimal:
+		if _, err := tx.ExecContext(ctx, s.qEvent, minimalRow(seq, payload)...); err != nil {
+			return err
+		}
+	case RawSqlstore:
 		if _, err := tx.ExecContext(ctx, s.qEvent, outbox.NewID(), "OrderPlaced", "order", strconv.FormatInt(seq, 10), "", nil,
 			payload, true, time.Now().UTC(), "raw", int64(30e6)); err != nil {
 			return err
@@ -152,11 +197,8 @@ func (s *Raw) Tx(ctx context.Context, seq int64, payload []byte) error {
 }
 
 func (s *Raw) Teardown(ctx context.Context) error {
-	if s.table == "" {
+	if len(s.tables) == 0 {
 		return nil
 	}
-	return dropTables(ctx, s.env.DB, s.table, schemaTable(s.table))
+	return dropTables(ctx, s.env.DB, s.tables...)
 }
-
-// schemaTable is sqlstore's migrations table for a quoted table name.
-func schemaTable(quoted string) string { return quoted[:len(quoted)-1] + "_schema`" }

@@ -3,11 +3,14 @@ package harness
 // Systems returns every system of the producer workload, in report order.
 func Systems() []System {
 	return []System{
-		&Raw{WithOutbox: false},
-		&Raw{WithOutbox: true},
+		&Raw{Row: RawNone},
+		&Raw{Row: RawMinimal},
+		&Raw{Row: RawSqlstore},
 		&Watermill{},
 		&Watermill{Tuned: true},
 		&Txoutbox{HotPath: true},
 		&Txoutbox{HotPath: false},
+		&HTTP{Baseline: true},
+		&HTTP{},
 	}
 }

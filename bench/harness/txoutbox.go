@@ -156,7 +156,7 @@ func envelope(seq int64, payload []byte) outbox.Envelope {
 // beginTxRunner opens the transaction with outbox.BeginTx and publishes
 // with PublishTx.
 func beginTxRunner(env *Env, ob *outbox.Outbox) txRunner {
-	q := fmt.Sprintf(insertOrder, env.Orders)
+	q := insertOrderSQL(env.DB, env.Orders)
 	return func(ctx context.Context, seq int64, payload []byte) error {
 		tx, err := outbox.BeginTx(ctx, env.DB.DB, nil)
 		if err != nil {
@@ -240,8 +240,8 @@ func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string
 		for _, id := range ids {
 			args = append(args, id)
 		}
-		res, err := e.db.ExecContext(ctx, `DELETE FROM `+e.Table()+` WHERE locked_by = ? AND status IN (0, 2) AND id IN (`+
-			strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")+`)`, args...)
+		res, err := e.db.ExecContext(ctx, e.db.Rebind(`DELETE FROM `+e.Table()+` WHERE locked_by = ? AND status IN (0, 2) AND id IN (`+
+			strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")+`)`), args...)
 		if err != nil {
 			return 0, err
 		}

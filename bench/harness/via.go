@@ -32,7 +32,7 @@ type seqKey struct{}
 // handler inserts the order with txmw.Tx and publishes with the
 // package-level outbox.Publish, and a 201 commits.
 func txmwRunner(env *Env, ob *outbox.Outbox) txRunner {
-	q := fmt.Sprintf(insertOrder, env.Orders)
+	q := insertOrderSQL(env.DB, env.Orders)
 	h := txmw.Transactional(env.DB, middleware.WithOutbox(ob))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		seq := ctx.Value(seqKey{}).(int64)

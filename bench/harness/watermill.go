@@ -23,7 +23,7 @@ const (
 // Watermill is Watermill's SQL Pub/Sub with its forwarder component: the
 // business transaction publishes through a forwarder.Publisher over a
 // watermill-sql Publisher bound to the transaction; the forwarder polls
-// the table with the MySQL schema and offsets adapter and republishes to
+// the table with the database's default schema and offsets adapters and republishes to
 // an in-process GoChannel, where the listener is.
 type Watermill struct {
 	// Tuned polls every 10 ms and reads batches of 1000; otherwise the
@@ -31,8 +31,8 @@ type Watermill struct {
 	Tuned bool
 
 	env     *Env
-	schema  wsql.DefaultMySQLSchema
-	offsets wsql.DefaultMySQLOffsetsAdapter
+	schema  wsql.SchemaAdapter
+	offsets wsql.OffsetsAdapter
 	tables  []string
 	fwd     *forwarder.Forwarder
 	gc      *gochannel.GoChannel
@@ -48,19 +48,23 @@ func (s *Watermill) Name() string {
 	return "Watermill forwarder, default"
 }
 
-// WatermillSettings describes the two Watermill configurations.
-const WatermillSettings = "watermill-sql DefaultMySQLSchema + DefaultMySQLOffsetsAdapter, forwarder.Forwarder to gochannel.GoChannel (default config); default: PollInterval 1s, SubscribeBatchSize 100; tuned: PollInterval 10ms, SubscribeBatchSize 1000"
+// WatermillSettings describes the two Watermill configurations on d.
+func WatermillSettings(d *Dialect) string {
+	return "watermill-sql " + d.WatermillAdapters + watermillSettings
+}
+
+const watermillSettings = ", forwarder.Forwarder to gochannel.GoChannel (default config); default: PollInterval 1s, SubscribeBatchSize 100; tuned: PollInterval 10ms, SubscribeBatchSize 1000"
 
 func (s *Watermill) Delivers() bool { return true }
 
-func (s *Watermill) configure(prefix string) {
-	msgs := func(topic string) string { return quote(prefix + "_wm_" + sanitize(topic)) }
-	offs := func(topic string) string { return quote(prefix + "_wmoff_" + sanitize(topic)) }
-	s.schema = wsql.DefaultMySQLSchema{GenerateMessagesTableName: msgs}
+func (s *Watermill) configure(d *Dialect, prefix string) {
+	msgs := func(topic string) string { return d.Quote(prefix + "_wm_" + sanitize(topic)) }
+	offs := func(topic string) string { return d.Quote(prefix + "_wmoff_" + sanitize(topic)) }
+	batch := 0 // the library's default, 100
 	if s.Tuned {
-		s.schema.SubscribeBatchSize = 1000
+		batch = 1000
 	}
-	s.offsets = wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offs}
+	s.schema, s.offsets = d.watermill(msgs, offs, batch)
 	s.tables = []string{msgs(wmForwarderTopic), offs(wmForwarderTopic)}
 }
 
@@ -98,8 +102,8 @@ func (s *Watermill) Setup(ctx context.Context, env *Env) error {
 // prepare creates the tables without starting the forwarder.
 func (s *Watermill) prepare(ctx context.Context, env *Env) error {
 	s.env = env
-	s.qOrder = fmt.Sprintf(insertOrder, env.Orders)
-	s.configure(env.Prefix)
+	s.qOrder = insertOrderSQL(env.DB, env.Orders)
+	s.configure(env.dialect(), env.Prefix)
 	sub, err := wsql.NewSubscriber(env.DB.DB, s.subscriberConfig(), watermill.NopLogger{})
 	if err != nil {
 		return fmt.Errorf("harness: watermill subscriber: %w", err)
