@@ -64,6 +64,21 @@ type Dialect struct {
 	// rows). PostgreSQL marks dead index entries on the first scan that
 	// meets them, so its claims stay flat without a cursor.
 	claimCursor bool
+	// byIDStatus is the status column in the WHERE of writes that name
+	// their rows by id. PostgreSQL's generic plan for such a prepared
+	// statement (pgx prepares every statement; the sixth run of one gets
+	// it) prefers the (status, available_at) index when few rows are due
+	// and then reads every due entry per write; "status + 0" is no index's
+	// key, which leaves it the primary key (MySQL has FORCE INDEX).
+	byIDStatus string
+}
+
+// statusByID returns the status column for the WHERE of by-id writes.
+func (d *Dialect) statusByID() string {
+	if d.byIDStatus != "" {
+		return d.byIDStatus
+	}
+	return "status"
 }
 
 // Name returns the dialect's name: "mysql", "postgres" or "sqlite".
@@ -111,6 +126,7 @@ var (
 		readCommitted:   true,
 		migrationLock:   "SELECT pg_advisory_lock(hashtext(?))",
 		migrationUnlock: "SELECT pg_advisory_unlock(hashtext(?))",
+		byIDStatus:      "(status + 0)",
 	}
 	// SQLite is SQLite 3.42+ through modernc.org/sqlite, for one process:
 	// open it with the DSN from SQLiteDSN (immediate transactions, WAL, a

@@ -181,7 +181,7 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 		if includeDead {
 			split = int(outbox.StatusSplit) // selected only when finished
 		}
-		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE status IN (?, ?, ?) AND id IN ` + in(k))
+		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE ` + s.d.statusByID() + ` IN (?, ?, ?) AND id IN ` + in(k))
 		n, err := s.execCount(ctx, q, stringArgs(ids[:k], int(outbox.StatusDone), dead, split)...)
 		total += int64(n)
 		if err != nil {

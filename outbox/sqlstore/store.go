@@ -208,14 +208,14 @@ func (s *Store) markDoneSQL(n int) string {
 		// No index hint: MySQL's single-table DELETE takes none. It runs
 		// at READ COMMITTED (execCount), so a plan that scans the primary
 		// key keeps no locks on the rows it passes.
-		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(n))
+		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id IN ` + in(n))
 	}
 	return s.rebind(s.q.update + ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL
-WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(n))
+WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id IN ` + in(n))
 }
 
 func (s *Store) extendSQL(n int) string {
-	return s.rebind(s.q.update + ` SET locked_until = ` + s.d.nowPlus + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(n))
+	return s.rebind(s.q.update + ` SET locked_until = ` + s.d.nowPlus + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id IN ` + in(n))
 }
 
 func (s *Store) releaseSQL(n int, delayed bool) string {
@@ -223,14 +223,14 @@ func (s *Store) releaseSQL(n int, delayed bool) string {
 	if delayed {
 		set += `, available_at = ` + s.d.nowPlus
 	}
-	return s.rebind(s.q.update + set + ` WHERE locked_by = ? AND status IN (0, 2) AND id IN ` + in(n))
+	return s.rebind(s.q.update + set + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id IN ` + in(n))
 }
 
 func (s *Store) replaySQL(n int) string {
 	// Due at their creation time: claims take the earliest due first, so
 	// replayed events go out in publish order.
 	return s.rebind(s.q.update + ` SET status = 0, attempts = 0, available_at = created_at, done_at = NULL, locked_by = NULL, locked_until = NULL
-WHERE status = 3 AND id IN ` + in(n))
+WHERE ` + s.d.statusByID() + ` = 3 AND id IN ` + in(n))
 }
 
 // in returns "(?, ?, …)" with n placeholders.
