@@ -228,6 +228,17 @@ func (r *DBReport) Targets(hot, cold string) []Target {
 		vsStore = append(vsStore, fmt.Sprintf("%d: %s", conc, r.ratios(cs, RawSqlstoreName, commitTPS).f(ratio)))
 	}
 	add(info("commit tx/s through Publish in txmw ÷ raw order + sqlstore's outbox row (same INSERT as txoutbox), by producers", strings.Join(vsStore, "; ")))
+	// The same with sqlstore's DeleteDelivered (no DONE history).
+	del := (&Txoutbox{HotPath: true, DeleteDelivered: true}).Name()
+	var vsDel []string
+	for _, conc := range r.Concurrency {
+		if cs := r.cellsOf(del, conc); len(cs) > 0 {
+			vsDel = append(vsDel, fmt.Sprintf("%d: %s", conc, r.ratios(cs, RawLimitName, commitTPS).f(ratio)))
+		}
+	}
+	if len(vsDel) > 0 {
+		add(info("commit tx/s through Publish in txmw with sqlstore's DeleteDelivered ÷ raw order + minimal outbox row, by producers", strings.Join(vsDel, "; ")))
+	}
 
 	// The outbox keeps up: delivered/s ÷ committed/s of the same cell.
 	var keep []string

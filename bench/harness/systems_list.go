@@ -9,6 +9,7 @@ func Systems() []System {
 		&Watermill{},
 		&Watermill{Tuned: true},
 		&Txoutbox{HotPath: true},
+		&Txoutbox{HotPath: true, DeleteDelivered: true},
 		&Txoutbox{HotPath: false},
 		&HTTP{Baseline: true},
 		&HTTP{},

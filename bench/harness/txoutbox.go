@@ -34,8 +34,9 @@ type Txoutbox struct {
 	// its batches; SkipDone does not mark events DONE at all.
 	DoneDelay time.Duration
 	SkipDone  bool
-	// DeleteDone deletes delivered rows instead of marking them DONE.
-	DeleteDone bool
+	// DeleteDelivered is sqlstore's Options.DeleteDelivered: delivered
+	// events are deleted instead of kept DONE.
+	DeleteDelivered bool
 
 	env   *Env
 	store *sqlstore.Store
@@ -50,6 +51,8 @@ type Via string
 const (
 	ViaTxmw    Via = "txmw"
 	ViaBeginTx Via = "outbox.BeginTx"
+	// ViaTransact is txmw.Transact and outbox.Publish, without HTTP.
+	ViaTransact Via = "txmw.Transact"
 )
 
 // txRunner runs one business transaction for a txoutbox system.
@@ -61,8 +64,8 @@ func (s *Txoutbox) Name() string {
 		name = "txoutbox, poller only"
 	}
 	switch {
-	case s.DeleteDone:
-		name += ", MarkDone as DELETE (experiment)"
+	case s.DeleteDelivered:
+		name += ", DeleteDelivered"
 	case s.SkipDone:
 		name += ", no MarkDone (experiment)"
 	case s.DoneDelay > 0:
@@ -103,7 +106,11 @@ func quietLogger() *slog.Logger {
 }
 
 func newStore(ctx context.Context, db *sqlx.DB, table string) (*sqlstore.Store, error) {
-	st, err := sqlstore.New(db, sqlstore.Options{Table: table})
+	return newStoreWith(ctx, db, sqlstore.Options{Table: table})
+}
+
+func newStoreWith(ctx context.Context, db *sqlx.DB, opts sqlstore.Options) (*sqlstore.Store, error) {
+	st, err := sqlstore.New(db, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -115,12 +122,12 @@ func newStore(ctx context.Context, db *sqlx.DB, table string) (*sqlstore.Store, 
 
 func (s *Txoutbox) Setup(ctx context.Context, env *Env) error {
 	s.env = env
-	st, err := newStore(ctx, env.DB, env.Prefix+"_ob")
+	st, err := newStoreWith(ctx, env.DB, sqlstore.Options{Table: env.Prefix + "_ob", DeleteDelivered: s.DeleteDelivered})
 	if err != nil {
 		return err
 	}
 	s.store = st
-	store := &countingStore{Store: st, db: env.DB, delay: s.DoneDelay, skip: s.SkipDone, del: s.DeleteDone, m: &s.M}
+	store := &countingStore{Store: st, delay: s.DoneDelay, skip: s.SkipDone, m: &s.M}
 	ob, err := outbox.New(store, s.Config())
 	if err != nil {
 		return err
@@ -221,10 +228,8 @@ func (c *Counters) Paths() (hot, dropped, cold int64) {
 // changes MarkDone for the completion experiments.
 type countingStore struct {
 	*sqlstore.Store
-	db    *sqlx.DB
 	delay time.Duration
 	skip  bool
-	del   bool
 	m     *Counters
 }
 
@@ -235,19 +240,6 @@ func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string
 		return len(ids), nil
 	}
 	time.Sleep(e.delay)
-	if e.del {
-		args := []any{owner}
-		for _, id := range ids {
-			args = append(args, id)
-		}
-		res, err := e.db.ExecContext(ctx, e.db.Rebind(`DELETE FROM `+e.Table()+` WHERE locked_by = ? AND status IN (0, 2) AND id IN (`+
-			strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")+`)`), args...)
-		if err != nil {
-			return 0, err
-		}
-		n, err := res.RowsAffected()
-		return int(n), err
-	}
 	return e.Store.MarkDone(ctx, owner, ids)
 }
 

@@ -191,7 +191,7 @@ func main() {
 		}
 	}
 	if *experiments {
-		chosen = append(chosen, &harness.Txoutbox{HotPath: true, DoneDelay: 10 * time.Millisecond}, &harness.Txoutbox{HotPath: true, DeleteDone: true}, &harness.Txoutbox{HotPath: true, SkipDone: true})
+		chosen = append(chosen, &harness.Txoutbox{HotPath: true, DoneDelay: 10 * time.Millisecond}, &harness.Txoutbox{HotPath: true, SkipDone: true})
 	}
 	withMariaDB := slices.Contains(dialects, harness.MariaDB)
 	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
@@ -516,7 +516,7 @@ func fresh(s harness.System) harness.System {
 	case *harness.Watermill:
 		return &harness.Watermill{Tuned: s.Tuned}
 	case *harness.Txoutbox:
-		return &harness.Txoutbox{HotPath: s.HotPath, Via: s.Via, DoneDelay: s.DoneDelay, SkipDone: s.SkipDone, DeleteDone: s.DeleteDone}
+		return &harness.Txoutbox{HotPath: s.HotPath, Via: s.Via, DoneDelay: s.DoneDelay, SkipDone: s.SkipDone, DeleteDelivered: s.DeleteDelivered}
 	case *harness.HTTP:
 		return &harness.HTTP{Baseline: s.Baseline}
 	}
