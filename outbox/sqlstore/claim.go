@@ -61,7 +61,7 @@ func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []dri
 		ids[i] = out[i].ID
 	}
 	q := s.leaseSQL(len(ids))
-	if _, err := tx.ExecContext(ctx, q, stringArgs(ids, req.Owner, req.Lease.Microseconds())...); err != nil {
+	if _, err := tx.ExecContext(ctx, q, s.idArgs(ids, req.Owner, req.Lease.Microseconds())...); err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: lease: %w", err)
 	}
 	if err := tx.Commit(); err != nil {

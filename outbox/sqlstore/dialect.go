@@ -71,6 +71,8 @@ type Dialect struct {
 	// and then reads every due entry per write; "status + 0" is no index's
 	// key, which leaves it the primary key (MySQL has FORCE INDEX).
 	byIDStatus string
+	// idArray binds the ids of a by-id write as one array (see idIn).
+	idArray bool
 }
 
 // statusByID returns the status column for the WHERE of by-id writes.
@@ -127,6 +129,7 @@ var (
 		migrationLock:   "SELECT pg_advisory_lock(hashtext(?))",
 		migrationUnlock: "SELECT pg_advisory_unlock(hashtext(?))",
 		byIDStatus:      "(status + 0)",
+		idArray:         true,
 	}
 	// SQLite is SQLite 3.42+ through modernc.org/sqlite, for one process:
 	// open it with the DSN from SQLiteDSN (immediate transactions, WAL, a

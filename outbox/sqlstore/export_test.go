@@ -11,11 +11,11 @@ type ByIDStatement struct {
 func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 	n := len(ids)
 	return []ByIDStatement{
-		{"claim lease", s.leaseSQL(n), stringArgs(ids, "me", int64(1000))},
-		{"mark done", s.markDoneSQL(n), stringArgs(ids, "me")},
-		{"extend leases", s.extendSQL(n), stringArgs(ids, int64(1000), "me")},
-		{"release", s.releaseSQL(n, false), stringArgs(ids, "me")},
-		{"release later", s.releaseSQL(n, true), stringArgs(ids, int64(1000), "me")},
-		{"replay", s.replaySQL(n), stringArgs(ids)},
+		{"claim lease", s.leaseSQL(n), s.idArgs(ids, "me", int64(1000))},
+		{"mark done", s.markDoneSQL(n), s.idArgs(ids, "me")},
+		{"extend leases", s.extendSQL(n), s.idArgs(ids, int64(1000), "me")},
+		{"release", s.releaseSQL(n, false), s.idArgs(ids, "me")},
+		{"release later", s.releaseSQL(n, true), s.idArgs(ids, int64(1000), "me")},
+		{"replay", s.replaySQL(n), s.idArgs(ids)},
 	}
 }

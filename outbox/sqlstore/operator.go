@@ -228,7 +228,7 @@ func (s *Store) ReplayDead(ctx context.Context, f outbox.DeadFilter, dryRun bool
 			}
 		}
 		if len(ids) > 0 {
-			n, err := s.execCount(ctx, s.replaySQL(len(ids)), stringArgs(ids)...)
+			n, err := s.execCount(ctx, s.replaySQL(len(ids)), s.idArgs(ids)...)
 			total += n
 			if err != nil {
 				return total, err

@@ -132,7 +132,7 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := s.execCount(ctx, s.replaySQL(len(ids)), stringArgs(ids)...)
+	n, err := s.execCount(ctx, s.replaySQL(len(ids)), s.idArgs(ids)...)
 	if err != nil {
 		return n, err
 	}

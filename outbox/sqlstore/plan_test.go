@@ -122,6 +122,8 @@ func TestEngineWritesUsePrimaryKeyInGenericPlans(t *testing.T) {
 			switch v := a.(type) {
 			case string:
 				lits[j] = "'" + v + "'"
+			case []string:
+				lits[j] = "ARRAY['" + strings.Join(v, "', '") + "']"
 			default:
 				lits[j] = fmt.Sprint(v)
 			}
