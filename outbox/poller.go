@@ -23,6 +23,9 @@ type poller struct {
 	nudge    chan struct{}  // wakes the poller; capacity 1
 	retryDue chan time.Time // due times of retries scheduled here
 	dropped  chan string    // ids dropped from a full hot queue, to release
+	// overflowUntil: until then, claims ignore SkipRecent (set when
+	// dropped events were released; owned by run's goroutine).
+	overflowUntil time.Time
 	runner
 }
 
@@ -70,7 +73,7 @@ func (o *Outbox) Poll(ctx context.Context) (int, error) {
 		return 0, ErrClosed
 	}
 	o.poller.releaseDropped(ctx)
-	n, _, err := o.poller.poll(ctx, o.cfg.PollBatchSize)
+	n, _, err := o.poller.poll(ctx, o.cfg.PollBatchSize, o.cfg.SkipRecent)
 	return n, err
 }
 
@@ -146,7 +149,21 @@ func (p *poller) run(ctx context.Context) {
 			roomy.Stop()
 		}
 		released += p.releaseDropped(ctx)
-		n, limit, err := p.poll(ctx, p.cfg.PollBatchSize)
+		// Events dropped from a full hot queue are claimed at once, not
+		// after SkipRecent: nothing else is about to deliver them (the
+		// window only spares claims of rows a hot path has in hand, and
+		// leases keep the poller off those anyway). For SkipRecent after
+		// a release, every claim here takes what is free, however young,
+		// so that a burst the hot queue could not hold goes out through
+		// the poller at its pace instead of a second later.
+		if released > 0 {
+			p.overflowUntil = time.Now().Add(p.cfg.SkipRecent)
+		}
+		skip := p.cfg.SkipRecent
+		if time.Now().Before(p.overflowUntil) {
+			skip = -1
+		}
+		n, limit, err := p.poll(ctx, p.cfg.PollBatchSize, skip)
 		if err == nil {
 			p.health.pollBeat.Store(time.Now().UnixNano())
 		}
@@ -182,7 +199,7 @@ func (p *poller) scheduleRetryWake(due time.Time) {
 	}
 }
 
-func (p *poller) poll(ctx context.Context, most int) (queued, limit int, err error) {
+func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (queued, limit int, err error) {
 	limit = min(most, cap(p.disp.cold)-len(p.disp.cold))
 	if limit <= 0 {
 		return 0, 0, nil
@@ -199,7 +216,7 @@ func (p *poller) poll(ctx context.Context, most int) (queued, limit int, err err
 		Owner:      p.cfg.InstanceID,
 		Limit:      limit,
 		Lease:      p.cfg.Lease,
-		SkipRecent: p.cfg.SkipRecent,
+		SkipRecent: skipRecent,
 	})
 	p.m.Statement("claim", len(rows), time.Since(claimStart))
 	if err != nil {

@@ -20,6 +20,7 @@ type clockStore struct {
 	nopDeliveries
 	mu     sync.Mutex
 	claims []time.Duration
+	skips  []time.Duration // each claim's SkipRecent
 	start  time.Time
 	supply int
 }
@@ -31,6 +32,7 @@ func (s *clockStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.claims = append(s.claims, time.Since(s.start))
+	s.skips = append(s.skips, req.SkipRecent)
 	n := min(req.Limit, s.supply)
 	s.supply -= n
 	rows := make([]driver.Row, n)
@@ -89,6 +91,19 @@ func TestPollerIdleBackoff(t *testing.T) {
 		}
 		if got := st.times(); len(got) != 7 || got[6] != 30*time.Second {
 			t.Fatalf("claims at %v, want one at 30s right after the overflow", got)
+		}
+		// That claim takes the released event however young it is; the
+		// idle claims before it kept SkipRecent.
+		st.mu.Lock()
+		skips := slices.Clone(st.skips)
+		st.mu.Unlock()
+		for i, sk := range skips[:6] {
+			if sk != DefaultSkipRecent {
+				t.Fatalf("idle claim %d with SkipRecent %v, want %v", i, sk, DefaultSkipRecent)
+			}
+		}
+		if skips[6] >= 0 {
+			t.Fatalf("the claim after the overflow has SkipRecent %v; want none (negative), so the dropped event goes out at once", skips[6])
 		}
 		// The released event is younger than SkipRecent (1s): the poller
 		// comes back for it then, not after its idle back-off.
