@@ -151,9 +151,6 @@ func (s *Store) claimNewRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row,
 		ok, cur = len(out)-n == want, claimCursor{}
 	}
 	s.mu.Lock()
-	if s.cursors == nil {
-		s.cursors = make(map[string]claimCursor)
-	}
 	if ok && last != nil {
 		cur.at, cur.id = last, out[len(out)-1].ID
 		s.cursors[req.Owner] = cur

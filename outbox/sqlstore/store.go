@@ -96,7 +96,8 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 	for i, p := range parts {
 		quoted[i] = d.quote(p)
 	}
-	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered}
+	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
+		cursors: make(map[string]claimCursor)}
 	s.q = s.buildQueries()
 	return s, nil
 }
