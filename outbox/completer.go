@@ -22,6 +22,7 @@ type completer struct {
 	log       *slog.Logger
 	health    *health
 	m         Metrics
+	seq       *sequencer
 
 	in chan *item
 	wg sync.WaitGroup
@@ -79,6 +80,7 @@ func (c *completer) run() {
 		}
 		for _, it := range batch {
 			c.inflight.release(it.key())
+			c.seq.next(it)
 		}
 	}
 }

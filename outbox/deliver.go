@@ -249,6 +249,7 @@ func (d *dispatcher) finish(it *item) {
 			// A Tx subscription's delivery: recorded in its own
 			// transaction already.
 			d.inflight.release(it.key())
+			d.seq.next(it)
 			return
 		}
 		d.comp.add(it) // the completer releases it after the write
@@ -311,6 +312,7 @@ func (d *dispatcher) recordFailures(it *item) {
 		})
 	}
 	held, err := write(writes)
+	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
 	if err != nil && ctx.Err() == nil {
 		// The database refused the outcome itself (the text, a column, a
 		// trigger): record it with a text it cannot refuse, so that

@@ -23,6 +23,7 @@ type dispatcher struct {
 	comp   *completer
 	leases *leaseKeeper
 	poller *poller
+	seq    *sequencer
 
 	hot, cold chan *item
 	inflight  inflightSet

@@ -45,6 +45,9 @@ func (o *Outbox) Start(ctx context.Context) error {
 	if !o.cfg.DisablePoller {
 		o.poller.start(ctx, o.poller.run)
 	}
+	if o.seq.ostore != nil && !o.reg.load().orderFilter().Empty() {
+		o.seq.start(ctx, o.seq.run)
+	}
 	return nil
 }
 
@@ -79,6 +82,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	// In order: nothing new is claimed; what is queued is delivered (or
 	// handed back); the last completions are written; then the rest.
 	o.poller.stop()
+	o.seq.stop()
 	o.disp.drain(ctx, o.reg.load().local)
 	o.comp.stop()
 	o.leases.stop()

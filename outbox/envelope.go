@@ -74,6 +74,11 @@ type Envelope struct {
 	AggregateID   string
 	// TenantID is carried through untouched for multi-tenant services.
 	TenantID string
+	// OrderingKey is the key whose events an Ordered subscription
+	// receives in order (see Order). Defaults to AggregateType and
+	// AggregateID joined by ":" (see Key); at most MaxOrderingKeyLen
+	// bytes. Brokers' connectors use it as the message key.
+	OrderingKey string
 	// Headers are string metadata (trace ids, content types). Keys must be
 	// HTTP-style tokens; values must not contain CR, LF or NUL; encoded as
 	// a JSON object they take at most MaxHeadersBytes.
@@ -82,6 +87,10 @@ type Envelope struct {
 	JSON json.RawMessage
 	// Bytes is the payload as opaque bytes, for events that are not JSON.
 	Bytes []byte
+
+	// seq is the event's number in its key's sequence when it is
+	// delivered in order, else 0.
+	seq int64
 }
 
 // Payload returns the payload, whichever of JSON and Bytes carries it.
@@ -131,6 +140,12 @@ func (e *Envelope) validate() error {
 	}
 	if err := checkText("TenantID", e.TenantID, MaxTenantIDLen); err != nil {
 		return err
+	}
+	if err := checkText("OrderingKey", e.OrderingKey, MaxOrderingKeyLen); err != nil {
+		return err
+	}
+	if k := e.Key(); len(k) > MaxOrderingKeyLen {
+		return invalid("OrderingKey", "the default key (aggregate type and id) is %d bytes, over %d: set a shorter OrderingKey", len(k), MaxOrderingKeyLen)
 	}
 	switch {
 	case e.JSON != nil && e.Bytes != nil:
@@ -265,6 +280,7 @@ func encode(env Envelope, now time.Time) (driver.Row, Envelope, error) {
 		Payload:       env.Payload(),
 		PayloadJSON:   env.IsJSON(),
 		OccurredAt:    env.OccurredAt,
+		OrderingKey:   env.OrderingKey,
 	}
 	if len(env.Headers) > 0 {
 		h, err := json.Marshal(env.Headers)
@@ -305,6 +321,8 @@ func decode(r *driver.Row) (Envelope, error) {
 		AggregateType: AggregateType(r.AggregateType),
 		AggregateID:   r.AggregateID,
 		TenantID:      r.TenantID,
+		OrderingKey:   r.OrderingKey,
+		seq:           r.KeySeq,
 	}
 	if len(r.Headers) > 0 {
 		var h map[string]string

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +57,7 @@ type Outbox struct {
 	leases  *leaseKeeper
 	sampler *sampler
 	cleaner *cleaner
+	seq     *sequencer
 
 	warnedUnstarted atomic.Bool // "published before Start" was logged
 
@@ -108,6 +111,9 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.leases = newLeaseKeeper(d, &o.disp.inflight)
 	o.sampler = &sampler{deps: d, disp: o.disp, lag: o.Lag}
 	o.cleaner = &cleaner{deps: d}
+	o.seq = newSequencer(d)
+	o.seq.disp, o.seq.reg = o.disp, o.reg
+	o.disp.seq, o.poller.seq, o.comp.seq = o.seq, o.seq, o.seq
 	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.poller = o.reg, o.comp, o.leases, o.poller
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil
@@ -203,7 +209,15 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	reg := o.reg.load()
 	var mine []Envelope
 	var mineRows, freeRows []driver.Row
+	var ordered []int
 	for i, env := range envs {
+		if o.seq.ostore != nil && reg.ordered(env.Type) {
+			if k := env.Key(); k != "" {
+				rows[i].OrderingKey, envs[i].OrderingKey = k, k
+				ordered = append(ordered, i)
+				continue
+			}
+		}
 		if hot && reg.has(env.Type) {
 			mine = append(mine, env)
 			mineRows = append(mineRows, rows[i])
@@ -218,17 +232,57 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	if err := o.insert(ctx, tx, freeRows, "", 0); err != nil {
 		return err
 	}
+	named, err := o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered, &mine)
+	if err != nil {
+		return err
+	}
 	for _, env := range envs {
 		o.m.Published(env.Type)
 	}
-	if len(mine) > 0 {
+	if len(mine) > 0 || len(named) > 0 {
 		tx.AfterCommit(func() {
 			for _, env := range mine {
 				o.enqueueHot(env, written)
 			}
+			for _, k := range named {
+				o.seq.name(k)
+			}
 		})
 	}
 	return nil
+}
+
+// insertOrdered writes the events at ordered (indexes into rows and envs)
+// numbered in their keys' sequences, key by key (a stable sort keeps
+// each key's own order), so that transactions publishing the same keys
+// lock them in the same order. A key's head goes to mine, for the hot
+// path; the keys of the others are returned, to be named to the
+// sequencer after commit: the event before may be finished by then, and
+// nobody else would look for them until a poll.
+func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry, hot bool, rows []driver.Row, envs []Envelope, ordered []int, mine *[]Envelope) ([]string, error) {
+	if len(ordered) == 0 {
+		return nil, nil
+	}
+	slices.SortStableFunc(ordered, func(a, b int) int { return strings.Compare(rows[a].OrderingKey, rows[b].OrderingKey) })
+	f := reg.orderFilter()
+	var named []string
+	for _, i := range ordered {
+		owner := ""
+		if hot && reg.has(envs[i].Type) {
+			owner = o.cfg.InstanceID
+		}
+		head, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
+		}
+		envs[i].seq = rows[i].KeySeq
+		if head && owner != "" {
+			*mine = append(*mine, envs[i])
+		} else if len(named) == 0 || named[len(named)-1] != rows[i].OrderingKey {
+			named = append(named, rows[i].OrderingKey)
+		}
+	}
+	return named, nil
 }
 
 func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []driver.Row, owner string, lease time.Duration) error {

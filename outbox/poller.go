@@ -19,6 +19,7 @@ type poller struct {
 	disp   *dispatcher
 	reg    *registrar
 	leases *leaseKeeper
+	seq    *sequencer
 
 	nudge    chan struct{}  // wakes the poller; capacity 1
 	retryDue chan time.Time // due times of retries scheduled here
@@ -299,6 +300,12 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 				unqueuedDeliveries = append(unqueuedDeliveries, key)
 			}
 		}
+	}
+	// The heads of ordering keys with events due.
+	if n, err := p.seq.sweep(ctx, limit-queued); err != nil {
+		p.log.Error("claim the events of ordering keys", slog.Any("error", err))
+	} else {
+		queued += n
 	}
 	p.leases.releaseDeliveries(ctx, unqueuedDeliveries, 0, "release unqueued deliveries")
 	p.leases.releaseLeases(ctx, unqueued, "release unqueued events")

@@ -85,6 +85,13 @@ type Subscription struct {
 	// implement driver.TxDeliveryStore (sqlstore does).
 	Tx TxHandler
 
+	// Order makes the subscription receive the events of one ordering key
+	// (Envelope.Key) one at a time, in the order they were committed:
+	// Ordered or OrderedSkipDead (see Order for the exact guarantee). The
+	// store must implement driver.OrderedStore (sqlstore does). Every
+	// instance must declare the same Order for a subscription.
+	Order Order
+
 	// Timeout bounds each call; its context is cancelled then, and a call
 	// that ignores its context is abandoned and the attempt counts as
 	// failed. Negative: no timeout. Defaults to Config.ListenerTimeout.
@@ -174,6 +181,9 @@ func (o *Outbox) Subscribe(s Subscription) error {
 	if reg.byName[s.Name] != nil {
 		return fmt.Errorf("outbox: Subscribe: a subscription named %q exists already; names must be unique", s.Name)
 	}
+	if _, ok := o.store.(driver.OrderedStore); s.Order != Unordered && !ok {
+		return errNoOrderedStore(o.store)
+	}
 	if _, ok := o.store.(driver.TxDeliveryStore); s.Tx != nil && !ok {
 		return fmt.Errorf("outbox: subscription %q has a Tx handler, but the store (%T) cannot run one: it does not implement driver.TxDeliveryStore", s.Name, o.store)
 	}
@@ -211,6 +221,9 @@ func (s *Subscription) validate() error {
 		}
 	}
 	var errs []error
+	if s.Order < Unordered || s.Order > OrderedSkipDead {
+		errs = append(errs, fmt.Errorf("outbox: subscription %q: Order %d is unknown: use Unordered, Ordered or OrderedSkipDead", s.Name, s.Order))
+	}
 	for _, f := range []struct {
 		name string
 		v    int

@@ -371,5 +371,5 @@ func logf(l func(string, ...any), format string, args ...any) {
 
 // storeTables lists the tables a migrated store has.
 func storeTables(st *sqlstore.Store) []string {
-	return []string{st.Table(), st.SchemaTable(), st.SubscriptionsTable(), st.DeliveriesTable(), st.AttemptsTable()}
+	return st.Tables()
 }

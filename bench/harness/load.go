@@ -181,7 +181,7 @@ func RunLoad(ctx context.Context, db *sqlx.DB, dsn string, o LoadOptions) (LoadR
 					return res, err
 				}
 				closers = append(closers, func() {
-					for _, t := range []string{st.Table(), st.SchemaTable(), st.SubscriptionsTable(), st.DeliveriesTable(), st.AttemptsTable()} {
+					for _, t := range st.Tables() {
 						db.ExecContext(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+t)
 					}
 				})

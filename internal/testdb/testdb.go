@@ -146,7 +146,7 @@ func StoreWith(t testing.TB, db *sqlx.DB, opts sqlstore.Options) *sqlstore.Store
 		t.Fatalf("migrate: %v", err)
 	}
 	t.Cleanup(func() {
-		DropTable(t, db, s.Table(), s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable())
+		DropTable(t, db, s.Tables()...)
 	})
 	return s
 }

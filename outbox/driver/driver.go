@@ -72,6 +72,13 @@ type Row struct {
 	Payload       []byte
 	PayloadJSON   bool
 	OccurredAt    time.Time
+	// OrderingKey is the event's ordering key, or "". An event with a
+	// KeySeq is delivered in order of its key (OrderedStore); one without
+	// keeps its key for handlers only.
+	OrderingKey string
+	// KeySeq is the event's number in its key's sequence, assigned by
+	// OrderedStore.InsertOrdered; 0 for an event not delivered in order.
+	KeySeq int64
 
 	// Set by Claim.
 	Status    Status
@@ -133,7 +140,8 @@ type Store interface {
 	// empty owner the row is free for any instance at once.
 	Insert(ctx context.Context, exec Execer, row *Row, owner string, lease time.Duration) error
 
-	// Claim takes up to req.Limit rows that are NEW or RETRY, due, older
+	// Claim takes up to req.Limit rows that are NEW or RETRY, have no
+	// KeySeq (ordered rows are claimed with OrderedStore.ClaimHeads), due, older
 	// than req.SkipRecent and not held by a live lease (not even one of
 	// req.Owner's), and leases them to req.Owner. Two concurrent Claims
 	// never return the same row. A row some of whose columns cannot be

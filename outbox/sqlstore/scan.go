@@ -11,9 +11,9 @@ import (
 )
 
 // rowColumns are the columns scanRow reads, in order.
-const rowColumns = "id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by"
+const rowColumns = "id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, created_at, locked_by, ordering_key, key_seq"
 
-const nRowColumns = 13
+const nRowColumns = 15
 
 var rowColumnNames = strings.Split(rowColumns, ", ")
 
@@ -77,6 +77,16 @@ func scanRow(rs interface{ Scan(...any) error }, extra ...any) (driver.Row, erro
 	r.CreatedAt = t.Time
 	if r.PrevOwner, err = textValue(vals[12], true); err != nil {
 		bad(12, err.Error())
+	}
+	if r.OrderingKey, err = textValue(vals[13], true); err != nil {
+		bad(13, err.Error())
+	}
+	if vals[14] != nil {
+		seq, err := intValue(vals[14])
+		if err != nil {
+			bad(14, err.Error())
+		}
+		r.KeySeq = int64(seq)
 	}
 	if len(problems) > 0 {
 		r.ReadError = errors.New("stored row cannot be read: " + strings.Join(problems, "; "))

@@ -143,9 +143,9 @@ func (s *Store) buildQueries() queries {
 	d, t := s.d, s.table
 	// The INSERT's head and one row of its VALUES, unbound: InsertBatch
 	// repeats the row and rebinds the whole.
-	insertHead := `INSERT INTO ` + t + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until)
+	insertHead := `INSERT INTO ` + t + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, locked_by, locked_until, ordering_key)
 VALUES `
-	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `)`
+	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `, ?)`
 	update := `UPDATE ` + t + d.byID
 	return queries{
 		update:       update,
@@ -160,7 +160,7 @@ VALUES `
 		// insert time, so SkipRecent is a bound on the same index.
 		claimNew: s.rebind(`SELECT ` + rowColumns + `, available_at FROM ` + t + `
 WHERE status = 0 AND available_at <= ` + d.nowMinus + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
 ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + d.lock),
 		// claimNew resumed after (available_at, id) of the last row claimed.
 		// The index is forced, and the cursor is a bound on available_at
@@ -169,11 +169,11 @@ ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + d.lock),
 		// is there to avoid.
 		claimNewAfter: s.rebind(`SELECT ` + rowColumns + `, available_at FROM ` + t + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
 WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
 ORDER BY available_at, id LIMIT ?` + d.lock),
 		claimRetry: s.rebind(`SELECT ` + rowColumns + ` FROM ` + t + `
 WHERE status = 2 AND available_at <= ` + d.now + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.now + `)
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
 ORDER BY available_at LIMIT ?` + d.lock),
 		markRetry: s.rebind(update + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
@@ -274,7 +274,7 @@ func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *driver.Row, o
 	return s.explain(err)
 }
 
-// An INSERT of InsertBatch holds at most insertBatchRows rows (11
+// An INSERT of InsertBatch holds at most insertBatchRows rows (12
 // parameters a row stay far below every dialect's limit on bound
 // parameters) and, past its first row, at most insertBatchBytes of
 // payloads and headers (well under MySQL's default max_allowed_packet).
@@ -299,7 +299,7 @@ func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []driv
 		rows = rows[n:]
 		var sb strings.Builder
 		sb.WriteString(s.q.insertHead)
-		args := make([]any, 0, 11*len(chunk))
+		args := make([]any, 0, 12*len(chunk))
 		for i := range chunk {
 			if i > 0 {
 				sb.WriteString(", ")
@@ -328,8 +328,12 @@ func (s *Store) insertArgs(args []any, r *driver.Row, owner string, lease time.D
 	if owner != "" {
 		lockedBy, leaseArg = owner, lease.Microseconds()
 	}
+	var key any
+	if r.OrderingKey != "" {
+		key = r.OrderingKey
+	}
 	return append(args, r.ID, r.Type, r.AggregateType, r.AggregateID, r.TenantID, headers, payload, r.PayloadJSON,
-		s.d.timeArg(r.OccurredAt), lockedBy, leaseArg)
+		s.d.timeArg(r.OccurredAt), lockedBy, leaseArg, key)
 }
 
 func rollback(tx *sqlx.Tx) error {

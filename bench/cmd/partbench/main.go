@@ -115,7 +115,7 @@ func newStore(ctx context.Context, db *sqlx.DB, partitioned bool) *sqlstore.Stor
 }
 
 func drop(ctx context.Context, db *sqlx.DB, s *sqlstore.Store) {
-	for _, t := range []string{s.Table(), s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable()} {
+	for _, t := range s.Tables() {
 		db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t)
 	}
 }

@@ -1,0 +1,16 @@
+-- Per-key ordering (MySQL 8, MariaDB 10.6+). An event delivered in order
+-- carries its ordering key and its number in that key's sequence; other
+-- events leave both NULL. The index finds a key's undelivered events in
+-- sequence order, and the keys that have events due.
+ALTER TABLE {{table}}
+  ADD COLUMN ordering_key VARCHAR(255) NULL,
+  ADD COLUMN key_seq      BIGINT       NULL,
+  ADD KEY {{name}}_key_seq (status, ordering_key, key_seq);
+-- The last sequence number of each ordering key. Publishing an ordered
+-- event updates its key's row, which holds the publishing transactions of
+-- one key one after another until each commits.
+CREATE TABLE IF NOT EXISTS {{keys}} (
+  ordering_key VARCHAR(255) NOT NULL,
+  seq          BIGINT       NOT NULL,
+  PRIMARY KEY (ordering_key)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -1,0 +1,13 @@
+-- Per-key ordering (PostgreSQL 12+). An event delivered in order carries
+-- its ordering key and its number in that key's sequence; other events
+-- leave both NULL (and stay out of the partial index).
+ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS ordering_key VARCHAR(255) NULL;
+ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS key_seq BIGINT NULL;
+CREATE INDEX IF NOT EXISTS {{name}}_key_seq ON {{table}} (status, ordering_key, key_seq) WHERE key_seq IS NOT NULL;
+-- The last sequence number of each ordering key. Publishing an ordered
+-- event updates its key's row, which holds the publishing transactions of
+-- one key one after another until each commits.
+CREATE TABLE IF NOT EXISTS {{keys}} (
+  ordering_key VARCHAR(255) NOT NULL PRIMARY KEY,
+  seq          BIGINT       NOT NULL
+);

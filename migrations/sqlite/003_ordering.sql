@@ -1,0 +1,11 @@
+-- Per-key ordering (SQLite). An event delivered in order carries its
+-- ordering key and its number in that key's sequence; other events leave
+-- both NULL (and stay out of the partial index).
+ALTER TABLE {{table}} ADD COLUMN ordering_key TEXT NULL;
+ALTER TABLE {{table}} ADD COLUMN key_seq INTEGER NULL;
+CREATE INDEX IF NOT EXISTS {{name}}_key_seq ON {{table}} (status, ordering_key, key_seq) WHERE key_seq IS NOT NULL;
+-- The last sequence number of each ordering key.
+CREATE TABLE IF NOT EXISTS {{keys}} (
+  ordering_key TEXT    NOT NULL PRIMARY KEY,
+  seq          INTEGER NOT NULL
+);

@@ -1,0 +1,73 @@
+package driver
+
+import (
+	"context"
+	"time"
+)
+
+// OrderFilter names the ordered subscriptions, which decide when an event
+// of a key is still pending and so holds back the key's later events.
+//
+// An event is pending for ordering while it is NEW or RETRY as a whole;
+// DEAD as a whole while Block is not empty; or split with a delivery of
+// one of Block that is not DONE, or of one of Skip that is NEW or RETRY.
+type OrderFilter struct {
+	// Block are the ordered subscriptions whose dead deliveries hold their
+	// key until they are replayed or skipped.
+	Block []string
+	// Skip are the ordered subscriptions whose dead deliveries hold
+	// nothing back.
+	Skip []string
+}
+
+// Empty reports whether f names no subscription.
+func (f OrderFilter) Empty() bool { return len(f.Block) == 0 && len(f.Skip) == 0 }
+
+// BlockedKey is an ordering key whose earliest pending event is dead: its
+// later events wait until an operator replays or skips it.
+type BlockedKey struct {
+	Key string
+	// EventID and Type are the dead event's.
+	EventID string
+	Type    string
+	// Waiting counts the key's later events held back.
+	Waiting int64
+	// Since is when the dead event was written (database clock).
+	Since time.Time
+}
+
+// OrderedStore is implemented by stores that deliver the events of one
+// ordering key in order (Subscription.Order). Every event of a key gets a
+// number in the key's sequence when it is written; at any time at most
+// one event of a key is leased, and only the earliest one pending under
+// the filter (its head).
+type OrderedStore interface {
+	// InsertOrdered writes row (whose OrderingKey is set) through exec, the
+	// caller's transaction, numbered next in its key's sequence (setting
+	// row.KeySeq). Doing so locks the key until the transaction ends, so
+	// that transactions publishing one key commit in sequence order. If no
+	// earlier event of the key is pending under f, the row is written
+	// leased to owner for lease (owner "": free) and head is true; else it
+	// is written free and head is false.
+	InsertOrdered(ctx context.Context, exec Execer, row *Row, owner string, lease time.Duration, f OrderFilter) (head bool, err error)
+
+	// ClaimHeads leases to req.Owner, for each of keys, its head if the
+	// head is NEW or RETRY, due, and not held by a live lease, and returns
+	// those rows. It never leases an event that is not its key's head.
+	ClaimHeads(ctx context.Context, req ClaimRequest, keys []string, f OrderFilter) ([]Row, error)
+
+	// DueKeys returns up to limit ordering keys greater than after, in
+	// order, that have NEW or RETRY events due and not held by a live
+	// lease (their heads may still be pending elsewhere).
+	DueKeys(ctx context.Context, after string, limit int) ([]string, error)
+
+	// BlockedKeys returns up to limit keys greater than after, in order,
+	// whose head is dead under f.
+	BlockedKeys(ctx context.Context, f OrderFilter, after string, limit int) ([]BlockedKey, error)
+
+	// SkipDead gives up on the dead events among ids for good: each DEAD
+	// event, and each dead delivery of the given events, becomes DONE
+	// (its last error kept), so that it no longer holds back its key. It
+	// returns how many it changed.
+	SkipDead(ctx context.Context, ids []string) (int, error)
+}

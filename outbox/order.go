@@ -1,0 +1,293 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// Order says whether a subscription receives the events of one ordering
+// key in order (Subscription.Order).
+//
+// The guarantee: an ordered subscription receives the events of one key
+// one at a time, in the order of their keys' sequence, on whatever
+// instance delivers them. Each event gets its number in the sequence when
+// Publish writes it, and writing it locks the key until the transaction
+// ends; so the sequence is the order in which the publishing transactions
+// committed, whatever they lock themselves. The next event of a key
+// reaches the subscription only once the previous one was delivered to it
+// (or, with OrderedSkipDead, went dead). A failing event holds back the
+// later events of its key and no other key: they wait in the table, and
+// the rest flows.
+//
+// What is not ordered: events of different keys (delivered concurrently,
+// in any order); events with no key (no OrderingKey and no AggregateID);
+// events published before an ordered subscription of their type was
+// deployed on the publishing instance; and, after a crash or a lease that
+// ran out, a redelivery (at least once: an event may come again after
+// later ones were delivered, with its original id). Replaying dead events
+// delivers them in their original order, but after the events that went
+// on without them under OrderedSkipDead.
+type Order int8
+
+const (
+	// Unordered subscriptions receive events in any order, many of one
+	// key at once. The default.
+	Unordered Order = iota
+	// Ordered delivers the events of one key in order; a dead event blocks
+	// its key (its later events wait) until an operator replays it or
+	// skips it (Outbox.SkipDead). BlockedKeys lists blocked keys.
+	Ordered
+	// OrderedSkipDead delivers the events of one key in order; a dead
+	// event is passed over and the key goes on.
+	OrderedSkipDead
+)
+
+func (o Order) String() string {
+	switch o {
+	case Unordered:
+		return "unordered"
+	case Ordered:
+		return "ordered"
+	case OrderedSkipDead:
+		return "ordered-skip-dead"
+	}
+	return "order(?)"
+}
+
+// MaxOrderingKeyLen is the longest ordering key accepted, in bytes.
+const MaxOrderingKeyLen = 255
+
+// Key returns the event's ordering key: OrderingKey if set, else
+// AggregateType and AggregateID joined by ":" when AggregateID is set,
+// else "" (the event is not ordered).
+func (e *Envelope) Key() string {
+	if e.OrderingKey != "" {
+		return e.OrderingKey
+	}
+	if e.AggregateID == "" {
+		return ""
+	}
+	return string(e.AggregateType) + ":" + e.AggregateID
+}
+
+// orderFilter returns the names of the ordered subscriptions, as the store
+// wants them.
+func (r *registry) orderFilter() driver.OrderFilter {
+	var f driver.OrderFilter
+	for _, s := range r.local {
+		switch s.Order {
+		case Ordered:
+			f.Block = append(f.Block, s.Name)
+		case OrderedSkipDead:
+			f.Skip = append(f.Skip, s.Name)
+		}
+	}
+	slices.Sort(f.Block)
+	slices.Sort(f.Skip)
+	return f
+}
+
+// ordered reports whether an ordered subscription here takes type t.
+func (r *registry) ordered(t EventType) bool {
+	for _, s := range r.all {
+		if s.Order != Unordered {
+			return true
+		}
+	}
+	for _, s := range r.byType[t] {
+		if s.Order != Unordered {
+			return true
+		}
+	}
+	return false
+}
+
+// sequencer claims the heads of ordering keys: of the keys whose previous
+// head was just finished here (or that were published here behind an
+// earlier event), as soon as they are named, and of every key with events
+// due, at each poll. What it claims goes to the cold queue.
+type sequencer struct {
+	*deps
+	ostore driver.OrderedStore // nil: the store orders nothing
+	disp   *dispatcher
+	reg    *registrar
+
+	keys  chan string // keys to look at; when full, the poll finds them
+	after string      // the poll's cursor over keys (owned by the poller's goroutine)
+	runner
+}
+
+// maxNamedKeys bounds the keys waiting for the sequencer.
+const maxNamedKeys = 4096
+
+func newSequencer(d *deps) *sequencer {
+	s := &sequencer{deps: d, keys: make(chan string, maxNamedKeys)}
+	s.ostore, _ = d.store.(driver.OrderedStore)
+	return s
+}
+
+// name asks for the head of key to be claimed. It never blocks.
+func (s *sequencer) name(key string) {
+	if s.ostore == nil || key == "" {
+		return
+	}
+	select {
+	case s.keys <- key:
+	default:
+		// The poll finds it.
+	}
+}
+
+// next names the key of an ordered item whose outcome was just recorded:
+// its key's next event may be due.
+func (s *sequencer) next(it *item) {
+	if it.env.seq > 0 {
+		s.name(it.env.OrderingKey)
+	}
+}
+
+// run claims the heads of named keys, a batch at a time, until ctx ends.
+func (s *sequencer) run(ctx context.Context) {
+	batch := make(map[string]struct{})
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case k := <-s.keys:
+			batch[k] = struct{}{}
+		}
+	more:
+		for len(batch) < 100 {
+			select {
+			case k := <-s.keys:
+				batch[k] = struct{}{}
+			default:
+				break more
+			}
+		}
+		keys := make([]string, 0, len(batch))
+		for k := range batch {
+			keys = append(keys, k)
+		}
+		clear(batch)
+		slices.Sort(keys)
+		s.claim(ctx, keys)
+	}
+}
+
+// claim leases the heads of keys and queues them; it returns how many it
+// queued.
+func (s *sequencer) claim(ctx context.Context, keys []string) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	reg := s.reg.load()
+	// As the poll's: a claim that started runs to its end.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	start := time.Now()
+	rows, err := s.ostore.ClaimHeads(ctx, driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease}, keys, reg.orderFilter())
+	s.m.Statement("claim_heads", len(rows), time.Since(start))
+	if err != nil {
+		s.log.Error("claim the next events of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
+		return 0
+	}
+	now := time.Now()
+	queued := 0
+	var unqueued, unhandled []string
+	for i := range rows {
+		r := &rows[i]
+		env, err := decode(r)
+		if err != nil {
+			s.disp.poller.bury(ctx, r, err)
+			s.name(r.OrderingKey)
+			continue
+		}
+		if !reg.has(env.Type) {
+			s.reg.noListener(r.ID, env.Type)
+			unhandled = append(unhandled, r.ID)
+			continue
+		}
+		switch s.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
+		case offerQueued:
+			queued++
+		case offerFull:
+			unqueued = append(unqueued, r.ID)
+		}
+	}
+	s.disp.leases.releaseLeases(ctx, unqueued, "release unqueued events")
+	s.disp.leases.release(ctx, unhandled, s.cfg.NoListenerDelay, "hand back events with no listener here")
+	if queued > 0 {
+		s.m.ColdEnqueued(queued)
+	}
+	return queued
+}
+
+// sweep claims the heads of keys with events due, up to limit, going
+// round the keys so that keys blocked by a dead event cannot crowd out
+// the others. The poller calls it.
+func (s *sequencer) sweep(ctx context.Context, limit int) (int, error) {
+	if s.ostore == nil || limit <= 0 || s.reg.load().orderFilter().Empty() {
+		return 0, nil
+	}
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	keys, err := s.ostore.DueKeys(qctx, s.after, limit)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	if len(keys) < limit {
+		s.after = "" // round again from the first key next time
+	} else {
+		s.after = keys[len(keys)-1]
+	}
+	return s.claim(ctx, keys), nil
+}
+
+func errNoOrderedStore(store driver.Store) error {
+	return fmt.Errorf("outbox: ordered subscriptions need a store that orders events by key, and %T does not implement driver.OrderedStore: use sqlstore (MySQL/MariaDB, PostgreSQL, SQLite)", store)
+}
+
+// --- operations ---
+
+// BlockedKeys is an ordering key whose earliest pending event is dead for
+// an Ordered subscription: the key's later events wait until the event is
+// replayed or skipped.
+type BlockedKey = driver.BlockedKey
+
+// BlockedKeys returns up to limit (0: 100) blocked keys greater than
+// after, in key order. It needs a store that orders events
+// (driver.OrderedStore); with no Ordered subscription here it returns
+// none.
+func (o *Outbox) BlockedKeys(ctx context.Context, after string, limit int) ([]BlockedKey, error) {
+	os, ok := o.store.(driver.OrderedStore)
+	if !ok {
+		return nil, nil
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	return os.BlockedKeys(ctx, o.reg.load().orderFilter(), after, limit)
+}
+
+// SkipDead gives up for good on the dead events among ids (and on the dead
+// deliveries of the given events): they become DONE, keeping their last
+// error, and the keys they blocked go on at once. It returns how many
+// events and deliveries it changed. Use ReplayDead to deliver them again
+// instead.
+func (o *Outbox) SkipDead(ctx context.Context, ids ...string) (int, error) {
+	os, ok := o.store.(driver.OrderedStore)
+	if !ok {
+		return 0, errNoOrderedStore(o.store)
+	}
+	n, err := os.SkipDead(ctx, ids)
+	if n > 0 {
+		o.poller.wake()
+	}
+	return n, err
+}

@@ -1,0 +1,375 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// Per-key ordering (driver.OrderedStore). Each ordered event carries its
+// key (ordering_key) and its number in the key's sequence (key_seq),
+// taken from the key's row in <table>_keys by the publishing transaction,
+// which keeps that row locked until it ends: publishers of one key commit
+// in sequence order. Only a key's head, its earliest event still pending
+// for an ordered subscription, is ever leased, so two events of one key
+// are never delivered at once, here or on two instances.
+
+var _ driver.OrderedStore = (*Store)(nil)
+
+// KeysTable returns the quoted name of the table of ordering keys: the
+// outbox table's name with "_keys" appended.
+func (s *Store) KeysTable() string { return s.suffixed("_keys") }
+
+// Tables returns the quoted names of every table the store uses: the
+// outbox table, its schema versions, subscriptions, deliveries, attempts
+// and ordering keys.
+func (s *Store) Tables() []string {
+	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable()}
+}
+
+// MaxOrderingKeyLen is the longest ordering key the table holds, in
+// bytes.
+const MaxOrderingKeyLen = 255
+
+// pending returns the condition that the row aliased p, an ordered event
+// of one of keys, is pending under f, and its parameters. The status list comes first so that the (status,
+// ordering_key, key_seq) index serves it.
+func (s *Store) pending(p string, f driver.OrderFilter, keys ...string) (string, []any) {
+	var sb strings.Builder
+	args := stringArgs(keys)
+	keyCond := ` = ?`
+	if len(keys) > 1 {
+		keyCond = ` IN ` + in(len(keys))
+	}
+	sb.WriteString(p + `.status IN (0, 2, 3, 4) AND ` + p + `.ordering_key` + keyCond + ` AND ` + p + `.key_seq IS NOT NULL AND (` + p + `.status IN (0, 2`)
+	if len(f.Block) > 0 {
+		sb.WriteString(`, 3`)
+	}
+	sb.WriteString(`)`)
+	var ds []string
+	if len(f.Block) > 0 {
+		ds = append(ds, `(d.subscription IN `+in(len(f.Block))+` AND d.status IN (0, 2, 3))`)
+		args = stringArgs(f.Block, args...)
+	}
+	if len(f.Skip) > 0 {
+		ds = append(ds, `(d.subscription IN `+in(len(f.Skip))+` AND d.status IN (0, 2))`)
+		args = stringArgs(f.Skip, args...)
+	}
+	if len(ds) > 0 {
+		sb.WriteString(` OR (` + p + `.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` d WHERE d.event_id = ` + p + `.id AND (` + strings.Join(ds, ` OR `) + `)))`)
+	}
+	sb.WriteString(`)`)
+	return sb.String(), args
+}
+
+func checkKey(r *driver.Row) error {
+	switch {
+	case r.OrderingKey == "":
+		return fmt.Errorf("sqlstore: event %s has no ordering key: set Envelope.OrderingKey or the aggregate's type and id", r.ID)
+	case len(r.OrderingKey) > MaxOrderingKeyLen:
+		return fmt.Errorf("sqlstore: event %s: ordering key of %d bytes; at most %d fit", r.ID, len(r.OrderingKey), MaxOrderingKeyLen)
+	}
+	return nil
+}
+
+// InsertOrdered implements driver.OrderedStore: two statements on MySQL
+// and PostgreSQL, three on SQLite, through exec.
+func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head bool, err error) {
+	if err := checkKey(r); err != nil {
+		return false, err
+	}
+	cond, condArgs := s.pending("p", f, r.OrderingKey)
+	keys := s.KeysTable()
+	switch s.d.name {
+	case "mysql":
+		// One statement takes the key's next number, locking its row,
+		// and reports whether an earlier event is pending: both packed
+		// into LAST_INSERT_ID, which the OK packet carries back (a new
+		// key reports 0: number 1, nothing earlier). The subquery runs
+		// after the row lock is granted, so it sees the commit of the
+		// transaction that held the key before.
+		q := s.rebind(`INSERT INTO ` + keys + ` (ordering_key, seq) VALUES (?, 1)
+ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + EXISTS (SELECT 1 FROM ` + s.table + ` p WHERE ` + cond + `)) DIV 2`)
+		res, err := exec.ExecContext(ctx, q, append([]any{r.OrderingKey}, condArgs...)...)
+		if err != nil {
+			return false, s.explain(err)
+		}
+		packed, err := res.LastInsertId()
+		if err != nil {
+			return false, err
+		}
+		r.KeySeq, head = 1, true
+		if packed != 0 {
+			r.KeySeq, head = packed/2, packed%2 == 0
+		}
+		if !head {
+			owner = ""
+		}
+		_, err = exec.ExecContext(ctx, s.insertOrderedSQL("?"), s.insertOrderedArgs(r, owner, lease, r.KeySeq)...)
+		return head, s.explain(err)
+	case "postgres":
+		// The upsert locks the key's row; the INSERT, a statement of its
+		// own and so with a snapshot taken after the lock was granted,
+		// decides the lease and reports it as the row count of its
+		// SELECT.
+		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` AS k (ordering_key, seq) VALUES (?, 1)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1`), r.OrderingKey); err != nil {
+			return false, s.explain(err)
+		}
+		seq := `(SELECT seq FROM ` + keys + ` WHERE ordering_key = ?)`
+		if owner == "" {
+			// Free either way: nobody asks whether it is the head.
+			_, err := exec.ExecContext(ctx, s.insertOrderedSQL(seq), s.insertOrderedArgs(r, "", 0, r.OrderingKey)...)
+			return false, s.explain(err)
+		}
+		q := `WITH ins AS (` + s.insertOrderedSQL(seq, cond) + ` RETURNING locked_by, key_seq)
+SELECT key_seq FROM ins WHERE locked_by IS NOT NULL`
+		res, err := exec.ExecContext(ctx, s.rebind(q), s.insertOrderedArgs(r, owner, lease, r.OrderingKey, condArgs...)...)
+		if err != nil {
+			return false, s.explain(err)
+		}
+		n, err := res.RowsAffected()
+		return n == 1, err
+	default:
+		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq) VALUES (?, 1)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err != nil {
+			return false, s.explain(err)
+		}
+		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND NOT EXISTS (SELECT 1 FROM `+s.table+` p WHERE `+cond+`)`),
+			append([]any{r.OrderingKey}, condArgs...)...)
+		if err != nil {
+			return false, s.explain(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return false, err
+		}
+		head = n == 1
+		if !head {
+			owner = ""
+		}
+		_, err = exec.ExecContext(ctx, s.insertOrderedSQL(`(SELECT seq FROM `+keys+` WHERE ordering_key = ?)`), s.insertOrderedArgs(r, owner, lease, r.OrderingKey)...)
+		return head, s.explain(err)
+	}
+}
+
+// insertOrderedSQL is the INSERT of an ordered row, unbound, with seq as
+// the SQL of its number. With a pending condition, the row is leased only
+// if no earlier event of its key is pending; without, as bound.
+func (s *Store) insertOrderedSQL(seq string, pendingCond ...string) string {
+	owner, until := `?`, s.d.nowPlus
+	if len(pendingCond) > 0 {
+		free := `EXISTS (SELECT 1 FROM ` + s.table + ` p WHERE ` + pendingCond[0] + `)`
+		owner = `CASE WHEN ` + free + ` THEN NULL ELSE ? END`
+		until = `CASE WHEN ` + free + ` THEN NULL ELSE ` + s.d.nowPlus + ` END`
+	}
+	q := `INSERT INTO ` + s.table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + s.d.now + `, ` + s.d.now + `, ?, ` + seq + `, ` + owner + `, ` + until + `)`
+	if len(pendingCond) > 0 {
+		return q
+	}
+	return s.rebind(q)
+}
+
+// insertOrderedArgs binds insertOrderedSQL: seqArg is the number (or the
+// key, for a subquery); condArgs are the pending condition's, which is
+// used twice then.
+func (s *Store) insertOrderedArgs(r *driver.Row, owner string, lease time.Duration, seqArg any, condArgs ...any) []any {
+	args := s.insertArgs(nil, r, owner, lease)
+	// insertArgs ends with owner, lease, key: reorder for this INSERT.
+	base := args[:len(args)-3]
+	lockedBy, leaseArg := args[len(args)-3], args[len(args)-2]
+	out := append(base, r.OrderingKey, seqArg)
+	if len(condArgs) > 0 {
+		out = append(out, condArgs...)
+		out = append(out, lockedBy)
+		out = append(out, condArgs...)
+		return append(out, leaseArg)
+	}
+	return append(out, lockedBy, leaseArg)
+}
+
+// ClaimHeads implements driver.OrderedStore. It reads the keys' heads
+// without locking, then leases those that are due and free in a short
+// transaction (FOR UPDATE SKIP LOCKED where the database has it): a head
+// never changes but to a later event, so a head read a moment ago is
+// either still the head or no longer pending, and then not leased.
+func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, f driver.OrderFilter) ([]driver.Row, error) {
+	if len(keys) == 0 || req.Limit <= 0 {
+		return nil, nil
+	}
+	if len(keys) > req.Limit {
+		keys = keys[:req.Limit]
+	}
+	type head struct {
+		key string
+		seq int64
+	}
+	var heads []head
+	err := s.retry(ctx, func() error {
+		heads = heads[:0]
+		cond, args := s.pending("p", f, keys...)
+		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, MIN(p.key_seq) FROM `+s.table+` p WHERE `+cond+` GROUP BY p.ordering_key`), args...)
+		if err != nil {
+			return err
+		}
+		for rs.Next() {
+			var h head
+			if err := rs.Scan(&h.key, &h.seq); err != nil {
+				rs.Close()
+				return err
+			}
+			heads = append(heads, h)
+		}
+		return errors.Join(rs.Err(), rs.Close())
+	})
+	if err != nil {
+		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+	}
+	if len(heads) == 0 {
+		return nil, nil
+	}
+	var sb strings.Builder
+	args := make([]any, 0, 2*len(heads)+1)
+	sb.WriteString(`SELECT ` + rowColumns + ` FROM ` + s.table + ` WHERE (`)
+	for i, h := range heads {
+		if i > 0 {
+			sb.WriteString(` OR `)
+		}
+		sb.WriteString(`(ordering_key = ? AND key_seq = ?)`)
+		args = append(args, h.key, h.seq)
+	}
+	sb.WriteString(`) AND status IN (0, 2) AND available_at <= ` + s.d.now + `
+  AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `) LIMIT ?` + s.d.lock)
+	args = append(args, len(heads))
+	q := s.rebind(sb.String())
+	var out []driver.Row
+	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+		var err error
+		if out, _, err = selectRows(ctx, tx, nil, false, q, args...); err != nil || len(out) == 0 {
+			return err
+		}
+		ids := make([]string, len(out))
+		for i := range out {
+			ids[i] = out[i].ID
+		}
+		_, err = tx.ExecContext(ctx, s.leaseSQL(len(ids)), s.idArgs(ids, req.Owner, req.Lease.Microseconds())...)
+		return err
+	})
+	if err != nil {
+		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+	}
+	return out, nil
+}
+
+// DueKeys implements driver.OrderedStore.
+func (s *Store) DueKeys(ctx context.Context, after string, limit int) ([]string, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	q := s.rebind(`SELECT DISTINCT ordering_key FROM ` + s.table + `
+WHERE status IN (0, 2) AND ordering_key > ? AND key_seq IS NOT NULL AND available_at <= ` + s.d.now + `
+  AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `)
+ORDER BY ordering_key LIMIT ?`)
+	var keys []string
+	err := s.retry(ctx, func() error {
+		keys = keys[:0]
+		return s.db.SelectContext(ctx, &keys, q, after, limit)
+	})
+	return keys, s.explain(err)
+}
+
+// BlockedKeys implements driver.OrderedStore.
+func (s *Store) BlockedKeys(ctx context.Context, f driver.OrderFilter, after string, limit int) ([]driver.BlockedKey, error) {
+	if limit <= 0 || len(f.Block) == 0 {
+		return nil, nil
+	}
+	// The dead events of blocking subscriptions, key by key; each is its
+	// key's block if nothing earlier of the key is pending.
+	dead := `(h.status = 3 OR (h.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` d WHERE d.event_id = h.id AND d.subscription IN ` + in(len(f.Block)) + ` AND d.status = 3)))`
+	q := `SELECT h.ordering_key, h.key_seq, h.id, h.event_type, h.created_at FROM ` + s.table + ` h
+WHERE h.status IN (3, 4) AND h.ordering_key > ? AND h.key_seq IS NOT NULL AND ` + dead + `
+ORDER BY h.ordering_key, h.key_seq LIMIT ?`
+	args := stringArgs(f.Block, after)
+	args = append(args, 4*limit)
+	var out []driver.BlockedKey
+	err := s.retry(ctx, func() error {
+		out = out[:0]
+		rs, err := s.db.QueryContext(ctx, s.rebind(q), args...)
+		if err != nil {
+			return err
+		}
+		type cand struct {
+			driver.BlockedKey
+			seq int64
+		}
+		var cs []cand
+		for rs.Next() {
+			var c cand
+			var created dbTime
+			if err := rs.Scan(&c.Key, &c.seq, &c.EventID, &c.Type, &created); err != nil {
+				rs.Close()
+				return err
+			}
+			c.Since = created.Time
+			if len(cs) > 0 && cs[len(cs)-1].Key == c.Key {
+				continue // the key's earliest dead event is the one that counts
+			}
+			cs = append(cs, c)
+		}
+		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if len(out) == limit {
+				break
+			}
+			cond, a := s.pending("p", f, c.Key)
+			var earlier, later int64
+			err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COALESCE(SUM(CASE WHEN p.key_seq < ? THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN p.key_seq > ? THEN 1 ELSE 0 END), 0) FROM `+s.table+` p WHERE `+cond),
+				append([]any{c.seq, c.seq}, a...)...).Scan(&earlier, &later)
+			if err != nil {
+				return err
+			}
+			if earlier == 0 {
+				c.Waiting = later
+				out = append(out, c.BlockedKey)
+			}
+		}
+		return nil
+	})
+	return out, s.explain(err)
+}
+
+// SkipDead implements driver.OrderedStore.
+func (s *Store) SkipDead(ctx context.Context, ids []string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	total := 0
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		total = 0
+		res, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL WHERE status = 3 AND id IN `+in(len(ids))), stringArgs(ids)...)
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		total += int(n)
+		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL WHERE status = 3 AND event_id IN `+in(len(ids))), stringArgs(ids)...)
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+		total += int(n)
+		// A split event whose deliveries are now all done is done.
+		_, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET status = 1, done_at = `+s.d.now+` WHERE status = 4 AND id IN `+in(len(ids))+`
+  AND NOT EXISTS (SELECT 1 FROM `+s.DeliveriesTable()+` d WHERE d.event_id = `+s.table+`.id AND d.status <> 1)`), stringArgs(ids)...)
+		return err
+	})
+	return total, s.explain(err)
+}
