@@ -78,11 +78,53 @@
 //
 // # Order
 //
-// There is no ordering guarantee, not even per aggregate: events are
-// delivered concurrently by several workers and instances, a retry comes
-// after later events of the same aggregate, and a transaction that commits
-// late is delivered after events published after it. A handler that needs
-// order must tolerate it (versions in the payload, idempotent upserts).
+// An unordered subscription (the default) has no ordering guarantee, not
+// even per aggregate: events are delivered concurrently by several
+// workers and instances, a retry comes after later events of the same
+// aggregate, and a transaction that commits late is delivered after
+// events published after it.
+//
+// A subscription with Order set to [Ordered] (or [OrderedSkipDead])
+// receives the events of one ordering key ([Envelope.Key]: OrderingKey,
+// else "AggregateType:AggregateID") one at a time, in the order of the
+// key's sequence, on whichever instance delivers them:
+//
+//   - The sequence is commit order. Publish numbers an ordered event in
+//     its key's sequence by updating the key's row in <table>_keys, which
+//     stays locked until the transaction ends: two transactions that
+//     publish the same key commit one after the other, in sequence order,
+//     whatever else they lock. The cost is one more statement per ordered
+//     event, and that transactions publishing one key wait for each other
+//     from the Publish to the commit. Publish the events of several keys
+//     in one transaction with one PublishAll (it locks keys in key order),
+//     or in the same key order everywhere: else two transactions can
+//     deadlock (the database aborts one of them).
+//   - One event of a key at a time. Only a key's head (its earliest
+//     event not yet delivered to every ordered subscription it owes) is
+//     ever leased, so two instances never deliver two events of one key at
+//     once. An event whose key has nothing earlier pending is leased to the
+//     publishing instance and delivered on the hot path as usual; one that
+//     is behind an earlier event waits in the table and is claimed by the
+//     instance that finishes the event before it (or by a poll).
+//   - Head-of-line per key only. A failed event holds back the later
+//     events of its key, and no other key: they wait, attempts unchanged,
+//     until it is delivered. With [Ordered] a dead event blocks its key
+//     until an operator replays it ([Outbox.Replay]) or skips it
+//     ([Outbox.SkipDead]); [Outbox.BlockedKeys] lists blocked keys. With
+//     [OrderedSkipDead] the key goes on past a dead event.
+//
+// What is not ordered: events of different keys; events without a key;
+// the events of a type no ordered subscription takes on the publishing
+// instance (declare the same Order on every instance); events published
+// before the ordered subscription was deployed; redeliveries after a
+// crash or an expired lease (delivery stays at least once: an event may
+// come again, with its id, after later ones); and under OrderedSkipDead,
+// a dead event replayed after the key went on. A key's head blocks the
+// key for every ordered subscription that the event owes: when two
+// ordered subscriptions take the same events, a failure of one holds the
+// key for both (unordered subscriptions never hold a key, nor are held).
+// The guarantee needs a store that implements [driver.OrderedStore]
+// (sqlstore on all three databases).
 //
 // If the hot queue is full, Publish still succeeds: the event stays in the
 // table and the poller delivers it. The poller also picks up retries and

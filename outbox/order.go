@@ -39,7 +39,7 @@ const (
 	// key at once. The default.
 	Unordered Order = iota
 	// Ordered delivers the events of one key in order; a dead event blocks
-	// its key (its later events wait) until an operator replays it or
+	// its key (its later events wait) until an operator replays it (Outbox.Replay) or
 	// skips it (Outbox.SkipDead). BlockedKeys lists blocked keys.
 	Ordered
 	// OrderedSkipDead delivers the events of one key in order; a dead
@@ -278,7 +278,7 @@ func (o *Outbox) BlockedKeys(ctx context.Context, after string, limit int) ([]Bl
 // SkipDead gives up for good on the dead events among ids (and on the dead
 // deliveries of the given events): they become DONE, keeping their last
 // error, and the keys they blocked go on at once. It returns how many
-// events and deliveries it changed. Use ReplayDead to deliver them again
+// events and deliveries it changed. Use Outbox.Replay to deliver them again
 // instead.
 func (o *Outbox) SkipDead(ctx context.Context, ids ...string) (int, error) {
 	os, ok := o.store.(driver.OrderedStore)
