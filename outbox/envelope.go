@@ -88,9 +88,8 @@ type Envelope struct {
 	// Bytes is the payload as opaque bytes, for events that are not JSON.
 	Bytes []byte
 
-	// seq is the event's number in its key's sequence when it is
-	// delivered in order, else 0.
-	seq int64
+	// ordered is set on an event delivered in order of its key.
+	ordered bool
 }
 
 // Payload returns the payload, whichever of JSON and Bytes carries it.
@@ -322,7 +321,7 @@ func decode(r *driver.Row) (Envelope, error) {
 		AggregateID:   r.AggregateID,
 		TenantID:      r.TenantID,
 		OrderingKey:   r.OrderingKey,
-		seq:           r.KeySeq,
+		ordered:       r.KeySeq > 0,
 	}
 	if len(r.Headers) > 0 {
 		var h map[string]string

@@ -146,7 +146,7 @@ func (s *sequencer) name(key string) {
 // next names the key of an ordered item whose outcome was just recorded:
 // its key's next event may be due.
 func (s *sequencer) next(it *item) {
-	if it.env.seq > 0 {
+	if it.env.ordered {
 		s.name(it.env.OrderingKey)
 	}
 }

@@ -43,8 +43,7 @@ type BlockedKey struct {
 // the filter (its head).
 type OrderedStore interface {
 	// InsertOrdered writes row (whose OrderingKey is set) through exec, the
-	// caller's transaction, numbered next in its key's sequence (setting
-	// row.KeySeq). Doing so locks the key until the transaction ends, so
+	// caller's transaction, numbered next in its key's sequence. Doing so locks the key until the transaction ends, so
 	// that transactions publishing one key commit in sequence order. If no
 	// earlier event of the key is pending under f, the row is written
 	// leased to owner for lease (owner "": free) and head is true; else it

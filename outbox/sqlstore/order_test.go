@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,5 +148,138 @@ func TestOrderedSubscriptionHoldsBackOnlyTheFailedKey(t *testing.T) {
 				t.Errorf("key B delivered as %v, published as %v", log.got["Order:B"], wantB)
 			}
 		})
+	}
+}
+
+// waitDead waits until the event's delivery to sub is dead.
+func waitDead(t testing.TB, st *sqlstore.Store, id, sub string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec, err := st.Inspect(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range rec.Deliveries {
+			if d.Subscription == sub && d.Status == outbox.StatusDead {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("event %s never went dead for %s: %+v", id, sub, rec)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the table: there is no signal for a write that already happened
+	}
+}
+
+// A dead event blocks its key under Ordered (listed by BlockedKeys; no
+// poll takes the key's later events) until it is skipped or replayed, and
+// then the rest of the key follows in order; under OrderedSkipDead the key
+// goes on by itself. Other keys flow throughout.
+func TestOrderedDeadEventBlocksItsKey(t *testing.T) {
+	for _, name := range testdb.Names {
+		for _, tc := range []struct {
+			name   string
+			order  outbox.Order
+			unlock string // "skip", "replay", or "" (nothing to do)
+		}{
+			{"skip", outbox.Ordered, "skip"},
+			{"replay", outbox.Ordered, "replay"},
+			{"skip-dead", outbox.OrderedSkipDead, ""},
+		} {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				db := testdb.Open(t, name)
+				st := testdb.Store(t, db)
+				ctx := context.Background()
+				ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: time.Hour})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var a1 string
+				var broken atomic.Bool // A1 fails while set
+				broken.Store(true)
+				want := 3 // A2, A3, B1
+				if tc.unlock == "replay" {
+					want = 4 // and A1, after its replay
+				}
+				log := newKeyLog(t, want)
+				log.fail = func(ev outbox.Event) error {
+					if ev.ID == a1 && broken.Load() {
+						return errors.New("poison")
+					}
+					return nil
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: tc.order, Handler: log.handle, MaxAttempts: 1}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				defer ob.Close(ctx)
+				a1 = outbox.NewID()
+				env := func(agg string) outbox.Envelope {
+					return outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: agg, JSON: []byte(`{}`)}
+				}
+				first := env("A")
+				first.ID = a1
+				wantA := []string{publishInTx(t, ob, st, first)}
+				waitDead(t, st, a1, "projection")
+				for range 2 {
+					wantA = append(wantA, publishInTx(t, ob, st, env("A")))
+				}
+				b1 := publishInTx(t, ob, st, env("B"))
+
+				if tc.order == outbox.Ordered {
+					blocked, err := ob.BlockedKeys(ctx, "", 10)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(blocked) != 1 || blocked[0].Key != "Order:A" || blocked[0].EventID != a1 || blocked[0].Waiting != 2 {
+						t.Fatalf("BlockedKeys = %+v; want Order:A blocked by %s with 2 waiting", blocked, a1)
+					}
+					// B flows; a poll finds nothing of A to deliver.
+					if n, err := ob.Poll(ctx); err != nil || n != 0 {
+						t.Fatalf("Poll while A is blocked queued %d events (%v); want 0", n, err)
+					}
+					log.mu.Lock()
+					gotA := len(log.got["Order:A"])
+					log.mu.Unlock()
+					if gotA != 0 {
+						t.Fatalf("key A delivered %d events past its dead head", gotA)
+					}
+					broken.Store(false)
+					switch tc.unlock {
+					case "skip":
+						if n, err := ob.SkipDead(ctx, a1); err != nil || n != 1 {
+							t.Fatalf("SkipDead = %d, %v; want 1", n, err)
+						}
+						wantA = wantA[1:]
+					case "replay":
+						if n, err := ob.Replay(ctx, outbox.DeadFilter{IDs: []string{a1}}, false); err != nil || n != 1 {
+							t.Fatalf("Replay = %d, %v; want 1", n, err)
+						}
+					}
+					if _, err := ob.Poll(ctx); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					wantA = wantA[1:]
+				}
+				log.wait(t, 20*time.Second)
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				if !slices.Equal(log.got["Order:A"], wantA) {
+					t.Errorf("key A delivered as %v; want %v", log.got["Order:A"], wantA)
+				}
+				if !slices.Equal(log.got["Order:B"], []string{b1}) {
+					t.Errorf("key B delivered as %v; want [%s]", log.got["Order:B"], b1)
+				}
+				if tc.order == outbox.Ordered {
+					if blocked, err := ob.BlockedKeys(ctx, "", 10); err != nil || len(blocked) != 0 {
+						t.Errorf("BlockedKeys after the unblock = %+v, %v; want none", blocked, err)
+					}
+				}
+			})
+		}
 	}
 }
