@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -117,8 +118,10 @@ type sequencer struct {
 	disp   *dispatcher
 	reg    *registrar
 
-	keys  chan string // keys to look at; when full, the poll finds them
-	after string      // the poll's cursor over keys (owned by the poller's goroutine)
+	keys chan string // keys to look at; when full, the poll finds them
+
+	mu    sync.Mutex // guards after (the poller and Outbox.Poll sweep)
+	after string     // the sweep's cursor over keys
 	runner
 }
 
@@ -235,17 +238,22 @@ func (s *sequencer) sweep(ctx context.Context, limit int) (int, error) {
 	if s.ostore == nil || limit <= 0 || s.reg.load().orderFilter().Empty() {
 		return 0, nil
 	}
+	s.mu.Lock()
+	after := s.after
+	s.mu.Unlock()
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	keys, err := s.ostore.DueKeys(qctx, s.after, limit)
+	keys, err := s.ostore.DueKeys(qctx, after, limit)
 	cancel()
 	if err != nil {
 		return 0, err
 	}
+	s.mu.Lock()
 	if len(keys) < limit {
 		s.after = "" // round again from the first key next time
 	} else {
 		s.after = keys[len(keys)-1]
 	}
+	s.mu.Unlock()
 	return s.claim(ctx, keys), nil
 }
 
