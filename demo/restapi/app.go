@@ -154,7 +154,9 @@ func newApp(ctx context.Context, o appOptions) (_ *app, err error) {
 	a := &app{db0: dbc, db: db, store: store, ob: ob, orders: ords, model: newReadModel(), reg: reg, log: log,
 		// Order times are UTC with the microseconds every database keeps.
 		now: func() time.Time { return clock().UTC().Truncate(time.Microsecond) }}
-	a.model.register(ob)
+	if err := a.model.register(ob); err != nil {
+		return nil, err
+	}
 	ob.Handle("log", logDelivered(log))
 	if a.fwd, err = subscribeForwarders(ctx, o, ob, log); err != nil {
 		return nil, err

@@ -43,26 +43,33 @@ func newReadModel() *readModel {
 	return &readModel{seen: map[string]struct{}{}, delivered: map[outbox.EventType]int64{}}
 }
 
-// register subscribes the read model to the order events.
-func (m *readModel) register(ob *outbox.Outbox) {
-	ob.Handle("read-model", func(ctx context.Context, ev outbox.Event) error {
-		switch ev.Type {
-		case OrderPlaced:
-			var p orderPlaced
-			if err := json.Unmarshal(ev.JSON, &p); err != nil {
-				return outbox.Permanent(fmt.Errorf("restapi: OrderPlaced %s: payload is not an order", ev.ID))
+// register subscribes the read model to the order events, in order of
+// each order: an order's OrderCancelled never reaches it before its
+// OrderPlaced, even if OrderPlaced failed its first attempt (the key is the
+// envelope's aggregate, "order:<id>").
+func (m *readModel) register(ob *outbox.Outbox) error {
+	return ob.Subscribe(outbox.Subscription{
+		Name:  "read-model",
+		Types: []outbox.EventType{OrderPlaced, OrderCancelled},
+		Order: outbox.Ordered,
+		Handler: func(ctx context.Context, ev outbox.Event) error {
+			switch ev.Type {
+			case OrderPlaced:
+				var p orderPlaced
+				if err := json.Unmarshal(ev.JSON, &p); err != nil {
+					return outbox.Permanent(fmt.Errorf("restapi: OrderPlaced %s: payload is not an order", ev.ID))
+				}
+				m.apply(ev, 1, p.TotalCents)
+			case OrderCancelled:
+				var p orderCancelled
+				if err := json.Unmarshal(ev.JSON, &p); err != nil {
+					return outbox.Permanent(fmt.Errorf("restapi: OrderCancelled %s: payload is not a cancellation", ev.ID))
+				}
+				m.apply(ev, -1, -p.TotalCents)
 			}
-			m.apply(ev, 1, p.TotalCents)
-		case OrderCancelled:
-			var p orderCancelled
-			if err := json.Unmarshal(ev.JSON, &p); err != nil {
-				return outbox.Permanent(fmt.Errorf("restapi: OrderCancelled %s: payload is not a cancellation", ev.ID))
-			}
-			m.apply(ev, -1, -p.TotalCents)
-		}
-		return nil
-	}, OrderPlaced, OrderCancelled)
-
+			return nil
+		},
+	})
 }
 
 func (m *readModel) apply(ev outbox.Event, orders, cents int64) {
