@@ -200,27 +200,10 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		s.log.Error("claim the next events of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
 		return 0
 	}
-	now := time.Now()
-	queued := 0
-	var unqueued, unhandled []string
+	queued, unqueued, unhandled := s.disp.poller.offerRows(ctx, reg, rows, time.Now())
 	for i := range rows {
-		r := &rows[i]
-		env, err := decode(r)
-		if err != nil {
-			s.disp.poller.bury(ctx, r, err)
-			s.name(r.OrderingKey)
-			continue
-		}
-		if !reg.has(env.Type) {
-			s.reg.noListener(r.ID, env.Type)
-			unhandled = append(unhandled, r.ID)
-			continue
-		}
-		switch s.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
-		case offerQueued:
-			queued++
-		case offerFull:
-			unqueued = append(unqueued, r.ID)
+		if _, err := decode(&rows[i]); err != nil {
+			s.name(rows[i].OrderingKey) // buried: the key goes on, or is blocked
 		}
 	}
 	s.disp.leases.releaseLeases(ctx, unqueued, "release unqueued events")

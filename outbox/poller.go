@@ -226,29 +226,12 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	now := time.Now()
 	reclaimed := 0
 	reg := p.reg.load()
-	var unqueued, unhandled []string
 	for i := range rows {
-		r := &rows[i]
-		if r.PrevOwner != "" && r.PrevOwner != p.cfg.InstanceID {
+		if r := &rows[i]; r.PrevOwner != "" && r.PrevOwner != p.cfg.InstanceID {
 			reclaimed++
 		}
-		env, err := decode(r)
-		if err != nil {
-			p.bury(ctx, r, err)
-			continue
-		}
-		if !reg.has(env.Type) {
-			p.reg.noListener(r.ID, env.Type)
-			unhandled = append(unhandled, r.ID)
-			continue
-		}
-		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
-		case offerQueued:
-			queued++
-		case offerFull:
-			unqueued = append(unqueued, r.ID)
-		}
 	}
+	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, now)
 	// The deliveries of split events, for this instance's subscriptions
 	// that are neither paused nor waiting for their circuit.
 	var unqueuedDeliveries []driver.DeliveryKey
@@ -318,6 +301,33 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		p.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
 	}
 	return queued, limit, nil
+}
+
+// offerRows offers claimed events to the cold queue: it buries those that
+// cannot be decoded, and returns how many it queued, those the full queue
+// refused and those no subscription here takes, for the caller to hand
+// back.
+func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row, now time.Time) (queued int, unqueued, unhandled []string) {
+	for i := range rows {
+		r := &rows[i]
+		env, err := decode(r)
+		if err != nil {
+			p.bury(ctx, r, err)
+			continue
+		}
+		if !reg.has(env.Type) {
+			p.reg.noListener(r.ID, env.Type)
+			unhandled = append(unhandled, r.ID)
+			continue
+		}
+		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
+		case offerQueued:
+			queued++
+		case offerFull:
+			unqueued = append(unqueued, r.ID)
+		}
+	}
+	return queued, unqueued, unhandled
 }
 
 // releaseDropped releases the leases of events dropped from the full hot
