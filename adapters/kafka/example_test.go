@@ -86,5 +86,5 @@ func Example() {
 			return
 		}
 	}
-	// Output: key=42 value={"id":42} type=OrderPlaced
+	// Output: key=order:42 value={"id":42} type=OrderPlaced
 }

@@ -11,8 +11,27 @@
 //
 // The record's value is the payload byte for byte, its headers are the
 // metadata every connector sets (txoutbox-id, txoutbox-type, …, see
-// adapters/README.md), its key is the event's aggregate id by default, so
-// that the events of one aggregate land on one partition, in order.
+// adapters/README.md), its key is the event's ordering key by default
+// ([outbox.Envelope.Key]: OrderingKey, else "AggregateType:AggregateID"), so
+// that the events of one key land on one partition.
+//
+// Order: the partition keeps the order in which the outbox delivers. For a
+// key's events to reach the partition in their publish order, the
+// subscription must be ordered (Subscription.Order: outbox.Ordered or
+// outbox.OrderedSkipDead): the outbox then hands the connector a key's
+// next event only once Kafka acknowledged the previous one, so at most
+// one record of a key is ever in flight. An unordered subscription may
+// hand over several events of a key at once, in separate batches and
+// workers, and they may land in any order. Within one batch the records
+// are produced in batch order, and the client's idempotent producer
+// (franz-go's default, which New insists on) keeps a partition's order
+// across its own retries (Kafka checks the producer's sequence numbers
+// per partition, with up to 5 requests in flight; the client's
+// MaxProduceRequestsInflightPerBroker has no effect then), so nothing
+// needs configuring. A redelivery (a crash
+// before the done mark, a lease taken over) still comes after the later
+// events of its key: consumers de-duplicate on txoutbox-id and, if they
+// care, drop an event older than the last one seen for its key.
 //
 // Delivery is at least once. The client's idempotent producer (franz-go's
 // default; do not disable it, New refuses a client that does) removes the
@@ -96,15 +115,31 @@ func TopicFunc(fn func(ev *outbox.Event) string) Option {
 }
 
 // Key sets the function that computes a record's key, overriding the
-// default: the event's aggregate id, or no key when it has none (the
-// client's partitioner then spreads such records). Records with equal
-// keys go to one partition, in the order the outbox delivers them.
+// default, OrderingKey: the event's ordering key, or no key when it has
+// none (the client's partitioner then spreads such records). Records with
+// equal keys go to one partition, in the order the outbox delivers them;
+// a key coarser than the ordering key keeps that order, a finer one (such
+// as AggregateKey when OrderingKey groups several aggregates) loses it.
 func Key(fn func(ev *outbox.Event) []byte) Option {
 	return func(c *config) { c.key = fn }
 }
 
-// AggregateKey is the default record key: the event's aggregate id, or
-// nil when it is empty.
+// OrderingKey is the default record key: the event's ordering key
+// ([outbox.Envelope.Key]: OrderingKey if set, else AggregateType and
+// AggregateID joined by ":"), or nil when the event has none. It is the
+// key whose events an ordered subscription delivers in order, so that
+// order continues into the partition.
+func OrderingKey(ev *outbox.Event) []byte {
+	k := ev.Key()
+	if k == "" {
+		return nil
+	}
+	return []byte(k)
+}
+
+// AggregateKey is a record key of the event's aggregate id alone, or nil
+// when it is empty: the default before ordering keys (Key(AggregateKey)
+// keeps the earlier partitioning).
 func AggregateKey(ev *outbox.Event) []byte {
 	if ev.AggregateID == "" {
 		return nil
@@ -129,7 +164,7 @@ func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
 	if client == nil {
 		return nil, errors.New("kafkaoutbox: New: client is nil")
 	}
-	c := config{key: AggregateKey}
+	c := config{key: OrderingKey}
 	for _, o := range opts {
 		o(&c)
 	}

@@ -3,6 +3,7 @@ package kafkaoutbox_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	kafkaoutbox "github.com/txoutbox/txoutbox/adapters/kafka"
@@ -32,7 +34,7 @@ func publisher(t testing.TB, cl *kgo.Client, opts ...kafkaoutbox.Option) *kafkao
 	return p
 }
 
-// A committed event becomes one record: key = aggregate id, value = the
+// A committed event becomes one record: key = ordering key, value = the
 // payload byte for byte, headers = every meta header in meta's order,
 // the user header and the trace context included.
 func TestCommitProducesOneRecord(t *testing.T) {
@@ -60,8 +62,8 @@ func TestCommitProducesOneRecord(t *testing.T) {
 	if !bytes.Equal(r.Value, payload) {
 		t.Fatalf("value %q, want %q", r.Value, payload)
 	}
-	if string(r.Key) != "42" {
-		t.Fatalf("key %q, want the aggregate id", r.Key)
+	if string(r.Key) != "order:42" {
+		t.Fatalf("key %q, want the ordering key, aggregate type and id", r.Key)
 	}
 	want := []meta.Header{
 		{Key: meta.ID, Value: ids[0]}, {Key: meta.Type, Value: "OrderPlaced"},
@@ -146,7 +148,7 @@ func TestRedeliveryIsSameIDAndKey(t *testing.T) {
 		t.Fatalf("%d records, want 2 (Kafka does not de-duplicate across producers)", n)
 	}
 	for _, r := range recs {
-		if id, _ := header(r, meta.ID); id != ev.ID || string(r.Key) != "7" || r.Partition != recs[0].Partition ||
+		if id, _ := header(r, meta.ID); id != ev.ID || string(r.Key) != "order:7" || r.Partition != recs[0].Partition ||
 			!bytes.Equal(r.Value, recs[0].Value) || fmt.Sprint(r.Headers) != fmt.Sprint(recs[0].Headers) {
 			t.Fatalf("copies differ: %+v vs %+v", r, recs[0])
 		}
@@ -382,9 +384,18 @@ func TestRecordKeyAndTopic(t *testing.T) {
 	ev := &outbox.Event{Envelope: outbox.Envelope{ID: "1", Type: "OrderPlaced", AggregateID: "a", TenantID: "t", Bytes: []byte{0, 1}}}
 	pub := publisher(t, cl, kafkaoutbox.TopicTemplate("ev.{type}"))
 	r, err := pub.Record(ev)
-	if err != nil || r.Topic != "ev.OrderPlaced" || string(r.Key) != "a" || !bytes.Equal(r.Value, []byte{0, 1}) {
+	if err != nil || r.Topic != "ev.OrderPlaced" || string(r.Key) != ":a" || !bytes.Equal(r.Value, []byte{0, 1}) {
 		t.Fatalf("%+v %v", r, err)
 	}
+	ev.OrderingKey = "customer:9"
+	if r, err = pub.Record(ev); err != nil || string(r.Key) != "customer:9" {
+		t.Fatalf("key %q (%v), want the OrderingKey", r.Key, err)
+	}
+	pub = publisher(t, cl, kafkaoutbox.Topic("x"), kafkaoutbox.Key(kafkaoutbox.AggregateKey))
+	if r, err = pub.Record(ev); err != nil || string(r.Key) != "a" {
+		t.Fatalf("key %q (%v), want the aggregate id", r.Key, err)
+	}
+	ev.OrderingKey = ""
 	pub = publisher(t, cl, kafkaoutbox.TopicFunc(func(ev *outbox.Event) string { return "t-" + ev.TenantID }),
 		kafkaoutbox.Key(func(ev *outbox.Event) []byte { return []byte(ev.TenantID) }))
 	if r, err = pub.Record(ev); err != nil || r.Topic != "t-t" || string(r.Key) != "t" {
@@ -415,6 +426,110 @@ func TestUnreachable(t *testing.T) {
 	} {
 		if got := kafkaoutbox.Unreachable(tc.err); got != tc.want {
 			t.Errorf("Unreachable(%v) = %v", tc.err, got)
+		}
+	}
+}
+
+// An ordered subscription's events reach Kafka in their key's publish
+// order: the record key is the ordering key, so a key's records share a
+// partition, and the outbox hands over a key's next event only once the
+// previous one was acknowledged, so an event whose first attempt fails
+// holds its key's later events back instead of being overtaken. Four
+// partitions, six keys, fifteen events each, every fourth failing once.
+func TestOrderedKeyKeepsOrderInPartition(t *testing.T) {
+	topic := topicName(t)
+	c := cluster(t, kfake.SeedTopics(4, topic))
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	type body struct {
+		Seq int `json:"seq"`
+	}
+	var failed atomic.Int64
+	flaky := func(ctx context.Context, evs []outbox.Event) error {
+		errs := make([]error, len(evs))
+		var pass []outbox.Event
+		var at []int
+		for i, ev := range evs {
+			var b body
+			if err := json.Unmarshal(ev.JSON, &b); err != nil {
+				return outbox.Permanent(err)
+			}
+			if b.Seq%4 == 1 && ev.Attempt == 1 {
+				failed.Add(1)
+				errs[i] = errors.New("first attempt fails")
+				continue
+			}
+			pass = append(pass, ev)
+			at = append(at, i)
+		}
+		if len(pass) > 0 {
+			err := pub.Handler()(ctx, pass)
+			var be *outbox.BatchError
+			switch {
+			case errors.As(err, &be):
+				for j, i := range at {
+					errs[i] = be.Errs[j]
+				}
+			case err != nil:
+				for _, i := range at {
+					errs[i] = err
+				}
+			}
+		}
+		for _, err := range errs {
+			if err != nil {
+				return &outbox.BatchError{Errs: errs}
+			}
+		}
+		return nil
+	}
+	e := newEngine(t, outbox.Subscription{Name: "to-kafka", Batch: flaky, Order: outbox.Ordered, BatchSize: 20,
+		Retry: outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })},
+		outbox.Config{PollInterval: 50 * time.Millisecond})
+
+	const keys, perKey = 6, 15
+	var ids []string
+	for seq := range perKey {
+		envs := make([]outbox.Envelope, keys)
+		for k := range envs {
+			envs[k] = outbox.Envelope{Type: "Moved", AggregateType: "acct", AggregateID: fmt.Sprint("k", k),
+				JSON: fmt.Appendf(nil, `{"seq":%d}`, seq)}
+		}
+		ids = append(ids, e.publish(t, true, envs...)...)
+	}
+	for id, st := range e.waitFinal(t, 30*time.Second, ids...) {
+		if st.Status != outbox.StatusDone {
+			t.Fatalf("event %s: %+v", id, st)
+		}
+	}
+	if failed.Load() == 0 {
+		t.Fatal("no attempt failed: the test proves nothing")
+	}
+	recs := consume(t, c, topic, keys*perKey)
+	partition := map[string]int32{}
+	seqs := map[string][]int{}
+	for _, r := range recs {
+		k := string(r.Key)
+		if p, ok := partition[k]; ok && p != r.Partition {
+			t.Fatalf("key %s on partitions %d and %d", k, p, r.Partition)
+		}
+		partition[k] = r.Partition
+		var b body
+		if err := json.Unmarshal(r.Value, &b); err != nil {
+			t.Fatal(err)
+		}
+		seqs[k] = append(seqs[k], b.Seq)
+	}
+	if len(seqs) != keys {
+		t.Fatalf("keys %v, want %d", seqs, keys)
+	}
+	for k, got := range seqs {
+		if !strings.HasPrefix(k, "acct:k") || len(got) != perKey {
+			t.Fatalf("key %s: %v", k, got)
+		}
+		for i, s := range got {
+			if s != i {
+				t.Fatalf("key %s: records in order %v, want 0..%d", k, got, perKey-1)
+			}
 		}
 	}
 }
