@@ -24,6 +24,7 @@ const (
 	AggregateID   = "txoutbox-aggregate-id"   // left out when empty
 	TenantID      = "txoutbox-tenant-id"      // left out when empty
 	OccurredAt    = "txoutbox-occurred-at"    // RFC 3339 with nanoseconds, UTC
+	OrderingKey   = "txoutbox-ordering-key"   // only when OrderingKey is set and is not the default key (aggregate type:id)
 	ContentType   = "content-type"            // application/json, or application/octet-stream unless a user header sets it
 )
 
@@ -38,7 +39,7 @@ const TimeFormat = time.RFC3339Nano
 // payload that is not JSON).
 func Reserved(key string) bool {
 	switch key {
-	case ID, Type, AggregateType, AggregateID, TenantID, OccurredAt:
+	case ID, Type, AggregateType, AggregateID, TenantID, OccurredAt, OrderingKey:
 		return true
 	}
 	return false
@@ -61,6 +62,11 @@ func Headers(ev *outbox.Event) []Header {
 	add(TenantID, ev.TenantID)
 	if !ev.OccurredAt.IsZero() {
 		add(OccurredAt, ev.OccurredAt.UTC().Format(TimeFormat))
+	}
+	// The ordering key, when it is not the one a consumer rebuilds from
+	// the aggregate type and id (ev.Key()'s default).
+	if k := ev.OrderingKey; k != "" && k != string(ev.AggregateType)+":"+ev.AggregateID {
+		add(OrderingKey, k)
 	}
 	ct := "application/octet-stream"
 	if ev.IsJSON() {
@@ -97,6 +103,7 @@ func Envelope(get func(key string) string, keys []string, payload []byte) (outbo
 		AggregateType: outbox.AggregateType(get(AggregateType)),
 		AggregateID:   get(AggregateID),
 		TenantID:      get(TenantID),
+		OrderingKey:   get(OrderingKey),
 	}
 	if s := get(OccurredAt); s != "" {
 		t, err := time.Parse(TimeFormat, s)

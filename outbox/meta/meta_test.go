@@ -63,3 +63,37 @@ func TestContentTypeOfBytes(t *testing.T) {
 		t.Fatalf("Envelope = %+v, %v; want the user's content type kept", env, err)
 	}
 }
+
+// An ordering key that is not the default (aggregate type:id) travels as
+// a header and comes back; the default one, which an ordered event carries
+// as stored, is left out: the consumer rebuilds it with Key.
+func TestOrderingKeyHeader(t *testing.T) {
+	ev := &outbox.Event{Envelope: outbox.Envelope{ID: "1", Type: "t", AggregateType: "order", AggregateID: "42",
+		OrderingKey: "customer:7", Bytes: []byte{1}}}
+	h := Headers(ev)
+	want := []Header{{ID, "1"}, {Type, "t"}, {AggregateType, "order"}, {AggregateID, "42"},
+		{OrderingKey, "customer:7"}, {ContentType, "application/octet-stream"}}
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("Headers:\n got %v\nwant %v", h, want)
+	}
+	get := func(k string) string {
+		for _, x := range h {
+			if x.Key == k {
+				return x.Value
+			}
+		}
+		return ""
+	}
+	if env, err := Envelope(get, []string{OrderingKey}, nil); err != nil || env.OrderingKey != "customer:7" || env.Key() != "customer:7" || env.Headers != nil {
+		t.Fatalf("Envelope: %+v %v", env, err)
+	}
+	ev.OrderingKey = "order:42"
+	h = Headers(ev)
+	if env, _ := Envelope(get, nil, nil); get(OrderingKey) != "" || env.Key() != "order:42" {
+		t.Fatalf("the default key is sent: %v", h)
+	}
+	ev.Headers = map[string]string{OrderingKey: "spoof"}
+	if h = Headers(ev); get(OrderingKey) != "" {
+		t.Fatalf("a user header passes for the ordering key: %v", h)
+	}
+}
