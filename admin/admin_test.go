@@ -63,7 +63,7 @@ type fixture struct {
 	token   string // the CSRF token of the identity "token"
 }
 
-func newFixture(t *testing.T, cfg admin.Config) *fixture {
+func newFixture(t *testing.T, cfg admin.Config, extra ...func(*fixture) outbox.Subscription) *fixture {
 	t.Helper()
 	f := &fixture{t: t, audit: &syncBuffer{}}
 	f.failing.Store(true)
@@ -80,6 +80,11 @@ func newFixture(t *testing.T, cfg admin.Config) *fixture {
 		return nil
 	})
 	ob.Handle("search", func(context.Context, outbox.Event) error { return nil })
+	for _, sub := range extra {
+		if err := ob.Subscribe(sub(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := ob.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +271,10 @@ var routes = []struct{ method, path string }{
 	{"POST", "/admin/api/dead/replay"},
 	{"POST", "/admin/api/dead/purge"},
 	{"GET", "/admin/api/events/x"},
+	{"GET", "/admin/blocked"},
+	{"POST", "/admin/blocked/skip?id=x"},
+	{"GET", "/admin/api/blocked"},
+	{"POST", "/admin/api/dead/skip?id=x"},
 	{"GET", "/admin/no-such-page"},
 	{"DELETE", "/admin/api/dead"},
 }
@@ -691,6 +700,105 @@ func TestOnMariaDBAndPostgreSQL(t *testing.T) {
 			t.Run("Lookup", TestLookup)
 			t.Run("DeadFilters", TestDeadFilters)
 			t.Run("CSRF", TestCSRF)
+			t.Run("BlockedKeysAndSkip", TestBlockedKeysAndSkip)
 		})
+	}
+}
+
+// ledger is an Ordered subscription that fails events of type "bad"
+// permanently while failing is set, and sends the id of every event it
+// delivers on got.
+func ledger(got chan<- string) func(*fixture) outbox.Subscription {
+	return func(f *fixture) outbox.Subscription {
+		return outbox.Subscription{Name: "ledger", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+			if ev.Type == "bad" && f.failing.Load() {
+				return outbox.Permanent(errors.New("ledger: account closed"))
+			}
+			got <- ev.ID
+			return nil
+		}}
+	}
+}
+
+// A dead event of an Ordered subscription blocks its key: the API and the
+// page list the key with the dead event and how many wait behind it. The
+// skip needs the CSRF token (403 without, nothing changes) and, on the
+// page, a confirmation; then the key goes on (the waiting event is
+// delivered), the key is no longer listed, and the audit log has the skip.
+func TestBlockedKeysAndSkip(t *testing.T) {
+	got := make(chan string, 16)
+	f := newFixture(t, admin.Config{}, ledger(got))
+	dead := f.publish("bad")
+	f.waitFor("the dead ordered delivery", func() bool { return f.deliveryStatus(dead, "ledger") == outbox.StatusDead })
+	next := f.publish("good")
+
+	var v struct {
+		Keys []admin.BlockedKey
+		Next string
+	}
+	f.getJSON("/admin/api/blocked", &v)
+	if len(v.Keys) != 1 || v.Keys[0].Key != "order:42" || v.Keys[0].EventID != dead || v.Keys[0].Type != "bad" || v.Keys[0].Waiting != 1 || v.Next != "" {
+		t.Fatalf("blocked keys: %+v", v)
+	}
+	f.getJSON("/admin/api/blocked?limit=1", &v)
+	if len(v.Keys) != 1 || v.Next != "order:42" {
+		t.Fatalf("a full page names the next: %+v", v)
+	}
+	f.getJSON("/admin/api/blocked?after=order:42", &v)
+	if len(v.Keys) != 0 {
+		t.Fatalf("after the last key: %+v", v)
+	}
+	if resp, _ := f.do(req{method: "GET", path: "/admin/api/blocked?limit=0"}); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("limit=0: %d", resp.StatusCode)
+	}
+	resp, body := f.do(req{method: "GET", path: "/admin/blocked"})
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "order:42") || !strings.Contains(body, dead) || !strings.Contains(body, `name="csrf_token" value="`+f.token+`"`) {
+		t.Fatalf("page: %d %s", resp.StatusCode, body)
+	}
+
+	// Without the token: refused, nothing skipped.
+	resp, _ = f.do(req{method: "POST", path: "/admin/api/dead/skip", form: url.Values{"id": {dead}}, header: http.Header{"Origin": {f.srv.URL}, "Sec-Fetch-Site": {"same-origin"}}})
+	if resp.StatusCode != http.StatusForbidden || f.deliveryStatus(dead, "ledger") != outbox.StatusDead {
+		t.Fatalf("skip without CSRF token: %d", resp.StatusCode)
+	}
+	if resp, _ := f.post("/admin/api/dead/skip", nil); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("skip without id: %d", resp.StatusCode)
+	}
+	// The page asks to confirm first, changing nothing.
+	resp, body = f.post("/admin/blocked/skip", url.Values{"id": {dead}})
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `name="confirm" value="1"`) || !strings.Contains(body, dead) {
+		t.Fatalf("skip without confirm: %d %s", resp.StatusCode, body)
+	}
+	if f.deliveryStatus(dead, "ledger") != outbox.StatusDead || len(f.audit.records("admin: audit")) != 0 {
+		t.Fatal("the unconfirmed skip changed something")
+	}
+	resp, _ = f.post("/admin/blocked/skip", url.Values{"id": {dead}, "confirm": {"1"}})
+	if resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "/admin/blocked?notice=Skipped") {
+		t.Fatalf("confirmed skip: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	select {
+	case id := <-got:
+		if id != next {
+			t.Fatalf("ledger delivered %s, want the waiting event %s", id, next)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting event was not delivered after the skip")
+	}
+	if st := f.deliveryStatus(dead, "ledger"); st != outbox.StatusDone {
+		t.Fatalf("skipped delivery is %v, want done", st)
+	}
+	f.getJSON("/admin/api/blocked", &v)
+	if len(v.Keys) != 0 {
+		t.Fatalf("still blocked: %+v", v)
+	}
+	recs := f.audit.records("admin: audit")
+	if len(recs) != 1 || recs[0]["action"] != "skip" || recs[0]["who"] != "token" || numString(recs[0]["count"]) == "0" {
+		t.Fatalf("audit: %v", recs)
+	}
+	// The API skip of an event that is no longer dead changes nothing.
+	var out struct{ Count int }
+	resp, body = f.post("/admin/api/dead/skip", url.Values{"id": {dead}})
+	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &out) != nil || out.Count != 0 {
+		t.Fatalf("second skip: %d %s", resp.StatusCode, body)
 	}
 }

@@ -27,6 +27,8 @@ func (h *handler) routes() {
 	m.HandleFunc("GET "+b+"/api/dead", h.apiDead)
 	m.HandleFunc("POST "+b+"/api/dead/replay", h.apiReplay)
 	m.HandleFunc("POST "+b+"/api/dead/purge", h.apiPurge)
+	m.HandleFunc("POST "+b+"/api/dead/skip", h.apiSkip)
+	m.HandleFunc("GET "+b+"/api/blocked", h.apiBlocked)
 	m.HandleFunc("GET "+b+"/api/events/{id}", h.apiEvent)
 	// Pages.
 	m.HandleFunc("GET "+b+"/{$}", h.pageIndex)
@@ -38,6 +40,8 @@ func (h *handler) routes() {
 	m.HandleFunc("GET "+b+"/dead", h.pageDead)
 	m.HandleFunc("POST "+b+"/dead/replay", h.pageBulk("replay"))
 	m.HandleFunc("POST "+b+"/dead/purge", h.pageBulk("purge"))
+	m.HandleFunc("GET "+b+"/blocked", h.pageBlocked)
+	m.HandleFunc("POST "+b+"/blocked/skip", h.pageSkip)
 	m.HandleFunc("GET "+b+"/event", h.pageLookup)
 	m.HandleFunc("GET "+b+"/events/{id}", h.pageEvent)
 	h.mux = m
@@ -462,4 +466,108 @@ func (h *handler) apiEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ev)
+}
+
+// BlockedKey is an ordering key held back by a dead event, as the API
+// shows it (outbox.BlockedKey).
+type BlockedKey struct {
+	Key string `json:"key"`
+	// EventID and Type are the dead event's: replay or skip it.
+	EventID string `json:"event_id"`
+	Type    string `json:"type"`
+	// Waiting counts the key's later events held back.
+	Waiting int64     `json:"waiting"`
+	Since   time.Time `json:"since"`
+}
+
+// parsePage reads after and limit (1 to maxLimit; 0 when absent).
+func parsePage(r *http.Request) (after string, limit int, err error) {
+	after = r.FormValue("after")
+	if s := r.FormValue("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxLimit {
+			return after, 0, fmt.Errorf("limit %q: want 1 to %d", s, maxLimit)
+		}
+		limit = n
+	}
+	return after, limit, nil
+}
+
+// blocked returns a page of blocked keys after after, and the after of
+// the next page ("" on the last one).
+func (h *handler) blocked(r *http.Request, after string, limit int) ([]BlockedKey, string, error) {
+	ks, err := h.ob.BlockedKeys(r.Context(), after, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	v := []BlockedKey{}
+	for _, k := range ks {
+		v = append(v, BlockedKey{Key: k.Key, EventID: k.EventID, Type: k.Type, Waiting: k.Waiting, Since: k.Since})
+	}
+	next := ""
+	if len(ks) >= limit {
+		next = ks[len(ks)-1].Key
+	}
+	return v, next, nil
+}
+
+func (h *handler) apiBlocked(w http.ResponseWriter, r *http.Request) {
+	after, limit, err := parsePage(r)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	ks, next, err := h.blocked(r, after, cmpOr(limit, 100))
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Keys []BlockedKey `json:"keys"`
+		// Next is the after of the next page, or "" on the last one.
+		Next string `json:"next,omitempty"`
+	}{ks, next})
+}
+
+// maxSkip bounds the event ids of one skip.
+const maxSkip = 100
+
+// skipIDs reads the event ids to skip (id, repeated).
+func skipIDs(r *http.Request) ([]string, error) {
+	r.ParseForm()
+	var ids []string
+	for _, id := range r.Form["id"] {
+		if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	switch {
+	case len(ids) == 0:
+		return nil, errors.New("give the id of the dead event to skip (id)")
+	case len(ids) > maxSkip:
+		return nil, fmt.Errorf("%d ids: skip at most %d at once", len(ids), maxSkip)
+	}
+	return ids, nil
+}
+
+// skip gives up on the dead events ids for good (Outbox.SkipDead), and
+// writes it to the audit log.
+func (h *handler) skip(r *http.Request, ids []string) (int, error) {
+	n, err := h.ob.SkipDead(r.Context(), ids...)
+	h.audit(r, "skip", err, slog.Any("ids", ids), slog.Int("count", n))
+	return n, err
+}
+
+func (h *handler) apiSkip(w http.ResponseWriter, r *http.Request) {
+	ids, err := skipIDs(r)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	n, err := h.skip(r, ids)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, fmt.Sprintf("skip: %d done, then: %v", n, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"action": "skip", "count": n})
 }

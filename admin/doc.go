@@ -5,7 +5,9 @@
 // It shows the subscriptions with their state, lag and circuit, and
 // pauses and resumes them; lists dead letters by filter, replays them
 // (a dry run counts them first, then the operator confirms) and purges
-// them; and looks an event up by id, with each subscription's delivery
+// them; lists the ordering keys a dead event blocks (Ordered
+// subscriptions) and skips such an event (after a confirmation on the
+// page); and looks an event up by id, with each subscription's delivery
 // state and its last failed attempts. Payloads are shown only on request.
 //
 // Security: every request, pages and API alike, goes through
@@ -38,5 +40,7 @@
 //	GET  /api/dead?subscription=&type=&error=&since=&until=&after=&limit=
 //	POST /api/dead/replay?…&dry_run=1       {"count": n}; without dry_run, replays
 //	POST /api/dead/purge?…&dry_run=1        501 without a Purger
+//	POST /api/dead/skip?id=…[&id=…]         {"count": n}: gives up on dead events for good (Outbox.SkipDead)
+//	GET  /api/blocked?after=&limit=         ordering keys blocked by a dead event (Outbox.BlockedKeys)
 //	GET  /api/events/{id}[?payload=1]       the event and its deliveries
 package admin

@@ -18,7 +18,7 @@ import (
 //go:embed templates/*.html
 var templates embed.FS
 
-var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html"}
+var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html", "blocked.html", "skip.html"}
 
 var funcs = template.FuncMap{
 	"seconds": func(s float64) string {
@@ -279,4 +279,60 @@ func indent(raw json.RawMessage) string {
 		return string(raw)
 	}
 	return buf.String()
+}
+
+type blockedPage struct {
+	Keys      []BlockedKey
+	Next      string // the URL of the next page, or ""
+	FirstPage string
+}
+
+func (h *handler) pageBlocked(w http.ResponseWriter, r *http.Request) {
+	after, _, err := parsePage(r)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	ks, next, err := h.blocked(r, after, deadPageSize)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	d := blockedPage{Keys: ks}
+	if next != "" {
+		d.Next = h.base + "/blocked?" + url.Values{"after": {next}}.Encode()
+	}
+	if after != "" {
+		d.FirstPage = h.base + "/blocked"
+	}
+	h.render(w, r, http.StatusOK, "blocked.html", "Blocked keys", d)
+}
+
+type skipPage struct {
+	IDs []string
+}
+
+// pageSkip skips the posted dead events: without confirm=1 it shows them
+// and asks to confirm, changing nothing; with it, it skips them and
+// redirects to the blocked keys with the count.
+func (h *handler) pageSkip(w http.ResponseWriter, r *http.Request) {
+	ids, err := skipIDs(r)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if r.PostFormValue("confirm") != "1" {
+		h.render(w, r, http.StatusOK, "skip.html", "Confirm skip", skipPage{IDs: ids})
+		return
+	}
+	n, err := h.skip(r, ids)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, fmt.Sprintf("skip: %d done, then: %v", n, err))
+		return
+	}
+	events := " dead events"
+	if n == 1 {
+		events = " dead event"
+	}
+	h.redirect(w, r, "/blocked", nil, "Skipped "+strconv.Itoa(n)+events)
 }
