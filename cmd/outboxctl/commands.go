@@ -916,3 +916,130 @@ func (c *cli) partitionsMaintain(args []string) error {
 		})
 	})
 }
+
+// --- ordering: blocked keys, skip
+
+// orderFilter reads the ordered subscriptions from -ordered and
+// -skip-dead: the subscriptions table does not record which subscriptions
+// are ordered (Subscription.Order lives in the application's code).
+func orderFilter(fs *flag.FlagSet) func() (driver.OrderFilter, error) {
+	var block, skip string
+	fs.StringVar(&block, "ordered", "", "the Ordered subscriptions, comma-separated (required: the table does not record them)")
+	fs.StringVar(&skip, "skip-dead", "", "the OrderedSkipDead subscriptions, comma-separated")
+	names := func(v string) []string {
+		var out []string
+		for n := range strings.SplitSeq(v, ",") {
+			if n = strings.TrimSpace(n); n != "" && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	return func() (driver.OrderFilter, error) {
+		f := driver.OrderFilter{Block: names(block), Skip: names(skip)}
+		if len(f.Block) == 0 {
+			return f, usageErr("blocked-keys: name the Ordered subscriptions with -ordered a,b (the subscriptions table does not record which are ordered)")
+		}
+		return f, nil
+	}
+}
+
+type blockedJSON struct {
+	Key        string  `json:"key"`
+	EventID    string  `json:"event_id"`
+	Type       string  `json:"type"`
+	Waiting    int64   `json:"waiting"`
+	Since      string  `json:"since"`
+	AgeSeconds float64 `json:"age_seconds"`
+}
+
+func (c *cli) blockedKeys(args []string) error {
+	fs := c.flags("blocked-keys")
+	filter := orderFilter(fs)
+	after := fs.String("after", "", "list the keys after this one (paging)")
+	limit := fs.Int("limit", 100, "how many")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		f, err := filter()
+		if err != nil {
+			return err
+		}
+		if *limit < 1 {
+			return usageErr("-limit %d: want ≥ 1", *limit)
+		}
+		ks, err := s.BlockedKeys(c.ctx, f, *after, *limit)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		out := make([]blockedJSON, len(ks))
+		for i, k := range ks {
+			out[i] = blockedJSON{Key: k.Key, EventID: k.EventID, Type: k.Type, Waiting: k.Waiting,
+				Since: k.Since.UTC().Format(time.RFC3339), AgeSeconds: seconds(now.Sub(k.Since))}
+		}
+		v := map[string]any{"blocked": out}
+		if len(ks) >= *limit {
+			v["next"] = ks[len(ks)-1].Key
+		}
+		return c.out(v, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "KEY\tDEAD EVENT\tTYPE\tWAITING\tSINCE")
+			for _, k := range ks {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", k.Key, k.EventID, k.Type, k.Waiting, k.Since.UTC().Format(time.RFC3339))
+			}
+			if len(ks) >= *limit {
+				fmt.Fprintf(w, "… more: -after %s\n", ks[len(ks)-1].Key)
+			}
+		})
+	})
+}
+
+func (c *cli) skip(args []string) error {
+	fs := c.flags("skip")
+	yes := fs.Bool("yes", false, "really skip; without it, count only and exit 3")
+	return c.withStore(fs, args, func(n int) bool { return n > 0 }, func(s *sqlstore.Store, ids []string) error {
+		dls, err := lettersOf(c.ctx, s, ids, "")
+		if err != nil {
+			return err
+		}
+		var v countJSON
+		v.DryRun = !*yes
+		for _, d := range dls {
+			if len(v.First) < firstIDs {
+				v.First = append(v.First, letterName(d))
+			}
+		}
+		v.Count = len(dls)
+		if *yes && len(dls) > 0 {
+			if v.Count, err = s.SkipDead(c.ctx, ids); err != nil {
+				return fmt.Errorf("skip: %w", err)
+			}
+		}
+		if v.Count == 0 {
+			if c.json {
+				if err := c.out(v, nil); err != nil {
+					return err
+				}
+			}
+			return nothing("no dead letters matched")
+		}
+		if err := c.out(v, func(w *tabwriter.Writer) {
+			if *yes {
+				fmt.Fprintf(w, "skipped %d dead letters: done for good, their keys go on\n", v.Count)
+			} else {
+				fmt.Fprintf(w, "would skip %d dead letters (add -yes to give up on them)\n", v.Count)
+			}
+			for _, id := range v.First {
+				fmt.Fprintln(w, id)
+			}
+			if len(dls) > len(v.First) {
+				fmt.Fprintln(w, "…")
+			}
+		}); err != nil {
+			return err
+		}
+		if !*yes {
+			return &exitErr{code: exitNothing}
+		}
+		return nil
+	})
+}

@@ -54,6 +54,14 @@ Commands:
                              delete delivered events older than -older
   peek [-limit 20]           the next due events and deliveries, earliest
                              first, without taking them
+  blocked-keys -ordered SUB,... [-skip-dead SUB,...] [-after KEY] [-limit 100]
+                             ordering keys whose earliest pending event is
+                             dead for an Ordered subscription; the table
+                             does not record which subscriptions are
+                             ordered: name them
+  skip ID... [-yes]          give up on dead events for good (done, last
+                             error kept) so that the keys they block go on;
+                             without -yes it only counts them and exits 3
   partitions status          MySQL/MariaDB: the table's day partitions
   partitions maintain [-create] [-ahead 7] [-retention 168h] [-dead]
                              add the days ahead, drop days past retention
@@ -76,8 +84,8 @@ Exit codes:
   1  error (database, migration, I/O)
   2  usage: unknown command, bad flag or argument
   3  nothing matched (dead show of an unknown id, dead replay/purge that
-     selected nothing, pause/resume of an unknown subscription), or
-     dead purge without -yes
+     selected nothing, pause/resume of an unknown subscription, skip of
+     ids that are not dead), or dead purge or skip without -yes
 `
 
 // cli is one invocation.
@@ -223,6 +231,10 @@ func (c *cli) dispatch(args []string) error {
 		return c.cleanup(args)
 	case "peek":
 		return c.peek(args)
+	case "blocked-keys":
+		return c.blockedKeys(args)
+	case "skip":
+		return c.skip(args)
 	case "partitions":
 		s, rest, err := sub()
 		if err != nil {
