@@ -114,9 +114,11 @@
 //     [OrderedSkipDead] the key goes on past a dead event.
 //
 // What is not ordered: events of different keys; events without a key;
-// the events of a type no ordered subscription takes on the publishing
-// instance (declare the same Order on every instance); events published
-// before the ordered subscription was deployed; redeliveries after a
+// events published by an instance that did not know of the ordered
+// subscription (the database records each subscription's Order, and an
+// instance learns them at Start and every PollInterval: one that publishes
+// without Start orders nothing), such as events published before the
+// subscription was first deployed; redeliveries after a
 // crash or an expired lease (delivery stays at least once: an event may
 // come again, with its id, after later ones); and under OrderedSkipDead,
 // a dead event replayed after the key went on. A key's head blocks the

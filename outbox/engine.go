@@ -45,7 +45,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 	if !o.cfg.DisablePoller {
 		o.poller.start(ctx, o.poller.run)
 	}
-	if o.seq.ostore != nil && !o.reg.load().orderFilter().Empty() {
+	if o.seq.ostore != nil && o.reg.load().localOrdered {
 		o.seq.start(ctx, o.seq.run)
 	}
 	return nil

@@ -27,12 +27,15 @@ import (
 //
 // What is not ordered: events of different keys (delivered concurrently,
 // in any order); events with no key (no OrderingKey and no AggregateID);
-// events published before an ordered subscription of their type was
-// deployed on the publishing instance; and, after a crash or a lease that
+// events published by an instance that did not know of an ordered
+// subscription of their type (it learns them at Start and every
+// PollInterval, from the database: an instance that publishes without
+// calling Start orders nothing); and, after a crash or a lease that
 // ran out, a redelivery (at least once: an event may come again after
 // later ones were delivered, with its original id). Replaying dead events
 // delivers them in their original order, but after the events that went
-// on without them under OrderedSkipDead.
+// on without them under OrderedSkipDead. Changing a subscription from
+// OrderedSkipDead to Ordered makes its old dead events block their keys.
 type Order int8
 
 const (
@@ -76,37 +79,46 @@ func (e *Envelope) Key() string {
 	return string(e.AggregateType) + ":" + e.AggregateID
 }
 
-// orderFilter returns the names of the ordered subscriptions, as the store
-// wants them.
-func (r *registry) orderFilter() driver.OrderFilter {
-	var f driver.OrderFilter
-	for _, s := range r.local {
-		switch s.Order {
+// indexOrder records the ordered subscriptions of this instance and of
+// the others (as the database last said): events of their types are
+// numbered in their keys' sequences wherever they are published, and the
+// filter decides what holds a key.
+func (r *registry) indexOrder() {
+	r.filter, r.orderedAll, r.orderedTypes, r.localOrdered = driver.OrderFilter{}, false, map[EventType]bool{}, false
+	add := func(name string, o Order, types []EventType) {
+		switch o {
 		case Ordered:
-			f.Block = append(f.Block, s.Name)
+			r.filter.Block = append(r.filter.Block, name)
 		case OrderedSkipDead:
-			f.Skip = append(f.Skip, s.Name)
+			r.filter.Skip = append(r.filter.Skip, name)
+		default:
+			return
+		}
+		if len(types) == 0 {
+			r.orderedAll = true
+		}
+		for _, t := range types {
+			r.orderedTypes[t] = true
 		}
 	}
-	slices.Sort(f.Block)
-	slices.Sort(f.Skip)
-	return f
+	for _, s := range r.local {
+		add(s.Name, s.Order, s.Types)
+		r.localOrdered = r.localOrdered || s.Order != Unordered
+	}
+	for name, o := range r.remoteOrder {
+		add(name, o, r.remote[name])
+	}
+	slices.Sort(r.filter.Block)
+	slices.Sort(r.filter.Skip)
 }
 
-// ordered reports whether an ordered subscription here takes type t.
-func (r *registry) ordered(t EventType) bool {
-	for _, s := range r.all {
-		if s.Order != Unordered {
-			return true
-		}
-	}
-	for _, s := range r.byType[t] {
-		if s.Order != Unordered {
-			return true
-		}
-	}
-	return false
-}
+// orderFilter returns the names of the ordered subscriptions, here and on
+// other instances, as the store wants them.
+func (r *registry) orderFilter() driver.OrderFilter { return r.filter }
+
+// ordered reports whether an ordered subscription, here or on another
+// instance, takes type t.
+func (r *registry) ordered(t EventType) bool { return r.orderedAll || r.orderedTypes[t] }
 
 // sequencer claims the heads of ordering keys: of the keys whose previous
 // head was just finished here (or that were published here behind an
@@ -136,7 +148,9 @@ func newSequencer(d *deps) *sequencer {
 
 // name asks for the head of key to be claimed. It never blocks.
 func (s *sequencer) name(key string) {
-	if s.ostore == nil || key == "" {
+	if s.ostore == nil || key == "" || !s.reg.load().localOrdered {
+		// An instance with no ordered subscription of its own leaves the
+		// claim to those that have one.
 		return
 	}
 	select {
@@ -218,7 +232,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 // round the keys so that keys blocked by a dead event cannot crowd out
 // the others. The poller calls it.
 func (s *sequencer) sweep(ctx context.Context, limit int) (int, error) {
-	if s.ostore == nil || limit <= 0 || s.reg.load().orderFilter().Empty() {
+	if s.ostore == nil || limit <= 0 || !s.reg.load().localOrdered {
 		return 0, nil
 	}
 	s.mu.Lock()

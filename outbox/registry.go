@@ -23,16 +23,24 @@ type registry struct {
 	all    []*subscription
 
 	// From the database, refreshed every PollInterval.
-	remote map[string][]EventType // subscriptions of other instances only; nil types: all
-	paused map[string]bool
+	remote      map[string][]EventType // subscriptions of other instances only; nil types: all
+	remoteOrder map[string]Order       // the ordered ones among them
+	paused      map[string]bool
+
+	// The ordered subscriptions, here and elsewhere (indexOrder).
+	filter       driver.OrderFilter
+	orderedAll   bool // one takes every type
+	orderedTypes map[EventType]bool
+	localOrdered bool // one runs here
 }
 
 func (r *registry) with(s *subscription) *registry {
 	n := &registry{
-		local:  append(slices.Clone(r.local), s),
-		byName: make(map[string]*subscription, len(r.byName)+1),
-		remote: r.remote,
-		paused: r.paused,
+		local:       append(slices.Clone(r.local), s),
+		byName:      make(map[string]*subscription, len(r.byName)+1),
+		remote:      r.remote,
+		remoteOrder: r.remoteOrder,
+		paused:      r.paused,
 	}
 	for k, v := range r.byName {
 		n.byName[k] = v
@@ -56,6 +64,7 @@ func (r *registry) index() {
 			}
 		}
 	}
+	r.indexOrder()
 }
 
 // has reports whether a subscription of this instance takes type t.
@@ -184,7 +193,7 @@ func (g *registrar) sync(ctx context.Context) error {
 	cur := g.load()
 	infos := make([]driver.SubscriptionInfo, len(cur.local))
 	for i, s := range cur.local {
-		infos[i] = driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types)}
+		infos[i] = driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types), Order: int8(s.Order)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
@@ -202,7 +211,7 @@ func (g *registrar) applyStates(states []driver.SubscriptionState) {
 	defer g.mu.Unlock()
 	cur := g.load()
 	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all,
-		remote: map[string][]EventType{}, paused: map[string]bool{}}
+		remote: map[string][]EventType{}, remoteOrder: map[string]Order{}, paused: map[string]bool{}}
 	for _, st := range states {
 		if st.Paused {
 			next.paused[st.Name] = true
@@ -211,7 +220,11 @@ func (g *registrar) applyStates(states []driver.SubscriptionState) {
 			continue
 		}
 		next.remote[st.Name] = eventTypes(st.Types)
+		if o := Order(st.Order); o == Ordered || o == OrderedSkipDead {
+			next.remoteOrder[st.Name] = o
+		}
 	}
+	next.indexOrder()
 	for name := range cur.paused {
 		if !next.paused[name] && cur.byName[name] != nil {
 			g.log.Info("subscription resumed", slog.String("subscription", name))

@@ -88,8 +88,10 @@ type Subscription struct {
 	// Order makes the subscription receive the events of one ordering key
 	// (Envelope.Key) one at a time, in the order they were committed:
 	// Ordered or OrderedSkipDead (see Order for the exact guarantee). The
-	// store must implement driver.OrderedStore (sqlstore does). Every
-	// instance must declare the same Order for a subscription.
+	// store must implement driver.OrderedStore (sqlstore does). The
+	// database records it with the subscription, so that instances that
+	// publish without running it (an API in front of workers) number its
+	// events too, once they have started.
 	Order Order
 
 	// Timeout bounds each call; its context is cancelled then, and a call

@@ -14,3 +14,7 @@ CREATE TABLE IF NOT EXISTS {{keys}} (
   seq          BIGINT       NOT NULL,
   PRIMARY KEY (ordering_key)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+-- Which subscriptions are ordered (0 no, 1 a dead event blocks its key,
+-- 2 a dead event is passed over), so that an instance numbers the events
+-- of an ordered subscription that only other instances run.
+ALTER TABLE {{subscriptions}} ADD COLUMN ordering TINYINT NOT NULL DEFAULT 0;

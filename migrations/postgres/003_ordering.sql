@@ -11,3 +11,7 @@ CREATE TABLE IF NOT EXISTS {{keys}} (
   ordering_key VARCHAR(255) NOT NULL PRIMARY KEY,
   seq          BIGINT       NOT NULL
 );
+-- Which subscriptions are ordered (0 no, 1 a dead event blocks its key,
+-- 2 a dead event is passed over), so that an instance numbers the events
+-- of an ordered subscription that only other instances run.
+ALTER TABLE {{subscriptions}} ADD COLUMN ordering SMALLINT NOT NULL DEFAULT 0;

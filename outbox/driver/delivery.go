@@ -18,6 +18,10 @@ type SubscriptionInfo struct {
 	Name string
 	// Types are the event types it takes; nil: every type.
 	Types []string
+	// Order is 0 for an unordered subscription, 1 for an ordered one
+	// whose dead events block their key, 2 for an ordered one whose dead
+	// events are passed over (outbox.Order).
+	Order int8
 }
 
 // SubscriptionState is a subscription as the database knows it: from

@@ -90,6 +90,7 @@ func (d *memDelivery) record(w driver.DeliveryWrite, now time.Time) {
 
 type memSub struct {
 	types  []string
+	order  int8
 	paused bool
 	seen   time.Time
 }
@@ -433,7 +434,7 @@ func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.Subscriptio
 			m = &memSub{}
 			s.subs[sub.Name] = m
 		}
-		m.types, m.seen = slices.Clone(sub.Types), now
+		m.types, m.order, m.seen = slices.Clone(sub.Types), sub.Order, now
 		if len(m.types) == 0 {
 			m.types = nil
 		}
@@ -441,7 +442,7 @@ func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.Subscriptio
 	out := make([]driver.SubscriptionState, 0, len(s.subs))
 	for name, m := range s.subs {
 		out = append(out, driver.SubscriptionState{
-			SubscriptionInfo: driver.SubscriptionInfo{Name: name, Types: slices.Clone(m.types)},
+			SubscriptionInfo: driver.SubscriptionInfo{Name: name, Types: slices.Clone(m.types), Order: m.order},
 			Paused:           m.paused,
 			Idle:             max(0, now.Sub(m.seen)),
 		})

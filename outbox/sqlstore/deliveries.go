@@ -80,11 +80,11 @@ func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.Subscriptio
 	var upsert string
 	switch s.d.name {
 	case "mysql":
-		upsert = `INSERT INTO ` + t + ` (name, event_types, paused, created_at, seen_at) VALUES (?, ?, 0, ` + s.d.now + `, ` + s.d.now + `)
-ON DUPLICATE KEY UPDATE event_types = VALUES(event_types), seen_at = VALUES(seen_at)`
+		upsert = `INSERT INTO ` + t + ` (name, event_types, ordering, paused, created_at, seen_at) VALUES (?, ?, ?, 0, ` + s.d.now + `, ` + s.d.now + `)
+ON DUPLICATE KEY UPDATE event_types = VALUES(event_types), ordering = VALUES(ordering), seen_at = VALUES(seen_at)`
 	default:
-		upsert = `INSERT INTO ` + t + ` (name, event_types, paused, created_at, seen_at) VALUES (?, ?, ` + s.d.falseValue() + `, ` + s.d.now + `, ` + s.d.now + `)
-ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, seen_at = excluded.seen_at`
+		upsert = `INSERT INTO ` + t + ` (name, event_types, ordering, paused, created_at, seen_at) VALUES (?, ?, ?, ` + s.d.falseValue() + `, ` + s.d.now + `, ` + s.d.now + `)
+ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, ordering = excluded.ordering, seen_at = excluded.seen_at`
 	}
 	upsert = s.rebind(upsert)
 	for _, sub := range subs {
@@ -97,13 +97,13 @@ ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, seen_at = e
 			types = string(b)
 		}
 		if err := s.retry(ctx, func() error {
-			_, err := s.db.ExecContext(ctx, upsert, sub.Name, types)
+			_, err := s.db.ExecContext(ctx, upsert, sub.Name, types, sub.Order)
 			return err
 		}); err != nil {
 			return nil, s.explainSubs(fmt.Errorf("sqlstore: register subscription %q: %w", sub.Name, err))
 		}
 	}
-	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, paused, seen_at, `+s.d.now+` FROM `+t+` ORDER BY name`)
+	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, ordering, paused, seen_at, `+s.d.now+` FROM `+t+` ORDER BY name`)
 	if err != nil {
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: read subscriptions: %w", err))
 	}
@@ -113,7 +113,7 @@ ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, seen_at = e
 		var st driver.SubscriptionState
 		var types sql.NullString
 		var seen, now dbTime
-		if err := rs.Scan(&st.Name, &types, &st.Paused, &seen, &now); err != nil {
+		if err := rs.Scan(&st.Name, &types, &st.Order, &st.Paused, &seen, &now); err != nil {
 			return nil, fmt.Errorf("sqlstore: read subscriptions: %w", err)
 		}
 		if types.Valid && types.String != "" {

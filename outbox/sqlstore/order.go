@@ -295,51 +295,62 @@ func (s *Store) BlockedKeys(ctx context.Context, f driver.OrderFilter, after str
 	q := `SELECT h.ordering_key, h.key_seq, h.id, h.event_type, h.created_at FROM ` + s.table + ` h
 WHERE h.status IN (3, 4) AND h.ordering_key > ? AND h.key_seq IS NOT NULL AND ` + dead + `
 ORDER BY h.ordering_key, h.key_seq LIMIT ?`
-	args := stringArgs(f.Block, after)
-	args = append(args, 4*limit)
 	var out []driver.BlockedKey
 	err := s.retry(ctx, func() error {
 		out = out[:0]
-		rs, err := s.db.QueryContext(ctx, s.rebind(q), args...)
-		if err != nil {
-			return err
-		}
-		type cand struct {
-			driver.BlockedKey
-			seq int64
-		}
-		var cs []cand
-		for rs.Next() {
-			var c cand
-			var created dbTime
-			if err := rs.Scan(&c.Key, &c.seq, &c.EventID, &c.Type, &created); err != nil {
-				rs.Close()
-				return err
-			}
-			c.Since = created.Time
-			if len(cs) > 0 && cs[len(cs)-1].Key == c.Key {
-				continue // the key's earliest dead event is the one that counts
-			}
-			cs = append(cs, c)
-		}
-		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-			return err
-		}
-		for _, c := range cs {
-			if len(out) == limit {
-				break
-			}
-			cond, a := s.pending("p", f, c.Key)
-			var earlier, later int64
-			err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COALESCE(SUM(CASE WHEN p.key_seq < ? THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN p.key_seq > ? THEN 1 ELSE 0 END), 0) FROM `+s.table+` p WHERE `+cond),
-				append([]any{c.seq, c.seq}, a...)...).Scan(&earlier, &later)
+		// Dead events page by page (a key whose dead event has something
+		// pending before it is not blocked by it, and does not count),
+		// until limit keys or the end.
+		for from := after; len(out) < limit; {
+			page := 4 * limit
+			args := append(stringArgs(f.Block, from), page)
+			rs, err := s.db.QueryContext(ctx, s.rebind(q), args...)
 			if err != nil {
 				return err
 			}
-			if earlier == 0 {
-				c.Waiting = later
-				out = append(out, c.BlockedKey)
+			type cand struct {
+				driver.BlockedKey
+				seq int64
 			}
+			var cs []cand
+			n := 0
+			for rs.Next() {
+				n++
+				var c cand
+				var created dbTime
+				if err := rs.Scan(&c.Key, &c.seq, &c.EventID, &c.Type, &created); err != nil {
+					rs.Close()
+					return err
+				}
+				c.Since = created.Time
+				if len(cs) > 0 && cs[len(cs)-1].Key == c.Key {
+					continue // the key's earliest dead event is the one that counts
+				}
+				cs = append(cs, c)
+			}
+			if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+				return err
+			}
+			for _, c := range cs {
+				if len(out) == limit {
+					break
+				}
+				cond, a := s.pending("p", f, c.Key)
+				var earlier, later int64
+				err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COALESCE(SUM(CASE WHEN p.key_seq < ? THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN p.key_seq > ? THEN 1 ELSE 0 END), 0) FROM `+s.table+` p WHERE `+cond),
+					append([]any{c.seq, c.seq}, a...)...).Scan(&earlier, &later)
+				if err != nil {
+					return err
+				}
+				if earlier == 0 {
+					c.Waiting = later
+					out = append(out, c.BlockedKey)
+				}
+			}
+			if n < page {
+				break
+			}
+			from = cs[len(cs)-1].Key
 		}
 		return nil
 	})

@@ -283,3 +283,57 @@ func TestOrderedDeadEventBlocksItsKey(t *testing.T) {
 		}
 	}
 }
+
+// An instance that publishes but does not run the ordered subscription
+// (an API in front of workers) numbers the events of its types anyway: it
+// learns at Start which subscriptions other instances run in order. The
+// worker delivers them in order.
+func TestPublisherWithoutTheOrderedSubscriptionNumbersEvents(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			quiet := slog.New(slog.DiscardHandler)
+			worker, err := outbox.New(st, outbox.Config{InstanceID: "worker", Logger: quiet, PollInterval: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			log := newKeyLog(t, 3)
+			if err := worker.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
+				t.Fatal(err)
+			}
+			if err := worker.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer worker.Close(ctx)
+			api, err := outbox.New(st, outbox.Config{InstanceID: "api", Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := api.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer api.Close(ctx)
+			var want []string
+			for range 3 {
+				want = append(want, publishInTx(t, api, st, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "7", JSON: []byte(`{}`)}))
+			}
+			for i, id := range want {
+				rec, err := st.Inspect(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec.OrderingKey != "Order:7" || rec.KeySeq != int64(i+1) {
+					t.Errorf("event %d stored with key %q, number %d; want Order:7, %d", i, rec.OrderingKey, rec.KeySeq, i+1)
+				}
+			}
+			log.wait(t, 20*time.Second)
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if !slices.Equal(log.got["Order:7"], want) {
+				t.Errorf("delivered as %v; want %v", log.got["Order:7"], want)
+			}
+		})
+	}
+}
