@@ -121,10 +121,11 @@
 // subscription was first deployed; redeliveries after a
 // crash or an expired lease (delivery stays at least once: an event may
 // come again, with its id, after later ones); and under OrderedSkipDead,
-// a dead event replayed after the key went on. A key's head blocks the
-// key for every ordered subscription that the event owes: when two
-// ordered subscriptions take the same events, a failure of one holds the
-// key for both (unordered subscriptions never hold a key, nor are held).
+// a dead event replayed after the key went on. A key is held per event,
+// not per subscription: when two ordered subscriptions take the same
+// events, a failure of one holds the key for both; and an unordered
+// subscription of an ordered event gets it when the event's turn comes
+// (its own failures never hold the key).
 // The guarantee needs a store that implements [driver.OrderedStore]
 // (sqlstore on all three databases).
 //
