@@ -45,7 +45,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 	if !o.cfg.DisablePoller {
 		o.poller.start(ctx, o.poller.run)
 	}
-	if o.seq.ostore != nil && o.reg.load().localOrdered {
+	if o.seq.ostore != nil && len(o.reg.load().local) > 0 {
 		o.seq.start(ctx, o.seq.run)
 	}
 	return nil

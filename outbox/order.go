@@ -123,7 +123,10 @@ func (r *registry) ordered(t EventType) bool { return r.orderedAll || r.orderedT
 // sequencer claims the heads of ordering keys: of the keys whose previous
 // head was just finished here (or that were published here behind an
 // earlier event), as soon as they are named, and of every key with events
-// due, at each poll. What it claims goes to the cold queue.
+// due, at each poll. What it claims goes to the cold queue. Every instance
+// with a subscription takes part, not only those with an ordered one:
+// numbered events must still go out when the ordered subscription is
+// gone, or runs elsewhere.
 type sequencer struct {
 	*deps
 	ostore driver.OrderedStore // nil: the store orders nothing
@@ -148,9 +151,9 @@ func newSequencer(d *deps) *sequencer {
 
 // name asks for the head of key to be claimed. It never blocks.
 func (s *sequencer) name(key string) {
-	if s.ostore == nil || key == "" || !s.reg.load().localOrdered {
-		// An instance with no ordered subscription of its own leaves the
-		// claim to those that have one.
+	if s.ostore == nil || key == "" || len(s.reg.load().local) == 0 {
+		// An instance with no subscription (one that only publishes)
+		// leaves the claim to those that deliver.
 		return
 	}
 	select {
@@ -232,7 +235,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 // round the keys so that keys blocked by a dead event cannot crowd out
 // the others. The poller calls it.
 func (s *sequencer) sweep(ctx context.Context, limit int) (int, error) {
-	if s.ostore == nil || limit <= 0 || !s.reg.load().localOrdered {
+	if s.ostore == nil || limit <= 0 || len(s.reg.load().local) == 0 {
 		return 0, nil
 	}
 	s.mu.Lock()
