@@ -280,7 +280,7 @@ func TestOrderedSkipDeadGoesOn(t *testing.T) {
 		ctx := context.Background()
 		st := outboxtest.NewStore()
 		l := newOrderLog(t)
-		var a2 string
+		a2 := outbox.NewID() // before anything is published: the handler reads it
 		l.fail = func(ev outbox.Event, n int) error {
 			if ev.ID == a2 {
 				return outbox.Permanent(errors.New("never"))
@@ -289,7 +289,6 @@ func TestOrderedSkipDeadGoesOn(t *testing.T) {
 		}
 		ob := orderedOutbox(t, st, outbox.OrderedSkipDead, l, 0)
 		a1 := publishKey(t, ob, st, "A", 1)
-		a2 = outbox.NewID()
 		tx := st.Begin(ctx)
 		if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{ID: a2, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
