@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -475,5 +476,67 @@ func testOrderBlockedKeys(t *testing.T, e *env) {
 		if g.Key != w.Key || g.EventID != w.EventID || g.Waiting != w.Waiting || g.Type != string(typeA) || g.Since.IsZero() {
 			t.Errorf("BlockedKeys[%d] = %+v; want %+v", i, g, w)
 		}
+	}
+}
+
+// knownIssue skips a case that shows a known defect unless
+// TXOUTBOX_KNOWN_ISSUES is set: it asserts the documented contract, which
+// the stores do not keep yet.
+func knownIssue(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("TXOUTBOX_KNOWN_ISSUES") == "" {
+		t.Skip("known issue (set TXOUTBOX_KNOWN_ISSUES=1 to run): " + what)
+	}
+}
+
+// At most one event of a key is leased (driver.OrderedStore): under
+// OrderedSkipDead, replaying a dead event while a later event of its key
+// is leased must not lease the replayed one too.
+func testOrderReplayWhileLaterLeased(t *testing.T, e *env) {
+	knownIssue(t, "a replayed dead event becomes the head and is leased while a later event of its key is in flight")
+	ctx := context.Background()
+	st := e.ordered(t)
+	dls, ok := e.store.(driver.DeadLetterStore)
+	if !ok {
+		t.Skip("store is not an driver.DeadLetterStore")
+	}
+	dead, rest := e.deadHead(t, "k", 1)
+	wantIDs(t, "ClaimHeads under Skip behind a dead head", claimHeads(t, st, "a", minute, skipS, "k"), rest[0])
+	if n, err := dls.Replay(ctx, []string{dead}); err != nil || n != 1 {
+		t.Fatalf("Replay = %d, %v", n, err)
+	}
+	wantIDs(t, "ClaimHeads while a later event of the key is leased", claimHeads(t, st, "b", minute, skipS, "k"))
+}
+
+// BlockedKeys returns a full page while blocked keys remain, however many
+// dead events that block nothing come before them.
+func testOrderBlockedKeysFullPage(t *testing.T, e *env) {
+	knownIssue(t, "sqlstore's BlockedKeys looks at 4×limit dead events only: keys whose dead events block nothing crowd out blocked keys and the short page reads as the end")
+	ctx := context.Background()
+	st := e.ordered(t)
+	dls, ok := e.store.(driver.DeadLetterStore)
+	if !ok {
+		t.Skip("store is not an driver.DeadLetterStore")
+	}
+	// Keys a1..a5: a pending (replayed) event with a dead one behind it.
+	for i := range 5 {
+		k := fmt.Sprintf("a%d", i)
+		x1, _ := e.pubOrdered(t, k, "me", skipS)
+		x2, _ := e.pubOrdered(t, k, "", skipS)
+		if ok, err := e.store.MarkDead(ctx, "me", x1, "fatal"); err != nil || !ok {
+			t.Fatalf("MarkDead = %v, %v", ok, err)
+		}
+		wantIDs(t, "ClaimHeads under Skip", claimHeads(t, st, "me", minute, skipS, k), x2)
+		if ok, err := e.store.MarkDead(ctx, "me", x2, "fatal"); err != nil || !ok {
+			t.Fatalf("MarkDead = %v, %v", ok, err)
+		}
+		if n, err := dls.Replay(ctx, []string{x1}); err != nil || n != 1 {
+			t.Fatalf("Replay = %d, %v", n, err)
+		}
+	}
+	b, _ := e.deadHead(t, "b", 0)
+	bs, err := st.BlockedKeys(ctx, blockS, "", 1)
+	if err != nil || len(bs) != 1 || bs[0].EventID != b {
+		t.Fatalf("BlockedKeys(limit 1) = %+v, %v; want key b, blocked by %s", bs, err, b)
 	}
 }

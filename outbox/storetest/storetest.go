@@ -118,6 +118,8 @@ func Run(t *testing.T, h Harness) {
 		{"Ordered/ReplayDeadHead", testOrderReplayDeadHead},
 		{"Ordered/DueKeys", testOrderDueKeys},
 		{"Ordered/BlockedKeys", testOrderBlockedKeys},
+		{"Ordered/Known/ReplayWhileLaterLeased", testOrderReplayWhileLaterLeased},
+		{"Ordered/Known/BlockedKeysFullPage", testOrderBlockedKeysFullPage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
