@@ -7,7 +7,12 @@
 //
 // [NewStore] returns a [Store] with the semantics of outbox/sqlstore:
 // leases and owner checks, the claim order, events split per
-// subscription, dead letters and replay, cleanup and stats. It runs the
+// subscription, dead letters and replay, cleanup and stats, and per-key
+// ordering (driver.OrderedStore: Subscription.Order, BlockedKeys,
+// SkipDead; it numbers an ordered event when it is inserted, where
+// sqlstore's publishing transaction locks the key until it commits, so
+// the order of two transactions publishing one key at once is their
+// insert order here, their commit order there). It runs the
 // conformance suite of outbox/storetest, like every store, so it is a
 // reference implementation rather than a mock that drifts from the real
 // thing. Its clock is time.Now (or [WithClock]), so inside a

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // drainTick bounds the wait between two polls of Drain when the store does
@@ -74,9 +75,30 @@ func (s *Store) busy(ob *outbox.Outbox) bool {
 		}
 		return false
 	}
+	// An ordered event waits while an earlier event of its key is pending
+	// for any local subscription (taken as Ordered: the strictest); it is
+	// not due work until then. If a subscription is OrderedSkipDead the
+	// engine may go on past a dead event: its poll claims the next one,
+	// and Drain goes round again.
+	var block []string
+	for _, sub := range local {
+		block = append(block, sub.Name)
+	}
+	strict := driver.OrderFilter{Block: block}
+	waiting := func(e *memEvent) bool {
+		if e.row.KeySeq == 0 {
+			return false
+		}
+		for _, o := range s.events {
+			if o.row.OrderingKey == e.row.OrderingKey && o.row.KeySeq != 0 && o.row.KeySeq < e.row.KeySeq && s.pendingUnder(o, strict) {
+				return true
+			}
+		}
+		return false
+	}
 	for id, e := range s.events {
 		if undone(e.row.Status) {
-			if !free(e.lockedUntil, now) || (!e.availableAt.After(now) && takes(outbox.EventType(e.row.Type))) {
+			if !free(e.lockedUntil, now) || (!e.availableAt.After(now) && takes(outbox.EventType(e.row.Type)) && !waiting(e)) {
 				return true
 			}
 		}

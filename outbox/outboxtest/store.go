@@ -22,6 +22,7 @@ var (
 	_ driver.DeadLetterStore = (*Store)(nil)
 	_ driver.Cleaner         = (*Store)(nil)
 	_ driver.BatchInserter   = (*Store)(nil)
+	_ driver.OrderedStore    = (*Store)(nil)
 	_ outbox.TxContext       = (*Tx)(nil)
 )
 
@@ -55,6 +56,9 @@ type Store struct {
 	deliv   map[string]map[string]*memDelivery // event id -> subscription -> delivery
 	subs    map[string]*memSub
 	changed chan struct{} // closed and replaced on every change
+
+	keySeq  map[string]int64       // ordering key -> last number given
+	staging map[*memEvent]struct{} // ordered rows of open transactions
 }
 
 type memEvent struct {
@@ -103,6 +107,8 @@ func NewStore(opts ...Option) *Store {
 		deliv:   map[string]map[string]*memDelivery{},
 		subs:    map[string]*memSub{},
 		changed: make(chan struct{}),
+		keySeq:  map[string]int64{},
+		staging: map[*memEvent]struct{}{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -189,6 +195,9 @@ func (tx *Tx) commit() error {
 	s := tx.st
 	s.mu.Lock()
 	for _, e := range rows {
+		delete(s.staging, e)
+	}
+	for _, e := range rows {
 		if _, dup := s.events[e.row.ID]; dup {
 			s.mu.Unlock()
 			return fmt.Errorf("outboxtest: commit: event id %q exists already", e.row.ID)
@@ -213,11 +222,14 @@ func (tx *Tx) Rollback() error { return outbox.EndTx(tx.ctx, tx.rollback, false,
 
 func (tx *Tx) rollback() error {
 	tx.mu.Lock()
-	defer tx.mu.Unlock()
 	if tx.done {
+		tx.mu.Unlock()
 		return sql.ErrTxDone
 	}
+	rows := tx.rows
 	tx.done, tx.rows = true, nil
+	tx.mu.Unlock()
+	tx.st.unstage(rows)
 	return nil
 }
 
@@ -270,6 +282,7 @@ func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []driv
 		seen[rows[i].ID] = true
 		r := cloneRow(&rows[i])
 		r.Status, r.Attempts, r.CreatedAt, r.PrevOwner, r.ReadError = outbox.StatusNew, 0, now, "", nil
+		r.KeySeq = 0 // numbered only by InsertOrdered
 		e := &memEvent{row: r, availableAt: now}
 		if owner != "" {
 			e.owner, e.lockedUntil = owner, now.Add(lease)
@@ -296,8 +309,8 @@ func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Ro
 	var retries, news []*memEvent
 	newBefore := now.Add(-max(0, req.SkipRecent))
 	for _, e := range s.events {
-		if !free(e.lockedUntil, now) {
-			continue
+		if !free(e.lockedUntil, now) || e.row.KeySeq != 0 {
+			continue // ordered events are claimed by ClaimHeads
 		}
 		switch {
 		case e.row.Status == outbox.StatusRetry && !e.availableAt.After(now):

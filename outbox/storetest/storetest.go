@@ -110,6 +110,16 @@ func Run(t *testing.T, h Harness) {
 		{"Method/ClaimDeliveries", testMethodClaimDeliveries},
 		{"Method/DeliveryWrites", testMethodDeliveryWrites},
 		{"Method/DueNow", testMethodDueNow},
+		{"Ordered/Numbering", testOrderNumbering},
+		{"Ordered/HeadLeasedToOwner", testOrderHeadLeasedToOwner},
+		{"Ordered/ClaimHeads", testOrderClaimHeads},
+		{"Ordered/SplitHolds", testOrderSplitHolds},
+		{"Ordered/DeadBlocks", testOrderDeadBlocks},
+		{"Ordered/ReplayDeadHead", testOrderReplayDeadHead},
+		{"Ordered/DueKeys", testOrderDueKeys},
+		{"Ordered/BlockedKeys", testOrderBlockedKeys},
+		{"Ordered/Known/ReplayWhileLaterLeased", testOrderReplayWhileLaterLeased},
+		{"Ordered/Known/BlockedKeysFullPage", testOrderBlockedKeysFullPage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

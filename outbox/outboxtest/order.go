@@ -1,0 +1,290 @@
+package outboxtest
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// Per-key ordering (driver.OrderedStore), with the semantics of
+// outbox/sqlstore: an ordered event carries its key and its number in the
+// key's sequence (Row.KeySeq); a key's head is its earliest event still
+// pending under the OrderFilter; only heads are leased, by InsertOrdered
+// (to the publisher, when nothing earlier is pending) and ClaimHeads.
+//
+// One difference: sqlstore locks the key from the publishing INSERT until
+// the transaction ends, so that the sequence is the commit order of the
+// publishers. The in-memory store has no row locks: it numbers an event
+// when it is inserted (Store.mu held), so two transactions publishing one
+// key at once are numbered in insert order, whatever order they commit
+// in. The events of open transactions count as pending (they are NEW), so
+// a later publisher of the key never gets the head while an earlier one
+// is still open; a rolled-back event leaves a gap in the sequence, which
+// is harmless (the head is the lowest pending number).
+
+// MaxOrderingKeyLen is the longest ordering key the store accepts, in
+// bytes, as sqlstore's table.
+const MaxOrderingKeyLen = 255
+
+// pendingUnder reports whether e, an ordered event, holds back the later
+// events of its key under f: NEW or RETRY; DEAD while f.Block is not
+// empty; split with a delivery of f.Block not DONE, or of f.Skip NEW or
+// RETRY. The caller holds s.mu.
+func (s *Store) pendingUnder(e *memEvent, f driver.OrderFilter) bool {
+	switch e.row.Status {
+	case outbox.StatusNew, outbox.StatusRetry:
+		return true
+	case outbox.StatusDead:
+		return len(f.Block) > 0
+	case outbox.StatusSplit:
+		for name, d := range s.deliv[e.row.ID] {
+			switch {
+			case slices.Contains(f.Block, name) && (undone(d.status) || d.status == outbox.StatusDead):
+				return true
+			case slices.Contains(f.Skip, name) && undone(d.status):
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// keyEvents returns the committed ordered events of the given keys (all
+// keys if keys is nil), key by key, in sequence order. The caller holds
+// s.mu.
+func (s *Store) keyEvents(keys []string) map[string][]*memEvent {
+	out := map[string][]*memEvent{}
+	for _, e := range s.events {
+		if e.row.KeySeq == 0 || (keys != nil && !slices.Contains(keys, e.row.OrderingKey)) {
+			continue
+		}
+		out[e.row.OrderingKey] = append(out[e.row.OrderingKey], e)
+	}
+	for _, es := range out {
+		slices.SortFunc(es, func(a, b *memEvent) int { return cmp.Compare(a.row.KeySeq, b.row.KeySeq) })
+	}
+	return out
+}
+
+// head returns the earliest of es pending under f, or nil.
+func (s *Store) head(es []*memEvent, f driver.OrderFilter) *memEvent {
+	for _, e := range es {
+		if s.pendingUnder(e, f) {
+			return e
+		}
+	}
+	return nil
+}
+
+// unstage forgets the ordered rows of a transaction that ended.
+func (s *Store) unstage(rows []*memEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range rows {
+		delete(s.staging, e)
+	}
+}
+
+// InsertOrdered implements driver.OrderedStore: the row is numbered next
+// in its key's sequence at once (see the note above on locking) and
+// staged in exec, a *Tx of this store, until it commits. It is the head,
+// and leased to owner, if no earlier event of its key is pending under f,
+// committed or staged in an open transaction.
+func (s *Store) InsertOrdered(ctx context.Context, exec outbox.Execer, row *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (bool, error) {
+	switch {
+	case row.OrderingKey == "":
+		return false, fmt.Errorf("outboxtest: event %s has no ordering key: set Envelope.OrderingKey or the aggregate's type and id", row.ID)
+	case len(row.OrderingKey) > MaxOrderingKeyLen:
+		return false, fmt.Errorf("outboxtest: event %s: ordering key of %d bytes; at most %d fit", row.ID, len(row.OrderingKey), MaxOrderingKeyLen)
+	}
+	tx, err := s.txOf(exec)
+	if err != nil {
+		return false, err
+	}
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return false, sql.ErrTxDone
+	}
+	for _, e := range tx.rows {
+		if e.row.ID == row.ID {
+			return false, fmt.Errorf("outboxtest: insert: event id %q exists already", row.ID)
+		}
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.events[row.ID]; dup {
+		return false, fmt.Errorf("outboxtest: insert: event id %q exists already", row.ID)
+	}
+	k := row.OrderingKey
+	s.keySeq[k]++
+	seq := s.keySeq[k]
+	head := true
+	for _, e := range s.events {
+		if e.row.OrderingKey == k && e.row.KeySeq != 0 && e.row.KeySeq < seq && s.pendingUnder(e, f) {
+			head = false
+			break
+		}
+	}
+	for e := range s.staging {
+		if e.row.OrderingKey == k && e.row.KeySeq < seq {
+			head = false // NEW, in an open transaction
+			break
+		}
+	}
+	r := cloneRow(row)
+	r.Status, r.Attempts, r.CreatedAt, r.PrevOwner, r.ReadError, r.KeySeq = outbox.StatusNew, 0, now, "", nil, seq
+	e := &memEvent{row: r, availableAt: now}
+	if head && owner != "" {
+		e.owner, e.lockedUntil = owner, now.Add(lease)
+	}
+	s.staging[e] = struct{}{}
+	tx.rows = append(tx.rows, e)
+	row.KeySeq = seq
+	return head, nil
+}
+
+// ClaimHeads implements driver.OrderedStore.
+func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, f driver.OrderFilter) ([]driver.Row, error) {
+	if len(keys) == 0 || req.Limit <= 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(keys) > req.Limit {
+		keys = keys[:req.Limit]
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byKey := s.keyEvents(keys)
+	var out []driver.Row
+	for _, k := range slices.Sorted(mapKeys(byKey)) {
+		h := s.head(byKey[k], f)
+		if h == nil || !undone(h.row.Status) || h.availableAt.After(now) || !free(h.lockedUntil, now) {
+			continue
+		}
+		r := cloneRow(&h.row)
+		if h.owner != req.Owner {
+			r.PrevOwner = h.owner
+		}
+		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
+		out = append(out, r)
+	}
+	if len(out) > 0 {
+		s.touch()
+	}
+	return out, nil
+}
+
+// DueKeys implements driver.OrderedStore.
+func (s *Store) DueKeys(ctx context.Context, after string, limit int) ([]string, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	due := map[string]bool{}
+	for _, e := range s.events {
+		if e.row.KeySeq != 0 && e.row.OrderingKey > after && undone(e.row.Status) && !e.availableAt.After(now) && free(e.lockedUntil, now) {
+			due[e.row.OrderingKey] = true
+		}
+	}
+	keys := slices.Sorted(mapKeys(due))
+	return keys[:min(len(keys), limit)], nil
+}
+
+// BlockedKeys implements driver.OrderedStore: a key is blocked when its
+// head under f is DEAD, or split with a dead delivery of f.Block.
+func (s *Store) BlockedKeys(ctx context.Context, f driver.OrderFilter, after string, limit int) ([]driver.BlockedKey, error) {
+	if limit <= 0 || len(f.Block) == 0 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byKey := s.keyEvents(nil)
+	var out []driver.BlockedKey
+	for _, k := range slices.Sorted(mapKeys(byKey)) {
+		if k <= after {
+			continue
+		}
+		if len(out) == limit {
+			break
+		}
+		es := byKey[k]
+		h := s.head(es, f)
+		if h == nil || !s.deadFor(h, f.Block) {
+			continue
+		}
+		b := driver.BlockedKey{Key: k, EventID: h.row.ID, Type: h.row.Type, Since: h.row.CreatedAt}
+		for _, e := range es {
+			if e.row.KeySeq > h.row.KeySeq && s.pendingUnder(e, f) {
+				b.Waiting++
+			}
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// deadFor reports whether e is DEAD, or split with a dead delivery of one
+// of block. The caller holds s.mu.
+func (s *Store) deadFor(e *memEvent, block []string) bool {
+	switch e.row.Status {
+	case outbox.StatusDead:
+		return true
+	case outbox.StatusSplit:
+		for _, name := range block {
+			if d := s.deliv[e.row.ID][name]; d != nil && d.status == outbox.StatusDead {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// SkipDead implements driver.OrderedStore.
+func (s *Store) SkipDead(ctx context.Context, ids []string) (int, error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		e := s.events[id]
+		if e == nil {
+			continue
+		}
+		if e.row.Status == outbox.StatusDead {
+			e.row.Status, e.doneAt, e.owner, e.lockedUntil = outbox.StatusDone, now, "", time.Time{}
+			n++
+		}
+		for _, d := range s.deliv[id] {
+			if d.status == outbox.StatusDead {
+				d.status, d.doneAt, d.owner, d.lockedUntil = outbox.StatusDone, now, "", time.Time{}
+				n++
+			}
+		}
+		if e.row.Status == outbox.StatusSplit {
+			all := true
+			for _, d := range s.deliv[id] {
+				all = all && d.status == outbox.StatusDone
+			}
+			if all {
+				e.row.Status, e.doneAt = outbox.StatusDone, now
+			}
+		}
+	}
+	if n > 0 {
+		s.touch()
+	}
+	return n, nil
+}
