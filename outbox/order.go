@@ -34,7 +34,8 @@ import (
 // ran out, a redelivery (at least once: an event may come again after
 // later ones were delivered, with its original id). Replaying dead events
 // delivers them in their original order, but after the events that went
-// on without them under OrderedSkipDead. Changing a subscription from
+// on without them under OrderedSkipDead (where a replayed dead delivery
+// may even be delivered while a later event of its key is). Changing a subscription from
 // OrderedSkipDead to Ordered makes its old dead events block their keys.
 type Order int8
 

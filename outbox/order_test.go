@@ -368,12 +368,14 @@ func TestOrderedManyKeysOneAtATimeInOrder(t *testing.T) {
 }
 
 // Known issue (run with TXOUTBOX_KNOWN_ISSUES=1): under OrderedSkipDead,
-// replaying a dead event while a later event of its key is in the handler
-// makes the replayed event the key's head, and the sequencer leases it at
-// once: two events of one key in the handler at the same time.
+// replaying a dead delivery while a later event of its key is in the
+// handler puts the replayed delivery back in the deliveries' claim, which
+// knows nothing of keys: two events of one key in the handler at the same
+// time. (A whole event replayed waits: ClaimHeads leases nothing of a key
+// another event of which is leased.)
 func TestOrderedSkipDeadReplayWhileLaterInFlight(t *testing.T) {
 	if os.Getenv("TXOUTBOX_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (set TXOUTBOX_KNOWN_ISSUES=1 to run): a replayed dead event is delivered while a later event of its key is in the handler")
+		t.Skip("known issue (set TXOUTBOX_KNOWN_ISSUES=1 to run): under OrderedSkipDead a replayed dead delivery is delivered while a later event of its key is in the handler")
 	}
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
@@ -410,16 +412,12 @@ func TestOrderedSkipDeadReplayWhileLaterInFlight(t *testing.T) {
 	})
 }
 
-// Known issue (run with TXOUTBOX_KNOWN_ISSUES=1): events written numbered
-// in their key (by an instance with an ordered subscription) are never
-// delivered by an instance whose subscriptions are all unordered, e.g.
-// after the subscription's Order was turned off, or a rollback: Claim
-// skips numbered rows and the sequencer's sweep does nothing with no
-// ordered subscription.
+// Events written numbered in their key (by an instance with an ordered
+// subscription) are delivered by an instance whose subscriptions are all
+// unordered, e.g. after the subscription's Order was turned off, or a
+// rollback: Claim skips numbered rows, and the sequencer's sweep runs on
+// every instance with a subscription.
 func TestNumberedEventsDeliveredWhenNoSubscriptionIsOrdered(t *testing.T) {
-	if os.Getenv("TXOUTBOX_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (set TXOUTBOX_KNOWN_ISSUES=1 to run): numbered events are stranded on an instance with no ordered subscription")
-	}
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		st := outboxtest.NewStore()

@@ -172,6 +172,13 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		if h == nil || !undone(h.row.Status) || h.availableAt.After(now) || !free(h.lockedUntil, now) {
 			continue
 		}
+		// Another event of the key under a live lease (a later one, when
+		// the head was replayed): one at a time.
+		if slices.ContainsFunc(byKey[k], func(e *memEvent) bool {
+			return e != h && undone(e.row.Status) && !free(e.lockedUntil, now)
+		}) {
+			continue
+		}
 		r := cloneRow(&h.row)
 		if h.owner != req.Owner {
 			r.PrevOwner = h.owner

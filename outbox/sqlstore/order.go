@@ -197,8 +197,10 @@ func (s *Store) insertOrderedArgs(r *driver.Row, owner string, lease time.Durati
 // ClaimHeads implements driver.OrderedStore. It reads the keys' heads
 // without locking, then leases those that are due and free in a short
 // transaction (FOR UPDATE SKIP LOCKED where the database has it): a head
-// never changes but to a later event, so a head read a moment ago is
-// either still the head or no longer pending, and then not leased.
+// changes only to a later event (or, by a replay, to an earlier one,
+// which then waits until no other event of its key is leased), so a head
+// read a moment ago is either still the head or no longer pending, and
+// then not leased.
 func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, f driver.OrderFilter) ([]driver.Row, error) {
 	if len(keys) == 0 || req.Limit <= 0 {
 		return nil, nil
@@ -236,16 +238,21 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	}
 	var sb strings.Builder
 	args := make([]any, 0, 2*len(heads)+1)
-	sb.WriteString(`SELECT ` + rowColumns + ` FROM ` + s.table + ` WHERE (`)
+	sb.WriteString(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o WHERE (`)
 	for i, h := range heads {
 		if i > 0 {
 			sb.WriteString(` OR `)
 		}
-		sb.WriteString(`(ordering_key = ? AND key_seq = ?)`)
+		sb.WriteString(`(o.ordering_key = ? AND o.key_seq = ?)`)
 		args = append(args, h.key, h.seq)
 	}
-	sb.WriteString(`) AND status IN (0, 2) AND available_at <= ` + s.d.now + `
-  AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `) LIMIT ?` + s.d.lock)
+	// Not while another event of the key is leased: a head that was
+	// replayed after its key went on (OrderedSkipDead) waits for the
+	// later event in flight.
+	sb.WriteString(`) AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
+  AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
+  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q WHERE q.status IN (0, 2) AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
+    AND q.id <> o.id AND q.locked_until > ` + s.d.now + `) LIMIT ?` + s.d.lock)
 	args = append(args, len(heads))
 	q := s.rebind(sb.String())
 	var out []driver.Row

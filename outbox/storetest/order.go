@@ -3,7 +3,6 @@ package storetest
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -479,21 +478,10 @@ func testOrderBlockedKeys(t *testing.T, e *env) {
 	}
 }
 
-// knownIssue skips a case that shows a known defect unless
-// TXOUTBOX_KNOWN_ISSUES is set: it asserts the documented contract, which
-// the stores do not keep yet.
-func knownIssue(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("TXOUTBOX_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (set TXOUTBOX_KNOWN_ISSUES=1 to run): " + what)
-	}
-}
-
 // At most one event of a key is leased (driver.OrderedStore): under
 // OrderedSkipDead, replaying a dead event while a later event of its key
 // is leased must not lease the replayed one too.
 func testOrderReplayWhileLaterLeased(t *testing.T, e *env) {
-	knownIssue(t, "a replayed dead event becomes the head and is leased while a later event of its key is in flight")
 	ctx := context.Background()
 	st := e.ordered(t)
 	dls, ok := e.store.(driver.DeadLetterStore)
@@ -511,7 +499,6 @@ func testOrderReplayWhileLaterLeased(t *testing.T, e *env) {
 // BlockedKeys returns a full page while blocked keys remain, however many
 // dead events that block nothing come before them.
 func testOrderBlockedKeysFullPage(t *testing.T, e *env) {
-	knownIssue(t, "sqlstore's BlockedKeys looks at 4×limit dead events only: keys whose dead events block nothing crowd out blocked keys and the short page reads as the end")
 	ctx := context.Background()
 	st := e.ordered(t)
 	dls, ok := e.store.(driver.DeadLetterStore)
