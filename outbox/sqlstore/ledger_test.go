@@ -524,3 +524,54 @@ func TestLedgerChild(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An open transaction that publishes an event of key K must not hold up
+// the engine's writes to K's earlier events: here MarkDone of the key's
+// pending head, which the engine runs when the head was delivered. The
+// ledger test's deadlocks and lease renewals that time out on MariaDB come
+// from this lock (see TestOrderingLedger).
+func TestOpenOrderedPublishDoesNotBlockMarkDone(t *testing.T) {
+	for _, c := range []struct {
+		name, db string
+		opts     *sql.TxOptions
+	}{
+		{"mysql", "mysql", nil},
+		{"mysql-read-committed", "mysql", &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
+		{"postgres", "postgres", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := testdb.Open(t, c.db)
+			st := testdb.Store(t, db)
+			ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
+				Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
+				t.Fatal(err)
+			}
+			// Not started: the head stays leased to "pub", as while its
+			// delivery runs.
+			head := publishInTx(t, ob, st, outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
+
+			ctx := context.Background()
+			tx, err := outbox.BeginTx(ctx, db.DB, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			// The publishing transaction stays open (a request still at
+			// work) while the engine records the head as delivered. A lock
+			// wait ends at the deadline: that is the failure.
+			mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			n, err := st.MarkDone(mctx, "pub", []string{head})
+			if err != nil || n != 1 {
+				t.Fatalf("MarkDone of the key's head while a publisher of the key is open: %d rows, %v", n, err)
+			}
+		})
+	}
+}
