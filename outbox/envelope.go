@@ -88,8 +88,10 @@ type Envelope struct {
 	// Bytes is the payload as opaque bytes, for events that are not JSON.
 	Bytes []byte
 
-	// ordered is set on an event delivered in order of its key.
+	// ordered is set on an event delivered in order of its key; seq is
+	// its number in the key's sequence, if known.
 	ordered bool
+	seq     int64
 }
 
 // Payload returns the payload, whichever of JSON and Bytes carries it.
@@ -322,6 +324,7 @@ func decode(r *driver.Row) (Envelope, error) {
 		TenantID:      r.TenantID,
 		OrderingKey:   r.OrderingKey,
 		ordered:       r.KeySeq > 0,
+		seq:           r.KeySeq,
 	}
 	if len(r.Headers) > 0 {
 		var h map[string]string

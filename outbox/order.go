@@ -134,7 +134,7 @@ type sequencer struct {
 	disp   *dispatcher
 	reg    *registrar
 
-	keys chan string // keys to look at; when full, the poll finds them
+	keys chan named // keys to look at; when full, the poll finds them
 
 	mu    sync.Mutex // guards after (the poller and Outbox.Poll sweep)
 	after string     // the sweep's cursor over keys
@@ -144,23 +144,31 @@ type sequencer struct {
 // maxNamedKeys bounds the keys waiting for the sequencer.
 const maxNamedKeys = 4096
 
+// named is a key to look at, and the event of it just finished, if any.
+type named struct {
+	key string
+	ev  driver.KeyDone // EventID "": none
+}
+
 func newSequencer(d *deps) *sequencer {
-	s := &sequencer{deps: d, keys: make(chan string, maxNamedKeys)}
+	s := &sequencer{deps: d, keys: make(chan named, maxNamedKeys)}
 	s.ostore, _ = d.store.(driver.OrderedStore)
 	return s
 }
 
 // name asks for the head of key to be claimed. It never blocks.
-func (s *sequencer) name(key string) {
-	if s.ostore == nil || key == "" || len(s.reg.load().local) == 0 {
+func (s *sequencer) name(key string) { s.send(named{key: key}) }
+
+func (s *sequencer) send(n named) {
+	if s.ostore == nil || n.key == "" || len(s.reg.load().local) == 0 {
 		// An instance with no subscription (one that only publishes)
 		// leaves the claim to those that deliver.
 		return
 	}
 	select {
-	case s.keys <- key:
+	case s.keys <- n:
 	default:
-		// The poll finds it.
+		// The poll finds the key; its next event goes the cold way.
 	}
 }
 
@@ -168,25 +176,33 @@ func (s *sequencer) name(key string) {
 // its key's next event may be due.
 func (s *sequencer) next(it *item) {
 	if it.env.ordered {
-		s.name(it.env.OrderingKey)
+		s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}})
 	}
 }
 
-// run claims the heads of named keys, a batch at a time, until ctx ends.
+// run records what finished and claims the heads of named keys, a batch
+// at a time, until ctx ends.
 func (s *sequencer) run(ctx context.Context) {
 	batch := make(map[string]struct{})
+	var done []driver.KeyDone
+	add := func(n named) {
+		batch[n.key] = struct{}{}
+		if n.ev.EventID != "" {
+			done = append(done, n.ev)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case k := <-s.keys:
-			batch[k] = struct{}{}
+		case n := <-s.keys:
+			add(n)
 		}
 	more:
 		for len(batch) < 100 {
 			select {
-			case k := <-s.keys:
-				batch[k] = struct{}{}
+			case n := <-s.keys:
+				add(n)
 			default:
 				break more
 			}
@@ -197,7 +213,26 @@ func (s *sequencer) run(ctx context.Context) {
 		}
 		clear(batch)
 		slices.Sort(keys)
+		s.keysDone(ctx, done)
+		done = done[:0]
 		s.claim(ctx, keys)
+	}
+}
+
+// keysDone tells the store which ordered events finished, so that the
+// next event of their keys may take the hot path.
+func (s *sequencer) keysDone(ctx context.Context, evs []driver.KeyDone) {
+	if len(evs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	start := time.Now()
+	err := s.ostore.KeysDone(ctx, evs, s.reg.load().orderFilter())
+	s.m.Statement("keys_done", len(evs), time.Since(start))
+	if err != nil {
+		// A hint only: the keys' next events go the cold way.
+		s.log.Warn("record finished ordered events on their keys", slog.Int("events", len(evs)), slog.Any("error", err))
 	}
 }
 

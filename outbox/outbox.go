@@ -275,7 +275,7 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 		if err != nil {
 			return nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
 		}
-		envs[i].ordered = true
+		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
 		if head && owner != "" {
 			*mine = append(*mine, envs[i])
 		} else if len(named) == 0 || named[len(named)-1] != rows[i].OrderingKey {

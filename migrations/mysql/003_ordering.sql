@@ -6,12 +6,15 @@ ALTER TABLE {{table}}
   ADD COLUMN ordering_key VARCHAR(255) NULL,
   ADD COLUMN key_seq      BIGINT       NULL,
   ADD KEY {{name}}_key_seq (status, ordering_key, key_seq);
--- The last sequence number of each ordering key. Publishing an ordered
--- event updates its key's row, which holds the publishing transactions of
--- one key one after another until each commits.
+-- The last sequence number of each ordering key, and the last of its
+-- events known to be delivered (a hint the engine keeps: at most that far,
+-- every event of the key is delivered). Publishing an ordered event
+-- updates its key's row, which holds the publishing transactions of one
+-- key one after another until each commits.
 CREATE TABLE IF NOT EXISTS {{keys}} (
   ordering_key VARCHAR(255) NOT NULL,
   seq          BIGINT       NOT NULL,
+  done_seq     BIGINT       NOT NULL DEFAULT 0,
   PRIMARY KEY (ordering_key)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 -- Which subscriptions are ordered (0 no, 1 a dead event blocks its key,

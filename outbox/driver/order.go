@@ -23,6 +23,14 @@ type OrderFilter struct {
 // Empty reports whether f names no subscription.
 func (f OrderFilter) Empty() bool { return len(f.Block) == 0 && len(f.Skip) == 0 }
 
+// KeyDone names an ordered event whose outcome was just recorded.
+type KeyDone struct {
+	EventID string
+	Key     string
+	// Seq is its number in its key's sequence, or 0 if unknown.
+	Seq int64
+}
+
 // BlockedKey is an ordering key whose earliest pending event is dead: its
 // later events wait until an operator replays or skips it.
 type BlockedKey struct {
@@ -43,12 +51,23 @@ type BlockedKey struct {
 // the filter (its head).
 type OrderedStore interface {
 	// InsertOrdered writes row (whose OrderingKey is set) through exec, the
-	// caller's transaction, numbered next in its key's sequence. Doing so locks the key until the transaction ends, so
-	// that transactions publishing one key commit in sequence order. If no
-	// earlier event of the key is pending under f, the row is written
-	// leased to owner for lease (owner "": free) and head is true; else it
-	// is written free and head is false.
+	// caller's transaction, numbered next in its key's sequence (setting
+	// row.KeySeq where the database reports it). Doing so locks the key
+	// until the transaction ends, so that transactions publishing one key
+	// commit in sequence order. If owner is set and the key's previous
+	// event is known to be delivered (KeysDone), the row is written leased
+	// to owner for lease and head is true; else it is written free and
+	// head is false. It must lock nothing else: it runs in the
+	// application's transaction.
 	InsertOrdered(ctx context.Context, exec Execer, row *Row, owner string, lease time.Duration, f OrderFilter) (head bool, err error)
+
+	// KeysDone records that each of evs that is no longer pending under f
+	// (or no longer stored, then with its Seq) is delivered, and with it
+	// every earlier event of its key: the next event of the key published
+	// may go out on the hot path. It is a hint, best effort: a key that a
+	// transaction holds may be passed over, and it must never wait for
+	// one.
+	KeysDone(ctx context.Context, evs []KeyDone, f OrderFilter) error
 
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
 	// head is NEW or RETRY, due, and not held by a live lease, and returns

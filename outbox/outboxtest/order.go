@@ -192,6 +192,14 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	return out, nil
 }
 
+var _ driver.OrderedStore = (*Store)(nil)
+
+// KeysDone implements driver.OrderedStore. The in-memory store decides
+// heads from the events themselves, under its mutex: it needs no hint.
+func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.OrderFilter) error {
+	return ctx.Err()
+}
+
 // DueKeys implements driver.OrderedStore.
 func (s *Store) DueKeys(ctx context.Context, after string, limit int) ([]string, error) {
 	if limit <= 0 {

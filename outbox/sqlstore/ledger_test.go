@@ -34,9 +34,9 @@ import (
 const (
 	ledgerInstances  = 4
 	ledgerProducers  = 16 // per instance: 64 in all
-	ledgerEvents     = 40 // per producer
+	ledgerEvents     = 50 // per producer
 	ledgerAggregates = 100
-	ledgerKillAt     = 400 // ledger rows before the kill
+	ledgerKillAt     = 150 // ledger rows before the kill
 	ledgerKilled     = 1   // the instance killed: "i1"
 )
 

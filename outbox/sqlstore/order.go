@@ -2,8 +2,10 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,16 +39,24 @@ func (s *Store) Tables() []string {
 const MaxOrderingKeyLen = 255
 
 // pending returns the condition that the row aliased p, an ordered event
-// of one of keys, is pending under f, and its parameters. The status list comes first so that the (status,
-// ordering_key, key_seq) index serves it.
+// of one of keys, is pending under f, and its parameters. The status list
+// comes first so that the (status, ordering_key, key_seq) index serves
+// it.
 func (s *Store) pending(p string, f driver.OrderFilter, keys ...string) (string, []any) {
-	var sb strings.Builder
-	args := stringArgs(keys)
 	keyCond := ` = ?`
 	if len(keys) > 1 {
 		keyCond = ` IN ` + in(len(keys))
 	}
-	sb.WriteString(p + `.status IN (0, 2, 3, 4) AND ` + p + `.ordering_key` + keyCond + ` AND ` + p + `.key_seq IS NOT NULL AND (` + p + `.status IN (0, 2`)
+	state, args := s.pendingState(p, f)
+	return p + `.status IN (0, 2, 3, 4) AND ` + p + `.ordering_key` + keyCond + ` AND ` + p + `.key_seq IS NOT NULL AND ` + state, append(stringArgs(keys), args...)
+}
+
+// pendingState returns the condition that the row aliased p is pending
+// under f, whatever its key, and its parameters.
+func (s *Store) pendingState(p string, f driver.OrderFilter) (string, []any) {
+	var sb strings.Builder
+	var args []any
+	sb.WriteString(`(` + p + `.status IN (0, 2`)
 	if len(f.Block) > 0 {
 		sb.WriteString(`, 3`)
 	}
@@ -67,6 +77,94 @@ func (s *Store) pending(p string, f driver.OrderFilter, keys ...string) (string,
 	return sb.String(), args
 }
 
+// KeysDone implements driver.OrderedStore: it reads which of the events
+// are no longer pending, then advances their keys' done_seq in a short
+// transaction, passing over the keys a publishing transaction holds
+// (FOR UPDATE SKIP LOCKED): it never waits for the application.
+func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.OrderFilter) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.EventID
+	}
+	state, sargs := s.pendingState("o", f)
+	type found struct {
+		key     string
+		seq     int64
+		pending bool
+	}
+	rows := map[string]found{}
+	err := s.retry(ctx, func() error {
+		clear(rows)
+		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT o.id, o.ordering_key, o.key_seq, CASE WHEN `+state+` THEN 1 ELSE 0 END FROM `+s.table+` o
+WHERE o.id IN `+in(len(ids))+` AND o.key_seq IS NOT NULL`), append(sargs, stringArgs(ids)...)...)
+		if err != nil {
+			return err
+		}
+		for rs.Next() {
+			var id string
+			var fd found
+			var pending int
+			if err := rs.Scan(&id, &fd.key, &fd.seq, &pending); err != nil {
+				rs.Close()
+				return err
+			}
+			fd.pending = pending == 1
+			rows[id] = fd
+		}
+		return errors.Join(rs.Err(), rs.Close())
+	})
+	if err != nil {
+		return s.explain(fmt.Errorf("sqlstore: keys done: %w", err))
+	}
+	done := map[string]int64{}
+	for _, ev := range evs {
+		fd, ok := rows[ev.EventID]
+		switch {
+		case ok && !fd.pending:
+			done[fd.key] = max(done[fd.key], fd.seq)
+		case !ok && ev.Seq > 0 && ev.Key != "":
+			done[ev.Key] = max(done[ev.Key], ev.Seq) // deleted at delivery
+		}
+	}
+	if len(done) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(done))
+	for k := range done {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+		rs, err := tx.QueryContext(ctx, s.rebind(`SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...)
+		if err != nil {
+			return err
+		}
+		var free []string
+		for rs.Next() {
+			var k string
+			if err := rs.Scan(&k); err != nil {
+				rs.Close()
+				return err
+			}
+			free = append(free, k)
+		}
+		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+			return err
+		}
+		q := s.rebind(`UPDATE ` + s.KeysTable() + ` SET done_seq = ? WHERE ordering_key = ? AND done_seq < ?`)
+		for _, k := range free {
+			if _, err := tx.ExecContext(ctx, q, done[k], k, done[k]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return s.explain(err)
+}
+
 func checkKey(r *driver.Row) error {
 	switch {
 	case r.OrderingKey == "":
@@ -77,25 +175,27 @@ func checkKey(r *driver.Row) error {
 	return nil
 }
 
-// InsertOrdered implements driver.OrderedStore: two statements on MySQL
-// and PostgreSQL, three on SQLite, through exec.
+// InsertOrdered implements driver.OrderedStore. Whether the event is its
+// key's head is read from the key's own row, which the statement has just
+// locked: the event before it (number seq-1) is delivered if the row's
+// done_seq, which the engine advances after deliveries (KeysDone), has
+// reached it. The publishing transaction reads no outbox row, so it locks
+// none: it never holds up the engine's writes, nor other keys' publishers.
+// done_seq may lag (the engine advances it where no publisher holds the
+// key); the event is then written free and claimed right after commit.
+// One statement on PostgreSQL, two on MySQL, three on SQLite.
 func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head bool, err error) {
 	if err := checkKey(r); err != nil {
 		return false, err
 	}
-	cond, condArgs := s.pending("p", f, r.OrderingKey)
 	keys := s.KeysTable()
 	switch s.d.name {
 	case "mysql":
-		// One statement takes the key's next number, locking its row,
-		// and reports whether an earlier event is pending: both packed
-		// into LAST_INSERT_ID, which the OK packet carries back (a new
-		// key reports 0: number 1, nothing earlier). The subquery runs
-		// after the row lock is granted, so it sees the commit of the
-		// transaction that held the key before.
-		q := s.rebind(`INSERT INTO ` + keys + ` (ordering_key, seq) VALUES (?, 1)
-ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + EXISTS (SELECT 1 FROM ` + s.table + ` p WHERE ` + cond + `)) DIV 2`)
-		res, err := exec.ExecContext(ctx, q, append([]any{r.OrderingKey}, condArgs...)...)
+		// The key's next number and whether the previous event is
+		// delivered, packed into LAST_INSERT_ID, which the OK packet
+		// carries back (a new key reports 0: number 1, nothing before).
+		res, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) DIV 2`), r.OrderingKey)
 		if err != nil {
 			return false, s.explain(err)
 		}
@@ -110,38 +210,42 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + EXISTS (SELECT 1 FR
 		if !head {
 			owner = ""
 		}
-		_, err = exec.ExecContext(ctx, s.insertOrderedSQL("?"), s.insertOrderedArgs(r, owner, lease, r.KeySeq)...)
-		return head, s.explain(err)
+		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
+		return head && owner != "", s.explain(err)
 	case "postgres":
-		// The upsert locks the key's row; the INSERT, a statement of its
-		// own and so with a snapshot taken after the lock was granted,
-		// decides the lease and reports it as the row count of its
-		// SELECT.
-		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` AS k (ordering_key, seq) VALUES (?, 1)
-ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1`), r.OrderingKey); err != nil {
-			return false, s.explain(err)
+		// The upsert's RETURNING gives the row as updated, after the lock
+		// was granted; the INSERT reads it from there, not from the
+		// statement's snapshot.
+		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+		if owner != "" {
+			ownerSQL, untilSQL = `(SELECT CASE WHEN head THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN head THEN `+untilSQL+` END FROM k)`
 		}
-		seq := `(SELECT seq FROM ` + keys + ` WHERE ordering_key = ?)`
-		if owner == "" {
-			// Free either way: nobody asks whether it is the head.
-			_, err := exec.ExecContext(ctx, s.insertOrderedSQL(seq), s.insertOrderedArgs(r, "", 0, r.OrderingKey)...)
-			return false, s.explain(err)
-		}
-		q := `WITH ins AS (` + s.insertOrderedSQL(seq, cond) + ` RETURNING locked_by, key_seq)
+		q := `WITH k AS (INSERT INTO ` + keys + ` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING seq, done_seq >= seq - 1 AS head),
+ins AS (` + s.insertOrderedSQL(`(SELECT seq FROM k)`, ownerSQL, untilSQL) + ` RETURNING locked_by, key_seq)
 SELECT key_seq FROM ins WHERE locked_by IS NOT NULL`
-		res, err := exec.ExecContext(ctx, s.rebind(q), s.insertOrderedArgs(r, owner, lease, r.OrderingKey, condArgs...)...)
+		args := append([]any{r.OrderingKey}, s.insertOrderedArgs(r, lock...)...)
+		if qr, ok := exec.(rowQuerier); ok {
+			// The transaction can answer a query: learn the number too.
+			err := qr.QueryRowContext(ctx, s.rebind(q), args...).Scan(&r.KeySeq)
+			if errors.Is(err, sql.ErrNoRows) {
+				return false, nil
+			}
+			return err == nil, s.explain(err)
+		}
+		res, err := exec.ExecContext(ctx, s.rebind(q), args...)
 		if err != nil {
 			return false, s.explain(err)
 		}
 		n, err := res.RowsAffected()
 		return n == 1, err
 	default:
-		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq) VALUES (?, 1)
+		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err != nil {
 			return false, s.explain(err)
 		}
-		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND NOT EXISTS (SELECT 1 FROM `+s.table+` p WHERE `+cond+`)`),
-			append([]any{r.OrderingKey}, condArgs...)...)
+		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND done_seq >= seq - 1`), r.OrderingKey)
 		if err != nil {
 			return false, s.explain(err)
 		}
@@ -153,45 +257,41 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 		if !head {
 			owner = ""
 		}
-		_, err = exec.ExecContext(ctx, s.insertOrderedSQL(`(SELECT seq FROM `+keys+` WHERE ordering_key = ?)`), s.insertOrderedArgs(r, owner, lease, r.OrderingKey)...)
-		return head, s.explain(err)
+		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+		seq := `(SELECT seq FROM ` + keys + ` WHERE ordering_key = ?)`
+		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL(seq, ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.OrderingKey}, lock...)...)...)
+		return head && owner != "", s.explain(err)
 	}
 }
 
-// insertOrderedSQL is the INSERT of an ordered row, unbound, with seq as
-// the SQL of its number. With a pending condition, the row is leased only
-// if no earlier event of its key is pending; without, as bound.
-func (s *Store) insertOrderedSQL(seq string, pendingCond ...string) string {
-	owner, until := `?`, s.d.nowPlus
-	if len(pendingCond) > 0 {
-		free := `EXISTS (SELECT 1 FROM ` + s.table + ` p WHERE ` + pendingCond[0] + `)`
-		owner = `CASE WHEN ` + free + ` THEN NULL ELSE ? END`
-		until = `CASE WHEN ` + free + ` THEN NULL ELSE ` + s.d.nowPlus + ` END`
+// rowQuerier is a transaction that can answer a query (*sql.Tx, sqlx.Tx,
+// txmw's): InsertOrdered learns the event's number from it on PostgreSQL.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// lockSQL returns the SQL of an ordered row's owner and lease end, and
+// their parameters: NULL, NULL for a free row.
+func (s *Store) lockSQL(owner string, lease time.Duration) (ownerSQL, untilSQL string, args []any) {
+	if owner == "" {
+		return "NULL", "NULL", nil
 	}
-	q := `INSERT INTO ` + s.table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)
+	return "?", s.d.nowPlus, []any{owner, lease.Microseconds()}
+}
+
+// insertOrderedSQL is the INSERT of an ordered row, with the SQL of its
+// number, its owner and its lease's end; unbound.
+func (s *Store) insertOrderedSQL(seq, owner, until string) string {
+	return `INSERT INTO ` + s.table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + s.d.now + `, ` + s.d.now + `, ?, ` + seq + `, ` + owner + `, ` + until + `)`
-	if len(pendingCond) > 0 {
-		return q
-	}
-	return s.rebind(q)
 }
 
-// insertOrderedArgs binds insertOrderedSQL: seqArg is the number (or the
-// key, for a subquery); condArgs are the pending condition's, which is
-// used twice then.
-func (s *Store) insertOrderedArgs(r *driver.Row, owner string, lease time.Duration, seqArg any, condArgs ...any) []any {
-	args := s.insertArgs(nil, r, owner, lease)
-	// insertArgs ends with owner, lease, key: reorder for this INSERT.
-	base := args[:len(args)-3]
-	lockedBy, leaseArg := args[len(args)-3], args[len(args)-2]
-	out := append(base, r.OrderingKey, seqArg)
-	if len(condArgs) > 0 {
-		out = append(out, condArgs...)
-		out = append(out, lockedBy)
-		out = append(out, condArgs...)
-		return append(out, leaseArg)
-	}
-	return append(out, lockedBy, leaseArg)
+// insertOrderedArgs binds insertOrderedSQL: the row's values and key, then
+// more (those of the number's, the owner's and the lease's SQL).
+func (s *Store) insertOrderedArgs(r *driver.Row, more ...any) []any {
+	args := s.insertArgs(nil, r, "", 0)
+	out := append(args[:len(args)-3], r.OrderingKey) // insertArgs ends with owner, lease, key
+	return append(out, more...)
 }
 
 // ClaimHeads implements driver.OrderedStore. It reads the keys' heads

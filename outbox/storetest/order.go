@@ -135,11 +135,24 @@ func testOrderHeadLeasedToOwner(t *testing.T, e *env) {
 		t.Fatalf("an event behind a pending one is %v held by %q; want NEW and free", rec.Status, rec.Owner)
 	}
 	// e1 delivered: e2 is pending still, so e3 is not the head either.
+	kd1, kd2 := keyDone(t, e, e1), keyDone(t, e, e2)
 	if n, err := e.store.MarkDone(ctx, "me", []string{e1}); err != nil || n != 1 {
 		t.Fatalf("MarkDone = %d, %v", n, err)
 	}
+	keysDone(t, e, blockS, kd1, kd2)
 	if _, head := e.pubOrdered(t, "k", "me", blockS); head {
 		t.Fatal("an event behind a pending one is reported the head")
+	}
+	// Once the engine has recorded a key's last event as delivered, the
+	// next one is the head.
+	a1, _ := e.pubOrdered(t, "k2", "me", blockS)
+	kda := keyDone(t, e, a1)
+	if n, err := e.store.MarkDone(ctx, "me", []string{a1}); err != nil || n != 1 {
+		t.Fatalf("MarkDone = %d, %v", n, err)
+	}
+	keysDone(t, e, blockS, kda)
+	if _, head := e.pubOrdered(t, "k2", "me", blockS); !head {
+		t.Fatal("the event after a delivered one (KeysDone) is not the head")
 	}
 	// Another key is not held back; an event with no owner is free.
 	o1, head := e.pubOrdered(t, "other", "", blockS)
@@ -154,6 +167,7 @@ func testOrderHeadLeasedToOwner(t *testing.T, e *env) {
 	if ok, err := e.store.MarkDead(ctx, "me", d1, "fatal"); err != nil || !ok {
 		t.Fatalf("MarkDead = %v, %v", ok, err)
 	}
+	keysDone(t, e, blockS, keyDone(t, e, d1))
 	if _, head := e.pubOrdered(t, "dead", "me", blockS); head {
 		t.Fatal("under Block, an event behind a dead one is reported the head")
 	}
@@ -161,8 +175,26 @@ func testOrderHeadLeasedToOwner(t *testing.T, e *env) {
 	if ok, err := e.store.MarkDead(ctx, "me", d3, "fatal"); err != nil || !ok || !head {
 		t.Fatalf("MarkDead = %v, %v (head %v)", ok, err, head)
 	}
+	keysDone(t, e, skipS, keyDone(t, e, d3))
 	if _, head := e.pubOrdered(t, "dead2", "me", skipS); !head {
 		t.Fatal("under Skip, an event behind a dead one is not the head")
+	}
+}
+
+// keyDone names a stored ordered event for KeysDone (read before its
+// outcome is recorded: a store may delete it then).
+func keyDone(t *testing.T, e *env, id string) driver.KeyDone {
+	t.Helper()
+	rec := e.inspect(t, id)
+	return driver.KeyDone{EventID: id, Key: rec.OrderingKey, Seq: rec.KeySeq}
+}
+
+// keysDone tells the store that evs finished (as the engine does after
+// recording their outcome).
+func keysDone(t *testing.T, e *env, f driver.OrderFilter, evs ...driver.KeyDone) {
+	t.Helper()
+	if err := e.store.(driver.OrderedStore).KeysDone(context.Background(), evs, f); err != nil {
+		t.Fatalf("KeysDone: %v", err)
 	}
 }
 
