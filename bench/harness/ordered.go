@@ -253,29 +253,29 @@ func (r *Report) WriteOrdered(w io.Writer) {
 		p("")
 		p("### %s: ordered subscriptions", d.Name)
 		p("")
-		p("| subscription | commit tx/s | delivered/s | commit→handler p50 | p99 | max | delivered | lost | dups | order violations | paths hot / cold |")
-		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		p("| subscription | commit tx/s | delivered/s | commit→handler p50 | p99 | max | failed tx | delivered | lost | dups | order violations | paths hot / cold |")
+		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 		for _, ord := range []string{outbox.Unordered.String(), outbox.Ordered.String()} {
 			var cs []CellResult
-			var delivered, lost, dups, viol, hot, cold int64
+			var errs, delivered, lost, dups, viol, hot, cold int64
 			for _, o := range d.Ordered {
 				if o.Order == ord {
 					cs = append(cs, o.CellResult)
-					delivered, lost, dups, viol, hot, cold = delivered+o.Delivered, lost+o.Lost, dups+o.Duplicates, viol+o.Violations, hot+o.Hot, cold+o.Cold
+					errs, delivered, lost, dups, viol, hot, cold = errs+o.Errors, delivered+o.Delivered, lost+o.Lost, dups+o.Duplicates, viol+o.Violations, hot+o.Hot, cold+o.Cold
 				}
 			}
 			if len(cs) == 0 {
 				continue
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %d | %d | %d | %s / %s |", ord,
+			p("| %s | %s | %s | %s | %s | %s | %d | %s | %d | %d | %d | %s / %s |", ord,
 				collect(cs, commitTPS).f(num), collect(cs, deliveredPS).f(num),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatP50) }).f(dur),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatP99) }).f(dur),
-				collect(cs, func(c CellResult) float64 { return float64(c.LatMax) }).f(dur),
+				collect(cs, func(c CellResult) float64 { return float64(c.LatMax) }).f(dur), errs,
 				num(float64(delivered)), lost, dups, viol, num(float64(hot)), num(float64(cold)))
 		}
 		p("")
-		p("ordered ÷ unordered commit tx/s: **%s**; per repeat: %s. Counts (delivered, lost, dups, violations, paths) are totals over %d repeat(s).",
+		p("ordered ÷ unordered commit tx/s: **%s**; per repeat: %s. Counts (failed transactions, delivered, lost, dups, violations, paths) are totals over %d repeat(s).",
 			d.orderedRatios().f(ratio), d.orderedPerRepeat(), len(d.ordered(outbox.Ordered.String())))
 	}
 }
