@@ -40,6 +40,9 @@ const (
 type Keyed struct {
 	Keys  int
 	Order outbox.Order
+	// PollInterval, if set, overrides Config.PollInterval (diagnosis:
+	// whether slow events wait for the poller's sweep).
+	PollInterval time.Duration
 
 	env   *Env
 	store *countingStore
@@ -80,7 +83,11 @@ func (s *Keyed) Setup(ctx context.Context, env *Env) error {
 		return err
 	}
 	s.store = &countingStore{Store: st, m: &s.M}
-	ob, err := outbox.New(s.store, txoutboxConfig(true, &s.M))
+	cfg := txoutboxConfig(true, &s.M)
+	if s.PollInterval > 0 {
+		cfg.PollInterval, cfg.PollMaxInterval = s.PollInterval, s.PollInterval
+	}
+	ob, err := outbox.New(s.store, cfg)
 	if err != nil {
 		return err
 	}
@@ -158,9 +165,13 @@ type OrderedResult struct {
 	Claims     int64
 }
 
+// OrderedPollInterval, if set, is the PollInterval of the ordered rows
+// (diagnosis only; the report's rows use the default Config).
+var OrderedPollInterval time.Duration
+
 // RunOrdered runs the keyed workload once with order o.
 func RunOrdered(ctx context.Context, db *sqlx.DB, o outbox.Order, opts CellOptions) (OrderedResult, error) {
-	sys := &Keyed{Keys: OrderedKeys, Order: o}
+	sys := &Keyed{Keys: OrderedKeys, Order: o, PollInterval: OrderedPollInterval}
 	opts.Concurrency = OrderedProducers
 	res, err := RunCell(ctx, db, sys, opts)
 	h, _, c := sys.M.Paths()

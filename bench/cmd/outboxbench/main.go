@@ -85,6 +85,7 @@ func main() {
 		redisAddr   = flag.String("redis", "127.0.0.1:6379", "Redis address of the connector table")
 		orderedOn   = flag.Bool("ordered", true, "run the ordered-subscription rows: 16 producers over 1,000 keys, an Unordered and an Ordered subscription in each repeat (see -only-ordered)")
 		onlyOrdered = flag.Bool("only-ordered", false, "run the ordered-subscription rows only (-db, -repeats, -duration apply) and replace the section \"Ordered subscriptions\" of -out with them (make bench-ordered)")
+		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
 		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
 	)
 	flag.Parse()
@@ -178,6 +179,7 @@ func main() {
 	if *onlyLoad {
 		dialects, concs, sizes, *memN, *connOn, *orderedOn = nil, nil, nil, 0, false, false
 	}
+	harness.OrderedPollInterval = *orderedPoll
 	if *onlyOrdered {
 		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedProf)
 		return
