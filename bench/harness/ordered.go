@@ -73,10 +73,7 @@ func (s *Keyed) Violations() int64 { return s.violations.Load() }
 
 func (s *Keyed) Setup(ctx context.Context, env *Env) error {
 	s.env = env
-	n := len(env.Rec.commit)
-	s.keyOf, s.nOf = make([]atomic.Int32, n), make([]atomic.Int64, n)
-	s.pmu, s.pn = make([]sync.Mutex, s.Keys), make([]int64, s.Keys)
-	s.hmu, s.last = make([]sync.Mutex, s.Keys), make([]int64, s.Keys)
+	s.alloc(len(env.Rec.commit))
 	s.q = insertOrderSQL(env.DB, env.Orders)
 	st, err := newStore(ctx, env.DB, env.Prefix+"_ob")
 	if err != nil {
@@ -94,16 +91,7 @@ func (s *Keyed) Setup(ctx context.Context, env *Env) error {
 	if err := ob.Subscribe(outbox.Subscription{Name: "bench", Types: []outbox.EventType{OrderPlaced}, Order: s.Order,
 		Handler: func(_ context.Context, ev outbox.Event) error {
 			seq := seqOf(ev.AggregateID)
-			if seq >= 0 && seq < int64(len(s.keyOf)) {
-				k, n := s.keyOf[seq].Load(), s.nOf[seq].Load()
-				s.hmu[k].Lock()
-				if n < s.last[k] {
-					s.violations.Add(1)
-				} else {
-					s.last[k] = n
-				}
-				s.hmu[k].Unlock()
-			}
+			s.check(seq)
 			env.Rec.Delivered(seq)
 			return nil
 		}}); err != nil {
@@ -111,6 +99,29 @@ func (s *Keyed) Setup(ctx context.Context, env *Env) error {
 	}
 	s.ob = ob
 	return ob.Start(context.WithoutCancel(ctx))
+}
+
+// alloc sizes the per-event and per-key state for n events.
+func (s *Keyed) alloc(n int) {
+	s.keyOf, s.nOf = make([]atomic.Int32, n), make([]atomic.Int64, n)
+	s.pmu, s.pn = make([]sync.Mutex, s.Keys), make([]int64, s.Keys)
+	s.hmu, s.last = make([]sync.Mutex, s.Keys), make([]int64, s.Keys)
+}
+
+// check records the delivery of event seq against its key's last
+// delivered number, counting a violation if it is earlier.
+func (s *Keyed) check(seq int64) {
+	if seq < 0 || seq >= int64(len(s.keyOf)) {
+		return
+	}
+	k, n := s.keyOf[seq].Load(), s.nOf[seq].Load()
+	s.hmu[k].Lock()
+	if n < s.last[k] {
+		s.violations.Add(1)
+	} else {
+		s.last[k] = n
+	}
+	s.hmu[k].Unlock()
 }
 
 func (s *Keyed) quietPeriod() time.Duration {
