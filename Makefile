@@ -39,7 +39,7 @@ lint: vet
 fmt:
 	gofmt -w .
 
-## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
+## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys, Unordered vs Ordered; -ordered=false skips them), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
 
