@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test lint vet bench bench-load bench-partitions bench-connectors run fmt
+.PHONY: test lint vet bench bench-ordered bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -39,9 +39,13 @@ lint: vet
 fmt:
 	gofmt -w .
 
-## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
+## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys, Unordered vs Ordered; -ordered=false skips them), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-ordered: only the ordered-subscription rows (16 producers over 1,000 keys, Unordered then Ordered subscription per repeat, MariaDB and PostgreSQL; ~1 min); replaces the section "Ordered subscriptions" of BENCHMARKS.md (make bench includes the rows).
+bench-ordered:
+	cd bench && $(GO) run ./cmd/outboxbench -only-ordered -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes LOAD.md.
 bench-load:

@@ -20,6 +20,9 @@ type Report struct {
 	DBs               []*DBReport // one per database, in run order
 	Load              []LoadResult
 	Notes             []string
+	// OrderedHeader, if set, is printed under the section "Ordered
+	// subscriptions" (a run of that section alone: its time and load).
+	OrderedHeader string `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -35,6 +38,7 @@ type DBReport struct {
 	Drains      []DrainResult
 	Memory      *DrainResult
 	MemoryNote  string
+	Ordered     []OrderedResult // the keyed workload, unordered and ordered (issue 13)
 }
 
 // DB returns the report of the named database, adding it if new.
@@ -424,6 +428,9 @@ func (r *Report) Targets(hot, cold string) []Target {
 	var ts []Target
 	for _, d := range r.DBs {
 		ts = append(ts, d.Targets(hot, cold)...)
+		if len(d.Ordered) > 0 {
+			ts = append(ts, d.OrderedTargets()...)
+		}
 	}
 	return append(ts, LoadTargets(r.Load)...)
 }
@@ -486,6 +493,13 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	}
 	for _, d := range r.DBs {
 		d.write(w, hot, cold)
+	}
+	for _, d := range r.DBs {
+		if len(d.Ordered) > 0 {
+			p("")
+			r.WriteOrdered(w)
+			break
+		}
 	}
 	if len(r.Load) > 0 {
 		p("")

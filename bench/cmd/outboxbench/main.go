@@ -5,8 +5,11 @@
 // row, order + sqlstore's row, Watermill's forwarder default and tuned,
 // txoutbox hot path and poller only), the HTTP rows (chi + txmw against a
 // hand-written handler, real loopback HTTP), the batched UPDATE limit and
-// the backlog drains; the memory drain (MariaDB); then the connector
-// table.
+// the backlog drains; the ordered-subscription rows of issue 13 (16
+// producers over 1,000 keys, an Unordered then an Ordered subscription per
+// repeat, order violations counted; -only-ordered runs them alone and
+// replaces their section of -out: `make bench-ordered`); the memory drain
+// (MariaDB); then the connector table.
 //
 //	go run ./cmd/outboxbench -out ../BENCHMARKS.md
 //
@@ -48,6 +51,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/bench/harness"
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
 func main() {
@@ -82,6 +86,10 @@ func main() {
 		natsURL     = flag.String("nats", "nats://127.0.0.1:4222", "NATS (JetStream) URL of the connector table")
 		amqpURL     = flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL of the connector table")
 		redisAddr   = flag.String("redis", "127.0.0.1:6379", "Redis address of the connector table")
+		orderedOn   = flag.Bool("ordered", true, "run the ordered-subscription rows: 16 producers over 1,000 keys, an Unordered and an Ordered subscription in each repeat (see -only-ordered)")
+		onlyOrdered = flag.Bool("only-ordered", false, "run the ordered-subscription rows only (-db, -repeats, -duration apply) and replace the section \"Ordered subscriptions\" of -out with them (make bench-ordered)")
+		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
+		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -172,7 +180,12 @@ func main() {
 		fatal("-backlog: %v", err)
 	}
 	if *onlyLoad {
-		dialects, concs, sizes, *memN, *connOn = nil, nil, nil, 0, false
+		dialects, concs, sizes, *memN, *connOn, *orderedOn = nil, nil, nil, 0, false, false
+	}
+	harness.OrderedPollInterval = *orderedPoll
+	if *onlyOrdered {
+		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedProf)
+		return
 	}
 	rep := &harness.Report{
 		Started:     time.Now(),
@@ -196,6 +209,9 @@ func main() {
 	withMariaDB := slices.Contains(dialects, harness.MariaDB)
 	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
+	if *orderedOn {
+		est += orderedEstimate(len(dialects), *repeats, *duration)
+	}
 	logf("estimated time: %v (finishes about %s)", est.Round(time.Minute), time.Now().Add(est).Format("15:04"))
 
 	if *loadOn || *onlyLoad {
@@ -221,6 +237,9 @@ func main() {
 			{"HTTP", "net/http server + chi on 127.0.0.1:0, keep-alive http.Client; txoutbox: default Config as the hot path row"},
 		}
 		runDB(ctx, d, db, dr, chosen, concs, sizes, *repeats, *largeReps, *duration, *systems, *experiments, *cpuprofile, *mutexprof)
+		if *orderedOn {
+			runOrdered(ctx, d, db, dr, *repeats, *duration, *orderedProf)
+		}
 		if d == harness.MariaDB && *memN > 0 {
 			memory(ctx, dr, *dsn, *memN)
 		}
@@ -304,6 +323,82 @@ func estimate(dbs []*harness.Dialect, repeats, concs, systems int, cell time.Dur
 		t += time.Duration(loadReps*(2+2*loadRates)) * (loadDur + 5*time.Second)
 	}
 	return t
+}
+
+// orderedEstimate is the time of the ordered-subscription rows: two cells
+// per repeat and database.
+func orderedEstimate(dbs, repeats int, cell time.Duration) time.Duration {
+	return time.Duration(dbs*repeats*2) * (cell + time.Second)
+}
+
+// runOrdered runs the ordered-subscription rows on one database: in each
+// repeat the Unordered subscription, then the Ordered one.
+func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harness.DBReport, repeats int, duration time.Duration, profPrefix string) {
+	for r := range repeats {
+		for _, o := range []outbox.Order{outbox.Unordered, outbox.Ordered} {
+			stop := func() {}
+			if profPrefix != "" && r == 0 {
+				stop = profile(fmt.Sprintf("%s.%s.%s.pprof", profPrefix, strings.ToLower(d.Name), o), "")
+			}
+			res, err := harness.RunOrdered(ctx, db, o, harness.CellOptions{
+				Duration:     duration,
+				DrainTimeout: 60 * time.Second,
+				Stall:        5 * time.Second,
+				Prefix:       harness.UniquePrefix("k"),
+			})
+			stop()
+			if err != nil {
+				fatal("%s: ordered rows, %s: %v", d.Name, o, err)
+			}
+			res.Repeat = r
+			logf("%s rep %d, %2d producers, %d keys, %-9s commit %6.0f tx/s (p50 %v p99 %v), delivered %6.0f/s, e2e p50 %v p99 %v max %v, errors %d, lost %d, dups %d, violations %d, paths hot %d cold %d, %d claims, tail %v, CPU %v/tx %s",
+				d.Name, r+1, res.Concurrency, res.Keys, res.Order, res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
+				res.DeliveredPS, res.LatP50.Round(time.Microsecond), res.LatP99.Round(time.Microsecond), res.LatMax.Round(time.Microsecond),
+				res.Errors, res.Lost, res.Duplicates, res.Violations, res.Hot, res.Cold, res.Claims, res.DrainTail.Round(time.Millisecond),
+				(res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.Note)
+			dr.Ordered = append(dr.Ordered, res)
+		}
+	}
+}
+
+// onlyOrderedRun runs the ordered-subscription rows alone and splices
+// their section into out.
+func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(*harness.Dialect) *sqlx.DB, out string, repeats int, duration time.Duration, profPrefix string) {
+	rep := &harness.Report{Started: time.Now(), Command: "outboxbench " + strings.Join(os.Args[1:], " "), Duration: duration, Repeats: repeats}
+	est := orderedEstimate(len(dialects), repeats, duration)
+	logf("estimated time: %v (finishes about %s)", est.Round(time.Second), time.Now().Add(est).Format("15:04"))
+	loadStart := loadavg()
+	var envs []string
+	for _, d := range dialects {
+		db := open(d)
+		dr := rep.DB(d.Name)
+		for _, e := range dbEnvironment(ctx, d, db) {
+			envs = append(envs, d.Name+" "+e[0]+": "+e[1])
+		}
+		runOrdered(ctx, d, db, dr, repeats, duration, profPrefix)
+		db.Close()
+	}
+	rep.Finished = time.Now()
+	m := machine()
+	var mach []string
+	for _, e := range m {
+		if !strings.HasPrefix(e[0], "load average") {
+			mach = append(mach, e[0]+": "+e[1])
+		}
+	}
+	rep.OrderedHeader = fmt.Sprintf("Measured by `make bench-ordered` (`%s`) on %s, in %s, %d repeat(s) of %v per row; `make bench` runs the same rows and puts their targets into the table at the top. Load average (1/5/15 min) at start %s, at end %s: the machine (2 cores) was shared with other jobs (builds and race tests of other work) during the run, so the figures are noisy. %s. %s.",
+		rep.Command, rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Finished.Sub(rep.Started).Round(time.Second), repeats, duration,
+		loadStart, loadavg(), strings.Join(mach, "; "), strings.Join(envs, "; "))
+	logf("elapsed %v", rep.Finished.Sub(rep.Started).Round(time.Second))
+	if out == "" {
+		return
+	}
+	var buf bytes.Buffer
+	rep.WriteOrdered(&buf)
+	if err := harness.SpliceSection(out, "## Ordered subscriptions", buf.Bytes()); err != nil {
+		fatal("%v", err)
+	}
+	logf("wrote the section \"Ordered subscriptions\" of %s", out)
 }
 
 // runDB runs the producer and HTTP cells, the batched UPDATE limit and
