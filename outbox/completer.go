@@ -58,6 +58,7 @@ func (c *completer) run() {
 	batch := make([]*item, 0, c.batchSize)
 	ids := make([]string, 0, c.batchSize)
 	var keys []driver.DeliveryKey
+	var done []driver.KeyDone
 	for {
 		var ok bool
 		if batch, ok = g.next(batch); !ok {
@@ -72,14 +73,28 @@ func (c *completer) run() {
 				keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
 			}
 		}
-		if len(ids) > 0 {
-			c.markDone(ids)
-		}
+		allDone := len(ids) > 0 && c.markDone(ids)
 		if len(keys) > 0 {
 			c.completeDeliveries(keys)
 		}
+		// The keys of ordered events marked DONE are recorded at once, so
+		// that their next events, often already on their way to a
+		// Publish, take the hot path.
+		done = done[:0]
+		for _, it := range batch {
+			if it.sub == nil && it.env.ordered {
+				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: allDone})
+			}
+		}
+		c.seq.keysDone(context.Background(), done)
 		for _, it := range batch {
 			c.inflight.release(it.key())
+			if it.sub == nil {
+				if it.env.ordered {
+					c.seq.name(it.env.OrderingKey)
+				}
+				continue
+			}
 			c.seq.next(it)
 		}
 	}
@@ -102,7 +117,8 @@ func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
 	}
 }
 
-func (c *completer) markDone(ids []string) {
+// markDone writes ids DONE and reports whether every one of them changed.
+func (c *completer) markDone(ids []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	start := time.Now()
@@ -113,10 +129,11 @@ func (c *completer) markDone(ids []string) {
 		// expires: at least once, never lost.
 		c.health.completeFails.Add(1)
 		c.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
-		return
+		return false
 	}
 	c.health.completeFails.Store(0)
 	if n < len(ids) {
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}
+	return n == len(ids)
 }

@@ -222,7 +222,7 @@ func (s *sequencer) run(ctx context.Context) {
 // keysDone tells the store which ordered events finished, so that the
 // next event of their keys may take the hot path.
 func (s *sequencer) keysDone(ctx context.Context, evs []driver.KeyDone) {
-	if len(evs) == 0 {
+	if len(evs) == 0 || s.ostore == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)

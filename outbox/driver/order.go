@@ -29,6 +29,9 @@ type KeyDone struct {
 	Key     string
 	// Seq is its number in its key's sequence, or 0 if unknown.
 	Seq int64
+	// Done says the caller knows it is delivered (marked DONE): the store
+	// need not look (with Seq known).
+	Done bool
 }
 
 // BlockedKey is an ordering key whose earliest pending event is dead: its

@@ -23,6 +23,17 @@ import (
 
 var _ driver.OrderedStore = (*Store)(nil)
 
+// byKey follows the outbox table (and its alias) in the queries that look
+// events up by ordering key: on MySQL the optimizer otherwise may take the
+// (status, available_at) index for the status list and read every pending
+// event of every key.
+func (s *Store) byKey() string {
+	if s.d.name == "mysql" {
+		return ` FORCE INDEX (` + s.d.quote(s.name+"_key_seq") + `)`
+	}
+	return ""
+}
+
 // KeysTable returns the quoted name of the table of ordering keys: the
 // outbox table's name with "_keys" appended.
 func (s *Store) KeysTable() string { return s.suffixed("_keys") }
@@ -85,10 +96,72 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 	if len(evs) == 0 {
 		return nil
 	}
-	ids := make([]string, len(evs))
-	for i, ev := range evs {
-		ids[i] = ev.EventID
+	done := map[string]int64{}
+	var ids []string
+	for _, ev := range evs {
+		if ev.Done && ev.Seq > 0 && ev.Key != "" {
+			done[ev.Key] = max(done[ev.Key], ev.Seq)
+		} else {
+			ids = append(ids, ev.EventID)
+		}
 	}
+	if len(ids) > 0 {
+		if err := s.doneOf(ctx, ids, evs, f, done); err != nil {
+			return err
+		}
+	}
+	if len(done) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(done))
+	for k := range done {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	// One UPDATE of the keys no transaction holds: PostgreSQL picks them in
+	// the statement; MySQL locks them first (SKIP LOCKED needs a SELECT);
+	// SQLite has one writer, and nobody to wait for.
+	var cases strings.Builder
+	var cargs []any
+	cases.WriteString(`CASE ordering_key`)
+	then := ` WHEN ? THEN ?`
+	if s.d.name == "postgres" {
+		then = ` WHEN ? THEN CAST(? AS BIGINT)`
+	}
+	for _, k := range keys {
+		cases.WriteString(then)
+		cargs = append(cargs, k, done[k])
+	}
+	cases.WriteString(` END`)
+	greatest := `GREATEST`
+	if s.d.name == "sqlite" {
+		greatest = `MAX`
+	}
+	set := `UPDATE ` + s.KeysTable() + ` SET done_seq = ` + greatest + `(done_seq, ` + cases.String() + `) WHERE ordering_key IN `
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		switch s.d.name {
+		case "postgres":
+			_, err := tx.ExecContext(ctx, s.rebind(set+`(SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock+`)`), append(cargs, stringArgs(keys)...)...)
+			return err
+		case "mysql":
+			var free []string
+			if err := tx.SelectContext(ctx, &free, s.rebind(`SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...); err != nil || len(free) == 0 {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, s.rebind(set+in(len(free))), append(cargs, stringArgs(free)...)...)
+			return err
+		default:
+			_, err := tx.ExecContext(ctx, s.rebind(set+in(len(keys))), append(cargs, stringArgs(keys)...)...)
+			return err
+		}
+	})
+	return s.explain(err)
+}
+
+// doneOf adds to done, key by key, the highest number among the events ids
+// that are no longer pending under f, or no longer stored (deleted at
+// delivery: then with the number evs give).
+func (s *Store) doneOf(ctx context.Context, ids []string, evs []driver.KeyDone, f driver.OrderFilter, done map[string]int64) error {
 	state, sargs := s.pendingState("o", f)
 	type found struct {
 		key     string
@@ -119,8 +192,10 @@ WHERE o.id IN `+in(len(ids))+` AND o.key_seq IS NOT NULL`), append(sargs, string
 	if err != nil {
 		return s.explain(fmt.Errorf("sqlstore: keys done: %w", err))
 	}
-	done := map[string]int64{}
 	for _, ev := range evs {
+		if !slices.Contains(ids, ev.EventID) {
+			continue
+		}
 		fd, ok := rows[ev.EventID]
 		switch {
 		case ok && !fd.pending:
@@ -129,40 +204,7 @@ WHERE o.id IN `+in(len(ids))+` AND o.key_seq IS NOT NULL`), append(sargs, string
 			done[ev.Key] = max(done[ev.Key], ev.Seq) // deleted at delivery
 		}
 	}
-	if len(done) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(done))
-	for k := range done {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
-		rs, err := tx.QueryContext(ctx, s.rebind(`SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...)
-		if err != nil {
-			return err
-		}
-		var free []string
-		for rs.Next() {
-			var k string
-			if err := rs.Scan(&k); err != nil {
-				rs.Close()
-				return err
-			}
-			free = append(free, k)
-		}
-		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-			return err
-		}
-		q := s.rebind(`UPDATE ` + s.KeysTable() + ` SET done_seq = ? WHERE ordering_key = ? AND done_seq < ?`)
-		for _, k := range free {
-			if _, err := tx.ExecContext(ctx, q, done[k], k, done[k]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return s.explain(err)
+	return nil
 }
 
 func checkKey(r *driver.Row) error {
@@ -308,25 +350,27 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if len(keys) > req.Limit {
 		keys = keys[:req.Limit]
 	}
-	type head struct {
-		key string
-		seq int64
-	}
-	var heads []head
+	// Each key's head: the first of its pending events (typically one or
+	// two), by id, so that the lease below looks rows up by primary key.
+	var heads []string
 	err := s.retry(ctx, func() error {
 		heads = heads[:0]
 		cond, args := s.pending("p", f, keys...)
-		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, MIN(p.key_seq) FROM `+s.table+` p WHERE `+cond+` GROUP BY p.ordering_key`), args...)
+		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, p.id FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`), args...)
 		if err != nil {
 			return err
 		}
+		last := ""
 		for rs.Next() {
-			var h head
-			if err := rs.Scan(&h.key, &h.seq); err != nil {
+			var k, id string
+			if err := rs.Scan(&k, &id); err != nil {
 				rs.Close()
 				return err
 			}
-			heads = append(heads, h)
+			if len(heads) == 0 || k != last {
+				heads = append(heads, id)
+			}
+			last = k
 		}
 		return errors.Join(rs.Err(), rs.Close())
 	})
@@ -336,25 +380,19 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if len(heads) == 0 {
 		return nil, nil
 	}
-	var sb strings.Builder
-	args := make([]any, 0, 2*len(heads)+1)
-	sb.WriteString(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o WHERE (`)
-	for i, h := range heads {
-		if i > 0 {
-			sb.WriteString(` OR `)
-		}
-		sb.WriteString(`(o.ordering_key = ? AND o.key_seq = ?)`)
-		args = append(args, h.key, h.seq)
-	}
 	// Not while another event of the key is leased: a head that was
 	// replayed after its key went on (OrderedSkipDead) waits for the
 	// later event in flight.
-	sb.WriteString(`) AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
+	byPK := ""
+	if s.d.name == "mysql" {
+		byPK = ` FORCE INDEX (PRIMARY)`
+	}
+	q := s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o` + byPK + ` WHERE o.id IN ` + in(len(heads)) + `
+  AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
   AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
-  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q WHERE q.status IN (0, 2) AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status IN (0, 2) AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
     AND q.id <> o.id AND q.locked_until > ` + s.d.now + `) LIMIT ?` + s.d.lock)
-	args = append(args, len(heads))
-	q := s.rebind(sb.String())
+	args := append(stringArgs(heads), len(heads))
 	var out []driver.Row
 	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
 		var err error
@@ -379,7 +417,7 @@ func (s *Store) DueKeys(ctx context.Context, after string, limit int) ([]string,
 	if limit <= 0 {
 		return nil, nil
 	}
-	q := s.rebind(`SELECT DISTINCT ordering_key FROM ` + s.table + `
+	q := s.rebind(`SELECT DISTINCT ordering_key FROM ` + s.table + s.byKey() + `
 WHERE status IN (0, 2) AND ordering_key > ? AND key_seq IS NOT NULL AND available_at <= ` + s.d.now + `
   AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `)
 ORDER BY ordering_key LIMIT ?`)
@@ -444,7 +482,7 @@ ORDER BY h.ordering_key, h.key_seq LIMIT ?`
 				}
 				cond, a := s.pending("p", f, c.Key)
 				var earlier, later int64
-				err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COALESCE(SUM(CASE WHEN p.key_seq < ? THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN p.key_seq > ? THEN 1 ELSE 0 END), 0) FROM `+s.table+` p WHERE `+cond),
+				err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COALESCE(SUM(CASE WHEN p.key_seq < ? THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN p.key_seq > ? THEN 1 ELSE 0 END), 0) FROM `+s.table+` p`+s.byKey()+` WHERE `+cond),
 					append([]any{c.seq, c.seq}, a...)...).Scan(&earlier, &later)
 				if err != nil {
 					return err
