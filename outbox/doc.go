@@ -102,10 +102,13 @@
 //   - One event of a key at a time. Only a key's head (its earliest
 //     event not yet delivered to every ordered subscription it owes) is
 //     ever leased, so two instances never deliver two events of one key at
-//     once. An event whose key has nothing earlier pending is leased to the
-//     publishing instance and delivered on the hot path as usual; one that
-//     is behind an earlier event waits in the table and is claimed by the
-//     instance that finishes the event before it (or by a poll).
+//     once. An event whose key's previous event is delivered is leased to
+//     the publishing instance and delivered on the hot path as usual (the
+//     publishing transaction learns it from the key's row, where the
+//     engine records delivered events right after their DONE write: it
+//     reads and locks no outbox row); one that is behind an undelivered
+//     event waits in the table and is claimed by the instance that
+//     finishes the event before it (or by a poll).
 //   - Head-of-line per key only. A failed event holds back the later
 //     events of its key, and no other key: they wait, attempts unchanged,
 //     until it is delivered. With [Ordered] a dead event blocks its key
