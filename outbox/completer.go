@@ -73,29 +73,28 @@ func (c *completer) run() {
 				keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
 			}
 		}
-		allDone := len(ids) > 0 && c.markDone(ids)
+		// The keys of ordered events are recorded with their DONE, in the
+		// same transaction, so that their next events, often already on
+		// their way to a Publish, take the hot path.
+		done = done[:0]
+		for _, it := range batch {
+			if it.sub == nil && it.env.ordered && it.env.seq > 0 {
+				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true})
+			}
+		}
+		if len(ids) > 0 {
+			c.markDone(ids, done)
+		}
 		if len(keys) > 0 {
 			c.completeDeliveries(keys)
 		}
-		// The keys of ordered events marked DONE are recorded at once, so
-		// that their next events, often already on their way to a
-		// Publish, take the hot path.
-		done = done[:0]
-		for _, it := range batch {
-			if it.sub == nil && it.env.ordered {
-				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: allDone})
-			}
-		}
-		c.seq.keysDone(context.Background(), done)
 		for _, it := range batch {
 			c.inflight.release(it.key())
-			if it.sub == nil {
-				if it.env.ordered {
-					c.seq.name(it.env.OrderingKey)
-				}
+			if it.sub == nil && it.env.seq > 0 {
+				c.seq.name(it.env.OrderingKey) // recorded with the DONE
 				continue
 			}
-			c.seq.next(it)
+			c.seq.next(it) // the sequencer records it (its number unknown here)
 		}
 	}
 }
@@ -117,23 +116,28 @@ func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
 	}
 }
 
-// markDone writes ids DONE and reports whether every one of them changed.
-func (c *completer) markDone(ids []string) bool {
+// markDone writes ids DONE, and records done, the ordered events among
+// them, on their keys.
+func (c *completer) markDone(ids []string, done []driver.KeyDone) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	start := time.Now()
-	n, err := retryStore(ctx, func() (int, error) { return c.store.MarkDone(ctx, c.owner, ids) })
+	n, err := retryStore(ctx, func() (int, error) {
+		if len(done) > 0 && c.seq.ostore != nil {
+			return c.seq.ostore.MarkDoneKeys(ctx, c.owner, ids, done)
+		}
+		return c.store.MarkDone(ctx, c.owner, ids)
+	})
 	c.m.Statement("mark_done", n, time.Since(start))
 	if err != nil {
 		// The rows keep their lease and are delivered again once it
 		// expires: at least once, never lost.
 		c.health.completeFails.Add(1)
 		c.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
-		return false
+		return
 	}
 	c.health.completeFails.Store(0)
 	if n < len(ids) {
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}
-	return n == len(ids)
 }

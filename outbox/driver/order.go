@@ -72,6 +72,11 @@ type OrderedStore interface {
 	// one.
 	KeysDone(ctx context.Context, evs []KeyDone, f OrderFilter) error
 
+	// MarkDoneKeys is Store.MarkDone and, in the same transaction, KeysDone
+	// of evs (ordered events among ids, with their numbers) if every id
+	// changed: one commit for both.
+	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone) (int, error)
+
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
 	// head is NEW or RETRY, due, and not held by a live lease, and returns
 	// those rows. It never leases an event that is not its key's head.

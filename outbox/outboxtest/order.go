@@ -200,6 +200,12 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 	return ctx.Err()
 }
 
+// MarkDoneKeys implements driver.OrderedStore: MarkDone (the in-memory
+// store needs no record of keys).
+func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, error) {
+	return s.MarkDone(ctx, owner, ids)
+}
+
 // DueKeys implements driver.OrderedStore.
 func (s *Store) DueKeys(ctx context.Context, after string, limit int) ([]string, error) {
 	if limit <= 0 {

@@ -113,14 +113,49 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 	if len(done) == 0 {
 		return nil
 	}
+	return s.explain(s.inTx(ctx, func(tx *sqlx.Tx) error { return s.advanceKeys(ctx, tx, done) }))
+}
+
+// MarkDoneKeys implements driver.OrderedStore: MarkDone and, in the same
+// transaction (one commit), the keys' record of evs if every id changed.
+func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	done := map[string]int64{}
+	for _, ev := range evs {
+		if ev.Seq > 0 && ev.Key != "" {
+			done[ev.Key] = max(done[ev.Key], ev.Seq)
+		}
+	}
+	var n int
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		res, err := tx.ExecContext(ctx, s.markDoneSQL(len(ids)), s.idArgs(ids, owner)...)
+		if err != nil {
+			return err
+		}
+		m, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n = int(m); n != len(ids) || len(done) == 0 {
+			return nil // a lease lost: which events are done is not known here
+		}
+		return s.advanceKeys(ctx, tx, done)
+	})
+	return n, s.explain(err)
+}
+
+// advanceKeys raises the done_seq of the keys in done that no transaction
+// holds, in one UPDATE: PostgreSQL picks them in the statement; MySQL
+// locks them first (SKIP LOCKED needs a SELECT); SQLite has one writer,
+// and nobody to wait for.
+func (s *Store) advanceKeys(ctx context.Context, tx *sqlx.Tx, done map[string]int64) error {
 	keys := make([]string, 0, len(done))
 	for k := range done {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	// One UPDATE of the keys no transaction holds: PostgreSQL picks them in
-	// the statement; MySQL locks them first (SKIP LOCKED needs a SELECT);
-	// SQLite has one writer, and nobody to wait for.
 	var cases strings.Builder
 	var cargs []any
 	cases.WriteString(`CASE ordering_key`)
@@ -138,24 +173,21 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 		greatest = `MAX`
 	}
 	set := `UPDATE ` + s.KeysTable() + ` SET done_seq = ` + greatest + `(done_seq, ` + cases.String() + `) WHERE ordering_key IN `
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
-		switch s.d.name {
-		case "postgres":
-			_, err := tx.ExecContext(ctx, s.rebind(set+`(SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock+`)`), append(cargs, stringArgs(keys)...)...)
-			return err
-		case "mysql":
-			var free []string
-			if err := tx.SelectContext(ctx, &free, s.rebind(`SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...); err != nil || len(free) == 0 {
-				return err
-			}
-			_, err := tx.ExecContext(ctx, s.rebind(set+in(len(free))), append(cargs, stringArgs(free)...)...)
-			return err
-		default:
-			_, err := tx.ExecContext(ctx, s.rebind(set+in(len(keys))), append(cargs, stringArgs(keys)...)...)
+	switch s.d.name {
+	case "postgres":
+		_, err := tx.ExecContext(ctx, s.rebind(set+`(SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock+`)`), append(cargs, stringArgs(keys)...)...)
+		return err
+	case "mysql":
+		var free []string
+		if err := tx.SelectContext(ctx, &free, s.rebind(`SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...); err != nil || len(free) == 0 {
 			return err
 		}
-	})
-	return s.explain(err)
+		_, err := tx.ExecContext(ctx, s.rebind(set+in(len(free))), append(cargs, stringArgs(free)...)...)
+		return err
+	default:
+		_, err := tx.ExecContext(ctx, s.rebind(set+in(len(keys))), append(cargs, stringArgs(keys)...)...)
+		return err
+	}
 }
 
 // doneOf adds to done, key by key, the highest number among the events ids
@@ -302,6 +334,10 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
 		seq := `(SELECT seq FROM ` + keys + ` WHERE ordering_key = ?)`
 		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL(seq, ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.OrderingKey}, lock...)...)...)
+		if qr, ok := exec.(rowQuerier); ok && err == nil {
+			// The number, for the engine's record of the key.
+			err = qr.QueryRowContext(ctx, s.rebind(`SELECT seq FROM `+keys+` WHERE ordering_key = ?`), r.OrderingKey).Scan(&r.KeySeq)
+		}
 		return head && owner != "", s.explain(err)
 	}
 }
