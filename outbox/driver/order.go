@@ -74,7 +74,9 @@ type OrderedStore interface {
 
 	// MarkDoneKeys is Store.MarkDone and, in the same transaction, KeysDone
 	// of evs (ordered events among ids, with their numbers) if every id
-	// changed: one commit for both.
+	// changed: one commit for both. The engine calls it instead of
+	// MarkDone for a batch with ordered events: a wrapper of a store that
+	// intercepts MarkDone must intercept it too.
 	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone) (int, error)
 
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
