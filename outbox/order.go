@@ -85,7 +85,7 @@ func (e *Envelope) Key() string {
 // numbered in their keys' sequences wherever they are published, and the
 // filter decides what holds a key.
 func (r *registry) indexOrder() {
-	r.filter, r.orderedAll, r.orderedTypes, r.localOrdered = driver.OrderFilter{}, false, map[EventType]bool{}, false
+	r.filter, r.orderedAll, r.orderedTypes = driver.OrderFilter{}, false, map[EventType]bool{}
 	add := func(name string, o Order, types []EventType) {
 		switch o {
 		case Ordered:
@@ -104,7 +104,6 @@ func (r *registry) indexOrder() {
 	}
 	for _, s := range r.local {
 		add(s.Name, s.Order, s.Types)
-		r.localOrdered = r.localOrdered || s.Order != Unordered
 	}
 	for name, o := range r.remoteOrder {
 		add(name, o, r.remote[name])

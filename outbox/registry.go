@@ -31,7 +31,6 @@ type registry struct {
 	filter       driver.OrderFilter
 	orderedAll   bool // one takes every type
 	orderedTypes map[EventType]bool
-	localOrdered bool // one runs here
 }
 
 func (r *registry) with(s *subscription) *registry {
