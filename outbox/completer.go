@@ -91,7 +91,11 @@ func (c *completer) run() {
 		for _, it := range batch {
 			c.inflight.release(it.key())
 			if it.sub == nil && it.env.seq > 0 {
-				c.seq.name(it.env.OrderingKey) // recorded with the DONE
+				if !it.handedOn {
+					// Recorded with the DONE; a later event of the key
+					// may wait in the table.
+					c.seq.name(it.env.OrderingKey)
+				}
 				continue
 			}
 			c.seq.next(it) // the sequencer records it (its number unknown here)

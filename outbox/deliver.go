@@ -19,6 +19,9 @@ type item struct {
 	attempts int       // failed attempts before this one
 	since    time.Time // commit (hot) or insert (cold) time
 	sub      *subscription
+	// handedOn: delivered, and the next event of its key, which waited
+	// here behind it, is on its way (keyTable).
+	handedOn bool
 
 	// The join of the subscriptions' outcomes.
 	mu      sync.Mutex
@@ -103,6 +106,7 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			d.reg.noListener(it.env.ID, it.env.Type)
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			d.leases.release(ctx, []string{it.env.ID}, d.cfg.NoListenerDelay, "hand back an event with no subscription here")
+			d.chainFailed(ctx, it)
 			cancel()
 			d.inflight.release(it.key())
 			return
@@ -241,10 +245,14 @@ func (d *dispatcher) finish(it *item) {
 	}
 	if cancelled {
 		d.requeue(it)
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		d.chainFailed(ctx, it)
+		cancel()
 		return
 	}
 	if done {
 		d.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
+		it.handedOn = d.chainDelivered(it)
 		if it.sub != nil && it.results[0].recorded {
 			// A Tx subscription's delivery: recorded in its own
 			// transaction already.
@@ -313,6 +321,7 @@ func (d *dispatcher) recordFailures(it *item) {
 	}
 	held, err := write(writes)
 	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
+	defer d.chainFailed(ctx, it)
 	if err != nil && ctx.Err() == nil {
 		// The database refused the outcome itself (the text, a column, a
 		// trigger): record it with a text it cannot refuse, so that

@@ -24,6 +24,7 @@ type dispatcher struct {
 	leases *leaseKeeper
 	poller *poller
 	seq    *sequencer
+	keys   *keyTable
 
 	hot, cold chan *item
 	inflight  inflightSet
@@ -40,6 +41,7 @@ type dispatcher struct {
 func newDispatcher(d *deps) *dispatcher {
 	return &dispatcher{
 		deps:      d,
+		keys:      newKeyTable(),
 		hot:       make(chan *item, d.cfg.HotQueueSize),
 		cold:      make(chan *item, d.cfg.ColdQueueSize),
 		inflight:  inflightSet{m: make(map[string]struct{})},
@@ -192,10 +194,16 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 	if !d.inflight.acquire(it.key()) {
 		return offerInHand
 	}
+	if it.sub == nil && it.env.ordered {
+		d.keys.claimed(it) // before a worker can finish it
+	}
 	select {
 	case d.cold <- it:
 		return offerQueued
 	default:
+		if it.sub == nil && it.env.ordered {
+			d.keys.failed(it) // nothing waits behind it yet: none committed
+		}
 		d.inflight.release(it.key())
 		return offerFull
 	}
@@ -222,6 +230,11 @@ func (d *dispatcher) handBack() {
 		} else {
 			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
 		}
+	}
+	// Events committed behind others of their keys, never queued.
+	for _, it := range d.keys.drain() {
+		items = append(items, it)
+		ids = append(ids, it.env.ID)
 	}
 	if len(items) == 0 {
 		return

@@ -106,9 +106,13 @@
 //     the publishing instance and delivered on the hot path as usual (the
 //     publishing transaction learns it from the key's row, where the
 //     engine records delivered events right after their DONE write: it
-//     reads and locks no outbox row); one that is behind an undelivered
-//     event waits in the table and is claimed by the instance that
-//     finishes the event before it (or by a poll).
+//     reads and locks no outbox row). One published while the event
+//     before it is in this instance's hands is leased here too and waits
+//     in memory behind it: it goes to the hot queue once its predecessor
+//     was delivered to every subscription here (before that one's DONE
+//     write), and back to the table if its predecessor fails. One that is
+//     behind an event held elsewhere waits in the table and is claimed by
+//     the instance that finishes the event before it (or by a poll).
 //   - Head-of-line per key only. A failed event holds back the later
 //     events of its key, and no other key: they wait, attempts unchanged,
 //     until it is delivered. With [Ordered] a dead event blocks its key
@@ -123,7 +127,8 @@
 // without Start orders nothing), such as events published before the
 // subscription was first deployed; redeliveries after a
 // crash or an expired lease (delivery stays at least once: an event may
-// come again, with its id, after later ones); and under OrderedSkipDead,
+// come again, with its id, after later ones, and a crash may repeat
+// several events of a key, in order); and under OrderedSkipDead,
 // a dead event replayed after the key went on. A key is held per event,
 // not per subscription: when two ordered subscriptions take the same
 // events, a failure of one holds the key for both; and an unordered

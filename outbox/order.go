@@ -21,7 +21,10 @@ import (
 // ends; so the sequence is the order in which the publishing transactions
 // committed, whatever they lock themselves. The next event of a key
 // reaches the subscription only once the previous one was delivered to it
-// (or, with OrderedSkipDead, went dead). A failing event holds back the
+// (or, with OrderedSkipDead, went dead). An event published while the one
+// before it is in this instance's hands waits in memory behind it and goes
+// out once it was delivered to every subscription here, before its DONE
+// is written. A failing event holds back the
 // later events of its key and no other key: they wait in the table, and
 // the rest flows.
 //
@@ -32,7 +35,8 @@ import (
 // PollInterval, from the database: an instance that publishes without
 // calling Start orders nothing); and, after a crash or a lease that
 // ran out, a redelivery (at least once: an event may come again after
-// later ones were delivered, with its original id). Replaying dead events
+// later ones were delivered, with its original id; a crash may repeat
+// several events of a key, in order). Replaying dead events
 // delivers them in their original order, but after the events that went
 // on without them under OrderedSkipDead (where a replayed dead delivery
 // may even be delivered while a later event of its key is). Changing a subscription from

@@ -443,3 +443,58 @@ func TestNumberedEventsDeliveredWhenNoSubscriptionIsOrdered(t *testing.T) {
 		}
 	})
 }
+
+// Events of a key published while its head is in the handler wait here,
+// in memory, behind it: they reach the handler one after the other on the
+// hot path, within the handler's own time, long before any poll. When
+// the head fails instead, they go back to the table and follow its retry
+// in order.
+func TestOrderedEventsWaitHereBehindTheirHead(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail=%v", fail), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := outboxtest.NewStore()
+				l := newOrderLog(t)
+				var a1 string
+				var mu sync.Mutex
+				paths := map[string]outbox.Path{}
+				l.fail = func(ev outbox.Event, attempt int) error {
+					mu.Lock()
+					paths[ev.ID] = ev.Path
+					mu.Unlock()
+					if fail && ev.ID == a1 && attempt == 1 {
+						return errors.New("first attempt fails")
+					}
+					return nil
+				}
+				ob := orderedOutbox(t, st, outbox.Ordered, l, 0)
+				a1 = publishKey(t, ob, st, "A", 1)
+				settle(time.Millisecond) // A1 is in the handler (10 ms)
+				a2 := publishKey(t, ob, st, "A", 2)
+				a3 := publishKey(t, ob, st, "A", 3)
+				settle(40 * time.Millisecond) // three handler calls, far from a poll (1 s)
+				if !fail {
+					wantOrder(t, "key A", l.delivered("Order:A"), a1, a2, a3)
+					for i, id := range []string{a1, a2, a3} {
+						if paths[id] != outbox.PathHot {
+							t.Errorf("A%d came by path %v, want hot", i+1, paths[id])
+						}
+					}
+					return
+				}
+				wantOrder(t, "key A before A1's retry", l.delivered("Order:A"))
+				for _, id := range []string{a2, a3} {
+					rec, err := st.Inspect(context.Background(), id)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if rec.Owner != "" {
+						t.Errorf("event %s still leased to %q while its head waits for a retry", id, rec.Owner)
+					}
+				}
+				settle(15 * time.Second) // the retry (10 s) and the rest
+				wantOrder(t, "key A", l.delivered("Order:A"), a1, a2, a3)
+			})
+		})
+	}
+}

@@ -232,17 +232,20 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	if err := o.insert(ctx, tx, freeRows, "", 0); err != nil {
 		return err
 	}
-	named, err := o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered, &mine)
+	mineOrdered, named, err := o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered)
 	if err != nil {
 		return err
 	}
 	for _, env := range envs {
 		o.m.Published(env.Type)
 	}
-	if len(mine) > 0 || len(named) > 0 {
+	if len(mine) > 0 || len(mineOrdered) > 0 || len(named) > 0 {
 		tx.AfterCommit(func() {
 			for _, env := range mine {
 				o.enqueueHot(env, written)
+			}
+			for _, p := range mineOrdered {
+				o.enqueueOrdered(p, written)
 			}
 			for _, k := range named {
 				o.seq.name(k)
@@ -252,37 +255,51 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	return nil
 }
 
+// leasedOrdered is an ordered event written leased to this instance.
+type leasedOrdered struct {
+	env  Envelope
+	head bool // every earlier event of its key was delivered
+}
+
 // insertOrdered writes the events at ordered (indexes into rows and envs)
 // numbered in their keys' sequences, key by key (a stable sort keeps
 // each key's own order), so that transactions publishing the same keys
-// lock them in the same order. A key's head goes to mine, for the hot
-// path; the keys of the others are returned, to be named to the
-// sequencer after commit: the event before may be finished by then, and
-// nobody else would look for them until a poll.
-func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry, hot bool, rows []driver.Row, envs []Envelope, ordered []int, mine *[]Envelope) ([]string, error) {
+// lock them in the same order. It returns the events written leased to
+// this instance, for the hot path: a key's head, or the event right
+// after one of its key this instance holds (keyTable); and the keys of
+// the others, to be named to the sequencer after commit: the event
+// before may be finished by then, and nobody else would look for them
+// until a poll.
+func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry, hot bool, rows []driver.Row, envs []Envelope, ordered []int) ([]leasedOrdered, []string, error) {
 	if len(ordered) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	slices.SortStableFunc(ordered, func(a, b int) int { return strings.Compare(rows[a].OrderingKey, rows[b].OrderingKey) })
 	f := reg.orderFilter()
+	keys := o.disp.keys
+	var mine []leasedOrdered
 	var named []string
 	for _, i := range ordered {
 		owner := ""
 		if hot && reg.has(envs[i].Type) {
 			owner = o.cfg.InstanceID
+			rows[i].KeyAfter = keys.after(rows[i].OrderingKey)
 		}
-		head, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
+		head, leased, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
+			return nil, nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
 		}
 		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
-		if head && owner != "" {
-			*mine = append(*mine, envs[i])
+		if leased && owner != "" {
+			if rows[i].KeySeq > 0 {
+				keys.leased(rows[i].OrderingKey, rows[i].KeySeq)
+			}
+			mine = append(mine, leasedOrdered{env: envs[i], head: head})
 		} else if len(named) == 0 || named[len(named)-1] != rows[i].OrderingKey {
 			named = append(named, rows[i].OrderingKey)
 		}
 	}
-	return named, nil
+	return mine, named, nil
 }
 
 func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []driver.Row, owner string, lease time.Duration) error {
@@ -315,6 +332,17 @@ func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 			slog.String("event_id", env.ID))
 	}
 	o.disp.enqueueHot(env, written)
+}
+
+// enqueueOrdered is enqueueHot for an ordered event leased here.
+func (o *Outbox) enqueueOrdered(p leasedOrdered, written time.Time) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if o.closed {
+		o.disp.handBackLate(p.env.ID)
+		return
+	}
+	o.disp.enqueueOrdered(p.env, p.head, written)
 }
 
 // --- default outbox ---

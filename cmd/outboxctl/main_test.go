@@ -319,7 +319,7 @@ func TestOrderingCommands(t *testing.T) {
 				if i == 0 {
 					owner = "seed"
 				}
-				if _, err := s.InsertOrdered(ctx, s.DB(), &r, owner, time.Minute, driver.OrderFilter{Block: []string{"billing"}}); err != nil {
+				if _, _, err := s.InsertOrdered(ctx, s.DB(), &r, owner, time.Minute, driver.OrderFilter{Block: []string{"billing"}}); err != nil {
 					t.Fatal(err)
 				}
 				ids = append(ids, r.ID)

@@ -79,6 +79,12 @@ type Row struct {
 	// KeySeq is the event's number in its key's sequence, assigned by
 	// OrderedStore.InsertOrdered; 0 for an event not delivered in order.
 	KeySeq int64
+	// KeyAfter is set by the caller of OrderedStore.InsertOrdered, never
+	// stored: the number of an event of the key that the owner holds or
+	// has just delivered (0: none). An event numbered KeyAfter+1 is
+	// written leased to the owner even when it is not the key's head,
+	// for the owner to deliver once the event before it is delivered.
+	KeyAfter int64
 
 	// Set by Claim.
 	Status    Status

@@ -57,12 +57,16 @@ type OrderedStore interface {
 	// caller's transaction, numbered next in its key's sequence (setting
 	// row.KeySeq where the database reports it). Doing so locks the key
 	// until the transaction ends, so that transactions publishing one key
-	// commit in sequence order. If owner is set and the key's previous
-	// event is known to be delivered (KeysDone), the row is written leased
-	// to owner for lease and head is true; else it is written free and
-	// head is false. It must lock nothing else: it runs in the
-	// application's transaction.
-	InsertOrdered(ctx context.Context, exec Execer, row *Row, owner string, lease time.Duration, f OrderFilter) (head bool, err error)
+	// commit in sequence order.
+	//
+	// head reports that the key's previous event is known to be delivered
+	// (KeysDone). If owner is set and the event is the head, or is
+	// numbered row.KeyAfter+1 (row.KeyAfter > 0: the owner holds the
+	// event before it), the row is written leased to owner for lease and
+	// leased is true; else it is written free. A store that cannot tell
+	// the number within the statement leases heads only. It must lock
+	// nothing else: it runs in the application's transaction.
+	InsertOrdered(ctx context.Context, exec Execer, row *Row, owner string, lease time.Duration, f OrderFilter) (head, leased bool, err error)
 
 	// KeysDone records that each of evs that is no longer pending under f
 	// (or no longer stored, then with its Seq) is delivered, and with it

@@ -95,38 +95,39 @@ func (s *Store) unstage(rows []*memEvent) {
 // in its key's sequence at once (see the note above on locking) and
 // staged in exec, a *Tx of this store, until it commits. It is the head,
 // and leased to owner, if no earlier event of its key is pending under f,
-// committed or staged in an open transaction.
-func (s *Store) InsertOrdered(ctx context.Context, exec outbox.Execer, row *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (bool, error) {
+// committed or staged in an open transaction; it is leased to owner too
+// if numbered row.KeyAfter+1.
+func (s *Store) InsertOrdered(ctx context.Context, exec outbox.Execer, row *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
 	switch {
 	case row.OrderingKey == "":
-		return false, fmt.Errorf("outboxtest: event %s has no ordering key: set Envelope.OrderingKey or the aggregate's type and id", row.ID)
+		return false, false, fmt.Errorf("outboxtest: event %s has no ordering key: set Envelope.OrderingKey or the aggregate's type and id", row.ID)
 	case len(row.OrderingKey) > MaxOrderingKeyLen:
-		return false, fmt.Errorf("outboxtest: event %s: ordering key of %d bytes; at most %d fit", row.ID, len(row.OrderingKey), MaxOrderingKeyLen)
+		return false, false, fmt.Errorf("outboxtest: event %s: ordering key of %d bytes; at most %d fit", row.ID, len(row.OrderingKey), MaxOrderingKeyLen)
 	}
 	tx, err := s.txOf(exec)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	if tx.done {
-		return false, sql.ErrTxDone
+		return false, false, sql.ErrTxDone
 	}
 	for _, e := range tx.rows {
 		if e.row.ID == row.ID {
-			return false, fmt.Errorf("outboxtest: insert: event id %q exists already", row.ID)
+			return false, false, fmt.Errorf("outboxtest: insert: event id %q exists already", row.ID)
 		}
 	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.events[row.ID]; dup {
-		return false, fmt.Errorf("outboxtest: insert: event id %q exists already", row.ID)
+		return false, false, fmt.Errorf("outboxtest: insert: event id %q exists already", row.ID)
 	}
 	k := row.OrderingKey
 	s.keySeq[k]++
 	seq := s.keySeq[k]
-	head := true
+	head = true
 	for _, e := range s.events {
 		if e.row.OrderingKey == k && e.row.KeySeq != 0 && e.row.KeySeq < seq && s.pendingUnder(e, f) {
 			head = false
@@ -142,13 +143,14 @@ func (s *Store) InsertOrdered(ctx context.Context, exec outbox.Execer, row *driv
 	r := cloneRow(row)
 	r.Status, r.Attempts, r.CreatedAt, r.PrevOwner, r.ReadError, r.KeySeq = outbox.StatusNew, 0, now, "", nil, seq
 	e := &memEvent{row: r, availableAt: now}
-	if head && owner != "" {
+	leased = owner != "" && (head || (row.KeyAfter > 0 && seq == row.KeyAfter+1))
+	if leased {
 		e.owner, e.lockedUntil = owner, now.Add(lease)
 	}
 	s.staging[e] = struct{}{}
 	tx.rows = append(tx.rows, e)
 	row.KeySeq = seq
-	return head, nil
+	return head, leased, nil
 }
 
 // ClaimHeads implements driver.OrderedStore.

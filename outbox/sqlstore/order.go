@@ -256,13 +256,15 @@ func checkKey(r *driver.Row) error {
 // reached it. The publishing transaction reads no outbox row, so it locks
 // none: it never holds up the engine's writes, nor other keys' publishers.
 // done_seq may lag (the engine advances it where no publisher holds the
-// key); the event is then written free and claimed right after commit.
+// key); the event is then written free and claimed right after commit,
+// unless r.KeyAfter says the owner holds its predecessor.
 // One statement on PostgreSQL, two on MySQL, three on SQLite.
-func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head bool, err error) {
+func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
 	if err := checkKey(r); err != nil {
-		return false, err
+		return false, false, err
 	}
 	keys := s.KeysTable()
+	follows := func() bool { return r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1 }
 	switch s.d.name {
 	case "mysql":
 		// The key's next number and whether the previous event is
@@ -271,74 +273,91 @@ func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver
 		res, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) DIV 2`), r.OrderingKey)
 		if err != nil {
-			return false, s.explain(err)
+			return false, false, s.explain(err)
 		}
 		packed, err := res.LastInsertId()
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		r.KeySeq, head = 1, true
 		if packed != 0 {
 			r.KeySeq, head = packed/2, packed%2 == 0
 		}
-		if !head {
+		leased = owner != "" && (head || follows())
+		if !leased {
 			owner = ""
 		}
 		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
 		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
-		return head && owner != "", s.explain(err)
+		return head, leased, s.explain(err)
 	case "postgres":
 		// The upsert's RETURNING gives the row as updated, after the lock
 		// was granted; the INSERT reads it from there, not from the
 		// statement's snapshot.
 		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
 		if owner != "" {
-			ownerSQL, untilSQL = `(SELECT CASE WHEN head THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN head THEN `+untilSQL+` END FROM k)`
+			ownerSQL, untilSQL = `(SELECT CASE WHEN lease THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN lease THEN `+untilSQL+` END FROM k)`
+		}
+		qr, queries := exec.(rowQuerier)
+		after := int64(0)
+		if queries {
+			after = r.KeyAfter // else leased must equal head: nothing else is reported
 		}
 		q := `WITH k AS (INSERT INTO ` + keys + ` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
-ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING seq, done_seq >= seq - 1 AS head),
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1
+RETURNING seq, done_seq >= seq - 1 AS head, (done_seq >= seq - 1 OR (CAST(? AS BIGINT) > 0 AND seq = CAST(? AS BIGINT) + 1)) AS lease),
 ins AS (` + s.insertOrderedSQL(`(SELECT seq FROM k)`, ownerSQL, untilSQL) + ` RETURNING locked_by, key_seq)
-SELECT key_seq FROM ins WHERE locked_by IS NOT NULL`
-		args := append([]any{r.OrderingKey}, s.insertOrderedArgs(r, lock...)...)
-		if qr, ok := exec.(rowQuerier); ok {
+`
+		args := append([]any{r.OrderingKey, after, after}, s.insertOrderedArgs(r, lock...)...)
+		if queries {
 			// The transaction can answer a query: learn the number too.
-			err := qr.QueryRowContext(ctx, s.rebind(q), args...).Scan(&r.KeySeq)
-			if errors.Is(err, sql.ErrNoRows) {
-				return false, nil
-			}
-			return err == nil, s.explain(err)
+			err := qr.QueryRowContext(ctx, s.rebind(q+`SELECT ins.key_seq, k.head, ins.locked_by IS NOT NULL FROM ins, k`), args...).Scan(&r.KeySeq, &head, &leased)
+			return head, leased, s.explain(err)
 		}
-		res, err := exec.ExecContext(ctx, s.rebind(q), args...)
+		res, err := exec.ExecContext(ctx, s.rebind(q+`SELECT key_seq FROM ins WHERE locked_by IS NOT NULL`), args...)
 		if err != nil {
-			return false, s.explain(err)
+			return false, false, s.explain(err)
 		}
 		n, err := res.RowsAffected()
-		return n == 1, err
+		return n == 1, n == 1, err
 	default:
 		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err != nil {
-			return false, s.explain(err)
+			return false, false, s.explain(err)
+		}
+		if qr, ok := exec.(rowQuerier); ok {
+			// The number and the head bit in one read; the INSERT then
+			// binds the number.
+			var h int
+			if err := qr.QueryRowContext(ctx, s.rebind(`SELECT seq, CASE WHEN done_seq >= seq - 1 THEN 1 ELSE 0 END FROM `+keys+` WHERE ordering_key = ?`), r.OrderingKey).Scan(&r.KeySeq, &h); err != nil {
+				return false, false, s.explain(err)
+			}
+			head = h == 1
+			leased = owner != "" && (head || follows())
+			if !leased {
+				owner = ""
+			}
+			ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+			_, err := exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
+			return head, leased, s.explain(err)
 		}
 		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND done_seq >= seq - 1`), r.OrderingKey)
 		if err != nil {
-			return false, s.explain(err)
+			return false, false, s.explain(err)
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		head = n == 1
-		if !head {
+		leased = owner != "" && head
+		if !leased {
 			owner = ""
 		}
 		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
 		seq := `(SELECT seq FROM ` + keys + ` WHERE ordering_key = ?)`
 		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL(seq, ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.OrderingKey}, lock...)...)...)
-		if qr, ok := exec.(rowQuerier); ok && err == nil {
-			// The number, for the engine's record of the key.
-			err = qr.QueryRowContext(ctx, s.rebind(`SELECT seq FROM `+keys+` WHERE ordering_key = ?`), r.OrderingKey).Scan(&r.KeySeq)
-		}
-		return head && owner != "", s.explain(err)
+		return head, leased, s.explain(err)
 	}
 }
 

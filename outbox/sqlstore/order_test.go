@@ -337,3 +337,147 @@ func TestPublisherWithoutTheOrderedSubscriptionNumbersEvents(t *testing.T) {
 		})
 	}
 }
+
+// An event published while the one before it of its key is in the
+// handler here is written leased to this instance and waits in memory
+// behind it: it reaches the handler on the hot path the moment its
+// predecessor is delivered, with no claim (the poll is an hour away).
+// If the predecessor fails instead, the events behind it are given back
+// to the table, and follow it in order once its retry succeeds.
+func TestOrderedNextEventWaitsHereBehindItsPredecessor(t *testing.T) {
+	for _, name := range testdb.Names {
+		for _, fail := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fail=%v", name, fail), func(t *testing.T) {
+				db := testdb.Open(t, name)
+				st := testdb.Store(t, db)
+				poll := time.Hour
+				if fail {
+					poll = 50 * time.Millisecond // the retry of A1 comes by the poll
+				}
+				ob, err := outbox.New(st, outbox.Config{InstanceID: "here", Logger: slog.New(slog.DiscardHandler), PollInterval: poll, PollMaxInterval: poll})
+				if err != nil {
+					t.Fatal(err)
+				}
+				log := newKeyLog(t, 3)
+				a1 := outbox.NewID()
+				entered, gate := make(chan struct{}), make(chan struct{})
+				var first sync.Once
+				var paths sync.Map // id → outbox.Path of its successful delivery
+				log.fail = func(ev outbox.Event) error {
+					if ev.ID == a1 && ev.Attempt == 1 {
+						first.Do(func() { close(entered) })
+						<-gate
+						if fail {
+							return errors.New("first attempt fails")
+						}
+					}
+					paths.Store(ev.ID, ev.Path)
+					return nil
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle,
+					Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Millisecond })}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				defer ob.Close(context.Background())
+				env := func(i int) outbox.Envelope {
+					return outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: fmt.Appendf(nil, `{"i":%d}`, i)}
+				}
+				first1 := env(1)
+				first1.ID = a1
+				want := []string{publishInTx(t, ob, st, first1)}
+				<-entered
+				for i := 2; i <= 3; i++ {
+					id := publishInTx(t, ob, st, env(i))
+					want = append(want, id)
+					rec, err := st.Inspect(context.Background(), id)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if rec.Owner != "here" {
+						t.Errorf("event %d, published while event 1 is in the handler here, is leased to %q, want \"here\"", i, rec.Owner)
+					}
+				}
+				close(gate)
+				log.wait(t, 20*time.Second)
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				if !slices.Equal(log.got["Order:A"], want) {
+					t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], want)
+				}
+				if !fail {
+					for i, id := range want {
+						if p, _ := paths.Load(id); p != outbox.PathHot {
+							t.Errorf("event %d came by path %v, want hot", i+1, p)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// Close hands back the events waiting behind one in the handler: nothing
+// stays leased to the closed instance, and another instance delivers
+// them, in order, after the first.
+func TestOrderedCloseHandsBackWaitingEvents(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ob, err := outbox.New(st, outbox.Config{InstanceID: "closing", Logger: slog.New(slog.DiscardHandler), PollInterval: time.Hour, PollMaxInterval: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			entered := make(chan struct{})
+			var once sync.Once
+			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+				once.Do(func() { close(entered) })
+				<-ctx.Done() // cut by Close
+				return ctx.Err()
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ob.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			env := outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
+			ids := []string{publishInTx(t, ob, st, env)}
+			<-entered
+			ids = append(ids, publishInTx(t, ob, st, env), publishInTx(t, ob, st, env))
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			ob.Close(ctx)
+			cancel()
+			for i, id := range ids {
+				rec, err := st.Inspect(context.Background(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec.Owner != "" {
+					t.Errorf("event %d still leased to %q after Close", i+1, rec.Owner)
+				}
+			}
+
+			ob2, err := outbox.New(st, outbox.Config{InstanceID: "next", Logger: slog.New(slog.DiscardHandler), PollInterval: 50 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			log := newKeyLog(t, 3)
+			if err := ob2.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ob2.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer ob2.Close(context.Background())
+			log.wait(t, 20*time.Second)
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if !slices.Equal(log.got["Order:A"], ids) {
+				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], ids)
+			}
+		})
+	}
+}

@@ -52,7 +52,7 @@ func (e *env) pubOrderedTx(t *testing.T, owner string, f driver.OrderFilter, key
 	var heads []bool
 	for _, k := range keys {
 		r := driver.Row{ID: outbox.NewID(), Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: k}
-		head, err := e.store.(driver.OrderedStore).InsertOrdered(ctx, tx, &r, owner, minute, f)
+		head, _, err := e.store.(driver.OrderedStore).InsertOrdered(ctx, tx, &r, owner, minute, f)
 		if err != nil {
 			tx.Rollback()
 			t.Fatalf("InsertOrdered: %v", err)

@@ -1,0 +1,308 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// keyTable is what this instance knows of the ordering keys it delivers,
+// so that the events of a busy key stay on the hot path:
+//
+//   - For each key with an event in this instance's hands, its chain: the
+//     event being delivered and the events of the key committed behind
+//     it, leased here when they were published, in order. When the one
+//     being delivered succeeds, the next goes to the hot queue at once,
+//     with no trip through the table; when it fails, those behind it are
+//     given back, to wait in the table behind it.
+//   - For recently seen keys, the highest number leased here (by Publish
+//     or a claim) and the highest delivered here. Publish passes the
+//     first to the store (Row.KeyAfter), which then leases the next
+//     event of the key to this instance even though its predecessor is
+//     not yet recorded as delivered; the commit decides with the chain
+//     and the second whether it goes now, waits in the chain, or goes
+//     back to the table.
+//
+// Nothing here is needed for correctness of the order across instances:
+// the table's leases are. The chain only holds events whose leases this
+// instance has, and passes them on only after the event before them was
+// delivered here.
+type keyTable struct {
+	mu     sync.Mutex
+	chains map[string]*keyChain
+	// Two generations of recent keys: when recent reaches maxRecentKeys,
+	// it becomes older and older is dropped. A key forgotten only costs
+	// its next event a trip through the table.
+	recent, older map[string]keySeen
+}
+
+// maxRecentKeys bounds the keys the table remembers (two generations of
+// it at most).
+const maxRecentKeys = 1 << 16
+
+type keySeen struct {
+	leased    int64 // highest number leased here
+	delivered int64 // highest number delivered here
+}
+
+// keyChain is a key's events in this instance's hands.
+type keyChain struct {
+	running int64   // the number of the event being delivered
+	tail    int64   // the highest number in the chain
+	waiting []*item // committed behind running, in order
+}
+
+func newKeyTable() *keyTable {
+	return &keyTable{chains: map[string]*keyChain{}, recent: map[string]keySeen{}, older: map[string]keySeen{}}
+}
+
+func (t *keyTable) seen(key string) keySeen {
+	if s, ok := t.recent[key]; ok {
+		return s
+	}
+	return t.older[key]
+}
+
+func (t *keyTable) note(key string, f func(*keySeen)) {
+	s, ok := t.recent[key]
+	if !ok {
+		s = t.older[key]
+		if len(t.recent) >= maxRecentKeys {
+			t.older, t.recent = t.recent, make(map[string]keySeen, maxRecentKeys/4)
+		}
+	}
+	f(&s)
+	t.recent[key] = s
+}
+
+// after returns the number Publish passes as Row.KeyAfter for key: the
+// highest number of it leased here.
+func (t *keyTable) after(key string) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.seen(key).leased
+}
+
+// leased records that the event numbered seq of key was leased here.
+func (t *keyTable) leased(key string, seq int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.note(key, func(s *keySeen) { s.leased = max(s.leased, seq) })
+}
+
+// commitAction says what to do with an ordered event leased here whose
+// transaction committed.
+type commitAction int8
+
+const (
+	commitGo      commitAction = iota // deliver it now: it starts its key's chain
+	commitWait                        // it waits in its key's chain
+	commitRelease                     // give it back: what it follows is not known here
+)
+
+// committed decides for it, an ordered event leased to this instance
+// whose transaction has committed; head says the store reported every
+// earlier event of its key delivered.
+func (t *keyTable) committed(it *item, head bool) commitAction {
+	key, seq := it.env.OrderingKey, it.env.seq
+	if seq <= 0 {
+		// Its number is not known here (the store leases only heads
+		// then): it goes on its own, outside any chain.
+		if head {
+			return commitGo
+		}
+		return commitRelease
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.chains[key]; c != nil {
+		if c.tail == seq-1 {
+			c.waiting = append(c.waiting, it)
+			c.tail = seq
+			return commitWait
+		}
+		return commitRelease
+	}
+	if head || t.seen(key).delivered == seq-1 {
+		t.chains[key] = &keyChain{running: seq, tail: seq}
+		return commitGo
+	}
+	return commitRelease
+}
+
+// claimed starts the chain of the key of it, an ordered event claimed
+// here, unless the key has one.
+func (t *keyTable) claimed(it *item) {
+	key, seq := it.env.OrderingKey, it.env.seq
+	if seq <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.chains[key] == nil {
+		t.chains[key] = &keyChain{running: seq, tail: seq}
+		t.note(key, func(s *keySeen) { s.leased = max(s.leased, seq) })
+	}
+}
+
+// delivered records that it, an ordered event, was delivered to every
+// subscription here, and returns the next event of its chain, now
+// running, if any.
+func (t *keyTable) delivered(it *item) *item {
+	key, seq := it.env.OrderingKey, it.env.seq
+	if seq <= 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.note(key, func(s *keySeen) { s.delivered = max(s.delivered, seq) })
+	c := t.chains[key]
+	if c == nil || c.running != seq {
+		return nil
+	}
+	if len(c.waiting) == 0 {
+		delete(t.chains, key)
+		return nil
+	}
+	next := c.waiting[0]
+	c.waiting[0] = nil
+	c.waiting = c.waiting[1:]
+	c.running = next.env.seq
+	return next
+}
+
+// failed ends the chain of it, an ordered event not delivered here (a
+// failure, a shutdown, no subscription), and returns the events that
+// waited behind it: they must be given back.
+func (t *keyTable) failed(it *item) []*item {
+	key, seq := it.env.OrderingKey, it.env.seq
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.chains[key]
+	if c == nil || c.running != seq {
+		return nil
+	}
+	delete(t.chains, key)
+	return c.waiting
+}
+
+// drain ends every chain and returns the events that waited in them.
+func (t *keyTable) drain() []*item {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*item
+	for k, c := range t.chains {
+		out = append(out, c.waiting...)
+		delete(t.chains, k)
+	}
+	return out
+}
+
+// waitingCount returns how many events wait in chains.
+func (t *keyTable) waitingCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.chains {
+		n += len(c.waiting)
+	}
+	return n
+}
+
+// --- the dispatcher's side ---
+
+// enqueueOrdered hands over an ordered event leased to this instance
+// whose transaction committed: it goes to the hot queue if it is its
+// key's head, waits in its key's chain if the event before it is in
+// this instance's hands, or goes back to the table.
+func (d *dispatcher) enqueueOrdered(env Envelope, head bool, written time.Time) {
+	it := &item{env: env, path: PathHot, since: time.Now()}
+	if age := it.since.Sub(written); age > d.cfg.Lease/2 {
+		d.m.HotDropped()
+		d.log.Warn("transaction committed late: its lease may have run out; event left to the poller",
+			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)),
+			slog.Duration("since_written", age), slog.Duration("lease", d.cfg.Lease))
+		return
+	}
+	if !d.inflight.acquire(env.ID) {
+		return
+	}
+	switch d.keys.committed(it, head) {
+	case commitGo:
+		d.pushChained(it)
+	case commitWait:
+		// In the in-flight set: its lease is renewed while it waits.
+	case commitRelease:
+		d.inflight.release(env.ID)
+		d.dropToPoller(env.ID)
+		d.seq.name(env.OrderingKey)
+	}
+}
+
+// pushChained puts a running event of a chain into the hot queue; if the
+// queue is full, it and those behind it go back to the table.
+func (d *dispatcher) pushChained(it *item) {
+	select {
+	case d.hot <- it:
+		d.m.HotEnqueued()
+	default:
+		d.m.HotDropped()
+		d.log.Warn("hot queue full; ordered event left to the poller",
+			slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)), slog.Int("capacity", cap(d.hot)))
+		back := append(d.keys.failed(it), it)
+		for _, w := range back {
+			d.inflight.release(w.env.ID)
+			d.dropToPoller(w.env.ID)
+		}
+		d.seq.name(it.env.OrderingKey)
+	}
+}
+
+// dropToPoller asks the poller to release the lease of id, an event this
+// instance will not deliver now, so that it is due at once.
+func (d *dispatcher) dropToPoller(id string) {
+	select {
+	case d.poller.dropped <- id:
+	default:
+		d.log.Warn("overflow list full too: event waits for its lease to expire",
+			slog.String("event_id", id), slog.Duration("lease", d.cfg.Lease))
+	}
+	d.poller.wake()
+}
+
+// chainDelivered passes the key of it, an ordered event just delivered
+// here, to the next event of its chain, and reports whether there was
+// one.
+func (d *dispatcher) chainDelivered(it *item) bool {
+	if it.sub != nil || !it.env.ordered {
+		return false
+	}
+	next := d.keys.delivered(it)
+	if next == nil {
+		return false
+	}
+	d.pushChained(next)
+	return true
+}
+
+// chainFailed gives back the events that waited behind it, an ordered
+// event that was not delivered here.
+func (d *dispatcher) chainFailed(ctx context.Context, it *item) {
+	if it.sub != nil || !it.env.ordered {
+		return
+	}
+	back := d.keys.failed(it)
+	if len(back) == 0 {
+		return
+	}
+	ids := make([]string, len(back))
+	for i, w := range back {
+		ids[i] = w.env.ID
+	}
+	d.leases.releaseLeases(ctx, ids, "give back events that waited behind a failed one of their key")
+	for _, id := range ids {
+		d.inflight.release(id)
+	}
+	d.seq.name(it.env.OrderingKey)
+}
