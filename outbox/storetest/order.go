@@ -181,6 +181,66 @@ func testOrderHeadLeasedToOwner(t *testing.T, e *env) {
 	}
 }
 
+// pubAfter writes one ordered event of key in a transaction of its own,
+// for owner, with Row.KeyAfter set to after, and returns its id, number,
+// and what InsertOrdered reported.
+func (e *env) pubAfter(t *testing.T, key, owner string, after int64) (id string, seq int64, head, leased bool) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := driver.Row{ID: outbox.NewID(), Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key, KeyAfter: after}
+	head, leased, err = e.store.(driver.OrderedStore).InsertOrdered(ctx, tx, &r, owner, minute, blockS)
+	if err != nil {
+		tx.Rollback()
+		t.Fatalf("InsertOrdered: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return r.ID, r.KeySeq, head, leased
+}
+
+// An event numbered Row.KeyAfter+1 is written leased to its owner though
+// it is not its key's head (the owner holds the one before it); any other
+// number is not, nor an event written for no owner.
+func testOrderLeasedAfterOwnersEvent(t *testing.T, e *env) {
+	e.ordered(t)
+	e1, s1, head, leased := e.pubAfter(t, "k", "me", 0)
+	if !head || !leased || s1 != 1 {
+		t.Fatalf("the first event of a key: number %d, head %v, leased %v; want 1, true, true", s1, head, leased)
+	}
+	e2, s2, head, leased := e.pubAfter(t, "k", "me", s1)
+	if head || !leased || s2 != 2 {
+		t.Fatalf("the event after one its owner holds: number %d, head %v, leased %v; want 2, false, true", s2, head, leased)
+	}
+	for _, id := range []string{e1, e2} {
+		if rec := e.inspect(t, id); rec.Owner != "me" || rec.Status != outbox.StatusNew {
+			t.Fatalf("event %s is %v held by %q; want NEW held by me", id, rec.Status, rec.Owner)
+		}
+	}
+	e3, s3, head, leased := e.pubAfter(t, "k", "me", s1) // two behind
+	if head || leased || s3 != 3 {
+		t.Fatalf("an event two after the one named: number %d, head %v, leased %v; want 3, false, false", s3, head, leased)
+	}
+	if rec := e.inspect(t, e3); rec.Owner != "" {
+		t.Fatalf("an event two after the one named is held by %q; want free", rec.Owner)
+	}
+	e4, s4, _, leased := e.pubAfter(t, "k", "", s3)
+	if leased || s4 != 4 {
+		t.Fatalf("an event for no owner: number %d, leased %v; want 4, false", s4, leased)
+	}
+	if rec := e.inspect(t, e4); rec.Owner != "" {
+		t.Fatalf("an event written for no owner is held by %q", rec.Owner)
+	}
+	// Only heads are claimed: not e3, behind e1 and e2.
+	if got := claimHeads(t, e.store.(driver.OrderedStore), "other", minute, blockS, "k"); len(got) != 0 {
+		t.Fatalf("ClaimHeads took %v while the key's first events are leased", got)
+	}
+}
+
 // keyDone names a stored ordered event for KeysDone (read before its
 // outcome is recorded: a store may delete it then).
 func keyDone(t *testing.T, e *env, id string) driver.KeyDone {

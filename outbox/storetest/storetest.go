@@ -112,6 +112,7 @@ func Run(t *testing.T, h Harness) {
 		{"Method/DueNow", testMethodDueNow},
 		{"Ordered/Numbering", testOrderNumbering},
 		{"Ordered/HeadLeasedToOwner", testOrderHeadLeasedToOwner},
+		{"Ordered/LeasedAfterOwnersEvent", testOrderLeasedAfterOwnersEvent},
 		{"Ordered/ClaimHeads", testOrderClaimHeads},
 		{"Ordered/SplitHolds", testOrderSplitHolds},
 		{"Ordered/DeadBlocks", testOrderDeadBlocks},
