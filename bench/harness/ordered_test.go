@@ -79,3 +79,37 @@ func TestSpliceSection(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderedRawSmoke runs the two raw cells of the ordered section
+// briefly: both commit, and the key-row cell's key table holds at most
+// one row per key, whose numbers add up to the committed transactions.
+func TestOrderedRawSmoke(t *testing.T) {
+	for _, name := range []string{"mysql", "postgres"} {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			for _, keyRow := range []bool{false, true} {
+				res, err := RunOrderedRaw(context.Background(), db, keyRow, CellOptions{
+					Duration: time.Second, DrainTimeout: 30 * time.Second, Stall: 10 * time.Second,
+					Prefix: UniquePrefix("rksmoke"),
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%+v", res)
+				if res.Committed == 0 || res.Errors > 0 {
+					t.Fatalf("%s: committed %d, errors %d (%s)", res.System, res.Committed, res.Errors, res.Note)
+				}
+				if res.Orders != res.Committed {
+					t.Errorf("%s: orders table holds %d rows; producers committed %d", res.System, res.Orders, res.Committed)
+				}
+				if !keyRow {
+					continue
+				}
+				if res.KeyRows == 0 || res.KeyRows > OrderedKeys || res.SeqSum != res.Committed {
+					t.Errorf("%s: key table holds %d rows (want 1..%d) with seq sum %d (want %d, the committed transactions)",
+						res.System, res.KeyRows, OrderedKeys, res.SeqSum, res.Committed)
+				}
+			}
+		})
+	}
+}
