@@ -39,11 +39,11 @@ lint: vet
 fmt:
 	gofmt -w .
 
-## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys, Unordered vs Ordered; -ordered=false skips them), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
+## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys: raw SQL order + minimal outbox row without and with the key-row upsert, whose ratio is the raw floor, -ordered-raw=false skips them; then Unordered vs Ordered; -ordered=false skips them all), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
 
-## bench-ordered: only the ordered-subscription rows (16 producers over 1,000 keys, Unordered then Ordered subscription per repeat, MariaDB and PostgreSQL; ~1 min); replaces the section "Ordered subscriptions" of BENCHMARKS.md (make bench includes the rows).
+## bench-ordered: only the ordered-subscription rows (16 producers over 1,000 keys; per repeat raw SQL without then with the key-row upsert (the raw floor; BENCHFLAGS=-ordered-raw=false skips them), then Unordered, then Ordered subscription; MariaDB and PostgreSQL; ~3 min); replaces the section "Ordered subscriptions" of BENCHMARKS.md (make bench includes the rows).
 bench-ordered:
 	cd bench && $(GO) run ./cmd/outboxbench -only-ordered -out ../BENCHMARKS.md $(BENCHFLAGS)
 

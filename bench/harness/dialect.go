@@ -31,6 +31,15 @@ type Dialect struct {
 	// quoted table name and %[2]s for an unquoted prefix for index names.
 	ordersDDL  string
 	minimalDDL []string
+	// keyedMinimalDDL is minimalDDL with the event's ordering key and its
+	// number in the key (RawKeyed).
+	keyedMinimalDDL []string
+	// keyUpsert (MySQL) is sqlstore's upsert of a key row (%[1]s the key
+	// table), which returns the key's next number packed in
+	// LAST_INSERT_ID; keyCTE (PostgreSQL) is sqlstore's CTE that upserts
+	// it, for an INSERT that reads the number as (SELECT seq FROM k).
+	// One of them is set.
+	keyUpsert, keyCTE string
 	// watermill returns the schema and offsets adapters of Watermill's
 	// SQL Pub/Sub for the database, with the given quoted table names.
 	watermill func(msgs, offs func(topic string) string, batch int) (wsql.SchemaAdapter, wsql.OffsetsAdapter)
@@ -67,6 +76,18 @@ var MariaDB = &Dialect{
   created_at   DATETIME(6)  NOT NULL,
   KEY %[2]s_created (created_at)
 ) ENGINE=InnoDB`},
+	keyedMinimalDDL: []string{`CREATE TABLE %[1]s (
+  id           BINARY(16)   NOT NULL PRIMARY KEY,
+  event_type   VARCHAR(128) NOT NULL,
+  aggregate_id VARCHAR(128) NOT NULL,
+  payload      JSON         NOT NULL,
+  created_at   DATETIME(6)  NOT NULL,
+  ordering_key VARCHAR(255) NOT NULL,
+  key_seq      BIGINT       NOT NULL,
+  KEY %[2]s_created (created_at)
+) ENGINE=InnoDB`},
+	keyUpsert: `INSERT INTO %[1]s (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) DIV 2`,
 	watermill: func(msgs, offs func(string) string, batch int) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
 		return wsql.DefaultMySQLSchema{GenerateMessagesTableName: msgs, SubscribeBatchSize: batch},
 			wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offs}
@@ -99,6 +120,18 @@ var PostgreSQL = &Dialect{
   payload      JSONB        NOT NULL,
   created_at   TIMESTAMPTZ  NOT NULL
 )`, `CREATE INDEX %[2]s_created ON %[1]s (created_at)`},
+	keyedMinimalDDL: []string{`CREATE TABLE %[1]s (
+  id           BYTEA        NOT NULL PRIMARY KEY,
+  event_type   VARCHAR(128) NOT NULL,
+  aggregate_id VARCHAR(128) NOT NULL,
+  payload      JSONB        NOT NULL,
+  created_at   TIMESTAMPTZ  NOT NULL,
+  ordering_key VARCHAR(255) NOT NULL,
+  key_seq      BIGINT       NOT NULL
+)`, `CREATE INDEX %[2]s_created ON %[1]s (created_at)`},
+	keyCTE: `WITH k AS (INSERT INTO %[1]s AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING seq, done_seq >= seq - 1 AS head)
+`,
 	watermill: func(msgs, offs func(string) string, batch int) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
 		return wsql.DefaultPostgreSQLSchema{GenerateMessagesTableName: msgs, SubscribeBatchSize: batch},
 			wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: offs}
@@ -142,6 +175,17 @@ func insertOrderSQL(db *sqlx.DB, orders string) string {
 func createOrders(ctx context.Context, db *sqlx.DB, quoted string) error {
 	_, err := db.ExecContext(ctx, fmt.Sprintf(dialectOf(db).ordersDDL, quoted))
 	return err
+}
+
+// createKeyedMinimal creates the minimal outbox table with the ordering
+// columns (quoted name; prefix names its index).
+func createKeyedMinimal(ctx context.Context, db *sqlx.DB, quoted, prefix string) error {
+	for _, q := range dialectOf(db).keyedMinimalDDL {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf(q, quoted, prefix)); err != nil {
+			return fmt.Errorf("harness: create keyed minimal outbox table: %w", err)
+		}
+	}
+	return nil
 }
 
 // createMinimal creates the minimal outbox table (quoted name; prefix

@@ -245,7 +245,7 @@ func (r *DBReport) OrderedTargets() []Target {
 func (r *Report) WriteOrdered(w io.Writer) {
 	var dbs []*DBReport
 	for _, d := range r.DBs {
-		if len(d.Ordered) > 0 {
+		if len(d.Ordered) > 0 || len(d.OrderedRaw) > 0 {
 			dbs = append(dbs, d)
 		}
 	}
@@ -263,6 +263,20 @@ func (r *Report) WriteOrdered(w io.Writer) {
 		p("")
 		p("%s", r.OrderedHeader)
 	}
+	var raw []string
+	for _, d := range dbs {
+		if len(d.OrderedRaw) > 0 {
+			raw = append(raw, fmt.Sprintf("%s **%s** (per repeat: %s)", d.Name, d.rawFloor().f(ratio), d.rawFloorPerRepeat()))
+		}
+	}
+	if len(raw) > 0 {
+		p("")
+		p("The **raw** rows are the database limit of the same workload: the same producers, keys, per-key mutex, order row and payload, in `database/sql` with no subscription. *%s*: BEGIN; INSERT order; INSERT the minimal outbox row (as in the producer tables) with two more columns, the event's ordering key and its number in the key (the producer's own count, taken under the key's mutex); COMMIT. *%s*: the same, with the key's row in a key table like sqlstore's `<table>_keys` (ordering_key VARCHAR(255) primary key, seq, done_seq) upserted in the transaction by the statements of sqlstore's `InsertOrdered`, the number taken from it: on MariaDB the `INSERT … ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(…)` then the outbox INSERT with the number bound; on PostgreSQL one statement, `WITH k AS (INSERT … ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING …) INSERT INTO outbox … (SELECT seq FROM k)`. Each repeat runs the two raw rows first, then the unordered and ordered rows, on fresh tables.",
+			RawKeyedName, RawKeyRowName)
+		p("")
+		p("**raw floor: key row ÷ no key row (same run)**, the commit rate of the second raw row ÷ that of the first in the same repeat: %s. It is the ceiling for ordered ÷ unordered of any design that writes a per-key row in the publishing transaction, measured on transactions that do nothing else (work a design adds to both its rows, such as the outbox library's own per-transaction cost, dilutes the key row's share and can lift that design's ratio above it).",
+			strings.Join(raw, "; "))
+	}
 	p("")
 	p("| target | wanted | measured | |")
 	p("| --- | --- | --- | --- |")
@@ -275,8 +289,24 @@ func (r *Report) WriteOrdered(w io.Writer) {
 		p("")
 		p("### %s: ordered subscriptions", d.Name)
 		p("")
-		p("| subscription | commit tx/s | delivered/s | commit→handler p50 | p99 | max | failed tx | delivered | lost | dups | order violations | paths hot / cold |")
+		p("| row | commit tx/s | delivered/s | commit→handler p50 | p99 | max | failed tx | delivered | lost | dups | order violations | paths hot / cold |")
 		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		if len(d.OrderedRaw) > 0 {
+			for _, name := range []string{RawKeyedName, RawKeyRowName} {
+				var cs []CellResult
+				var errs int64
+				for _, o := range d.OrderedRaw {
+					if o.System == name {
+						cs = append(cs, o.CellResult)
+						errs += o.Errors
+					}
+				}
+				if len(cs) > 0 {
+					p("| %s | %s | — | — | — | — | %d | — | — | — | — | — |", name, collect(cs, commitTPS).f(num), errs)
+				}
+			}
+			p("| raw floor: key row ÷ no key row (same run) | **%s** | — | — | — | — | — | — | — | — | — | — |", d.rawFloor().f(ratio))
+		}
 		for _, ord := range []string{outbox.Unordered.String(), outbox.Ordered.String()} {
 			var cs []CellResult
 			var errs, delivered, lost, dups, viol, hot, cold int64
@@ -299,7 +329,44 @@ func (r *Report) WriteOrdered(w io.Writer) {
 		p("")
 		p("ordered ÷ unordered commit tx/s: **%s**; per repeat: %s. Counts (failed transactions, delivered, lost, dups, violations, paths) are totals over %d repeat(s).",
 			d.orderedRatios().f(ratio), d.orderedPerRepeat(), len(d.ordered(outbox.Ordered.String())))
+		if len(d.OrderedRaw) > 0 {
+			p("")
+			p("raw floor: key row ÷ no key row (same run): **%s**; per repeat: %s.", d.rawFloor().f(ratio), d.rawFloorPerRepeat())
+		}
 	}
+}
+
+// rawFloors is, per repeat, the commit rate of the raw key-row cell ÷
+// that of the raw cell without it, with the repeat and the two rates.
+func (r *DBReport) rawFloors() (ratios []float64, reps []int, with, without []float64) {
+	by := map[int]float64{}
+	for _, o := range r.OrderedRaw {
+		if !o.KeyRow {
+			by[o.Repeat] = o.CommitTPS
+		}
+	}
+	for _, o := range r.OrderedRaw {
+		if u := by[o.Repeat]; o.KeyRow && u > 0 {
+			ratios, reps = append(ratios, o.CommitTPS/u), append(reps, o.Repeat)
+			with, without = append(with, o.CommitTPS), append(without, u)
+		}
+	}
+	return ratios, reps, with, without
+}
+
+// rawFloor is the raw floor over the repeats.
+func (r *DBReport) rawFloor() stat {
+	v, _, _, _ := r.rawFloors()
+	return statOf(v)
+}
+
+func (r *DBReport) rawFloorPerRepeat() string {
+	v, reps, with, without := r.rawFloors()
+	parts := make([]string, len(v))
+	for i := range v {
+		parts[i] = fmt.Sprintf("%d. %s (%s ÷ %s tx/s)", reps[i]+1, ratio(v[i]), num(with[i]), num(without[i]))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (r *DBReport) orderedPerRepeat() string {

@@ -38,7 +38,8 @@ type DBReport struct {
 	Drains      []DrainResult
 	Memory      *DrainResult
 	MemoryNote  string
-	Ordered     []OrderedResult // the keyed workload, unordered and ordered (issue 13)
+	Ordered     []OrderedResult    // the keyed workload, unordered and ordered (issue 13)
+	OrderedRaw  []OrderedRawResult `json:",omitempty"` // its raw SQL limit, without and with the key row
 }
 
 // DB returns the report of the named database, adding it if new.

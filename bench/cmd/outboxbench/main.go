@@ -7,8 +7,10 @@
 // hand-written handler, real loopback HTTP), the batched UPDATE limit and
 // the backlog drains; the ordered-subscription rows of issue 13 (16
 // producers over 1,000 keys, an Unordered then an Ordered subscription per
-// repeat, order violations counted; -only-ordered runs them alone and
-// replaces their section of -out: `make bench-ordered`); the memory drain
+// repeat, order violations counted, after their raw SQL limit without and
+// with the key-row upsert, whose ratio is the raw floor (-ordered-raw);
+// -only-ordered runs them alone and replaces their section of -out:
+// `make bench-ordered`); the memory drain
 // (MariaDB); then the connector table.
 //
 //	go run ./cmd/outboxbench -out ../BENCHMARKS.md
@@ -86,8 +88,9 @@ func main() {
 		natsURL     = flag.String("nats", "nats://127.0.0.1:4222", "NATS (JetStream) URL of the connector table")
 		amqpURL     = flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL of the connector table")
 		redisAddr   = flag.String("redis", "127.0.0.1:6379", "Redis address of the connector table")
-		orderedOn   = flag.Bool("ordered", true, "run the ordered-subscription rows: 16 producers over 1,000 keys, an Unordered and an Ordered subscription in each repeat (see -only-ordered)")
+		orderedOn   = flag.Bool("ordered", true, "run the ordered-subscription rows: 16 producers over 1,000 keys, an Unordered and an Ordered subscription in each repeat, after the raw rows of -ordered-raw (see -only-ordered)")
 		onlyOrdered = flag.Bool("only-ordered", false, "run the ordered-subscription rows only (-db, -repeats, -duration apply) and replace the section \"Ordered subscriptions\" of -out with them (make bench-ordered)")
+		orderedRaw  = flag.Bool("ordered-raw", true, "with the ordered-subscription rows, run their raw SQL limit first in each repeat: the same 16 producers over 1,000 keys in plain SQL, order + minimal outbox row without and with sqlstore's key-row upsert, and report their ratio (the raw floor)")
 		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
 		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
 	)
@@ -184,7 +187,7 @@ func main() {
 	}
 	harness.OrderedPollInterval = *orderedPoll
 	if *onlyOrdered {
-		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedProf)
+		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedRaw, *orderedProf)
 		return
 	}
 	rep := &harness.Report{
@@ -210,7 +213,7 @@ func main() {
 	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
 	if *orderedOn {
-		est += orderedEstimate(len(dialects), *repeats, *duration)
+		est += orderedEstimate(len(dialects), *repeats, *duration, *orderedRaw)
 	}
 	logf("estimated time: %v (finishes about %s)", est.Round(time.Minute), time.Now().Add(est).Format("15:04"))
 
@@ -238,7 +241,7 @@ func main() {
 		}
 		runDB(ctx, d, db, dr, chosen, concs, sizes, *repeats, *largeReps, *duration, *systems, *experiments, *cpuprofile, *mutexprof)
 		if *orderedOn {
-			runOrdered(ctx, d, db, dr, *repeats, *duration, *orderedProf)
+			runOrdered(ctx, d, db, dr, *repeats, *duration, *orderedRaw, *orderedProf)
 		}
 		if d == harness.MariaDB && *memN > 0 {
 			memory(ctx, dr, *dsn, *memN)
@@ -326,15 +329,38 @@ func estimate(dbs []*harness.Dialect, repeats, concs, systems int, cell time.Dur
 }
 
 // orderedEstimate is the time of the ordered-subscription rows: two cells
-// per repeat and database.
-func orderedEstimate(dbs, repeats int, cell time.Duration) time.Duration {
-	return time.Duration(dbs*repeats*2) * (cell + time.Second)
+// per repeat and database, two more with the raw rows.
+func orderedEstimate(dbs, repeats int, cell time.Duration, raw bool) time.Duration {
+	cells := 2
+	if raw {
+		cells += 2
+	}
+	return time.Duration(dbs*repeats*cells) * (cell + time.Second)
 }
 
 // runOrdered runs the ordered-subscription rows on one database: in each
-// repeat the Unordered subscription, then the Ordered one.
-func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harness.DBReport, repeats int, duration time.Duration, profPrefix string) {
+// repeat (with raw) the raw cells without and with the key row, then the
+// Unordered subscription, then the Ordered one.
+func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harness.DBReport, repeats int, duration time.Duration, raw bool, profPrefix string) {
 	for r := range repeats {
+		if raw {
+			for _, keyRow := range []bool{false, true} {
+				res, err := harness.RunOrderedRaw(ctx, db, keyRow, harness.CellOptions{
+					Duration:     duration,
+					DrainTimeout: 60 * time.Second,
+					Stall:        5 * time.Second,
+					Prefix:       harness.UniquePrefix("rk"),
+				})
+				if err != nil {
+					fatal("%s: ordered rows, %s: %v", d.Name, res.System, err)
+				}
+				res.Repeat = r
+				logf("%s rep %d, %2d producers, %s: commit %6.0f tx/s (p50 %v p99 %v), errors %d, key rows %d, seq sum %d, CPU %v/tx %s",
+					d.Name, r+1, res.Concurrency, res.System, res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
+					res.Errors, res.KeyRows, res.SeqSum, (res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.Note)
+				dr.OrderedRaw = append(dr.OrderedRaw, res)
+			}
+		}
 		for _, o := range []outbox.Order{outbox.Unordered, outbox.Ordered} {
 			stop := func() {}
 			if profPrefix != "" && r == 0 {
@@ -363,9 +389,9 @@ func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harnes
 
 // onlyOrderedRun runs the ordered-subscription rows alone and splices
 // their section into out.
-func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(*harness.Dialect) *sqlx.DB, out string, repeats int, duration time.Duration, profPrefix string) {
+func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(*harness.Dialect) *sqlx.DB, out string, repeats int, duration time.Duration, raw bool, profPrefix string) {
 	rep := &harness.Report{Started: time.Now(), Command: "outboxbench " + strings.Join(os.Args[1:], " "), Duration: duration, Repeats: repeats}
-	est := orderedEstimate(len(dialects), repeats, duration)
+	est := orderedEstimate(len(dialects), repeats, duration, raw)
 	logf("estimated time: %v (finishes about %s)", est.Round(time.Second), time.Now().Add(est).Format("15:04"))
 	loadStart := loadavg()
 	var envs []string
@@ -375,7 +401,7 @@ func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(
 		for _, e := range dbEnvironment(ctx, d, db) {
 			envs = append(envs, d.Name+" "+e[0]+": "+e[1])
 		}
-		runOrdered(ctx, d, db, dr, repeats, duration, profPrefix)
+		runOrdered(ctx, d, db, dr, repeats, duration, raw, profPrefix)
 		db.Close()
 	}
 	rep.Finished = time.Now()
