@@ -82,8 +82,9 @@ func (c *completer) run() {
 				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true})
 			}
 		}
+		var later map[string]bool // nil: every key may have events waiting
 		if len(ids) > 0 {
-			c.markDone(ids, done)
+			later = c.markDone(ids, done)
 		}
 		if len(keys) > 0 {
 			c.completeDeliveries(keys)
@@ -91,9 +92,9 @@ func (c *completer) run() {
 		for _, it := range batch {
 			c.inflight.release(it.key())
 			if it.sub == nil && it.env.seq > 0 {
-				if !it.handedOn {
+				if !it.handedOn && (later == nil || later[it.env.OrderingKey]) {
 					// Recorded with the DONE; a later event of the key
-					// may wait in the table.
+					// waits in the table (or may).
 					c.seq.name(it.env.OrderingKey)
 				}
 				continue
@@ -121,14 +122,21 @@ func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
 }
 
 // markDone writes ids DONE, and records done, the ordered events among
-// them, on their keys.
-func (c *completer) markDone(ids []string, done []driver.KeyDone) {
+// them, on their keys. It returns the keys of done whose later events
+// may wait in the table, or nil if it cannot tell.
+func (c *completer) markDone(ids []string, done []driver.KeyDone) map[string]bool {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	start := time.Now()
+	var later map[string]bool
 	n, err := retryStore(ctx, func() (int, error) {
 		if len(done) > 0 && c.seq.ostore != nil {
-			return c.seq.ostore.MarkDoneKeys(ctx, c.owner, ids, done)
+			n, keys, err := c.seq.ostore.MarkDoneKeys(ctx, c.owner, ids, done)
+			later = make(map[string]bool, len(keys))
+			for _, k := range keys {
+				later[k] = true
+			}
+			return n, err
 		}
 		return c.store.MarkDone(ctx, c.owner, ids)
 	})
@@ -138,10 +146,11 @@ func (c *completer) markDone(ids []string, done []driver.KeyDone) {
 		// expires: at least once, never lost.
 		c.health.completeFails.Add(1)
 		c.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
-		return
+		return nil
 	}
 	c.health.completeFails.Store(0)
 	if n < len(ids) {
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}
+	return later
 }

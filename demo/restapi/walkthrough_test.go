@@ -460,13 +460,13 @@ func (s *signallingStore) MarkDone(ctx context.Context, owner string, ids []stri
 
 // MarkDoneKeys is MarkDone for batches with ordered events (the engine
 // calls it instead of MarkDone then).
-func (s *signallingStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, error) {
-	n, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+func (s *signallingStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs)
 	select {
 	case s.marked <- struct{}{}:
 	default:
 	}
-	return n, err
+	return n, later, err
 }
 
 // testWriter sends the service's warnings and errors to the test log.

@@ -80,8 +80,11 @@ type OrderedStore interface {
 	// of evs (ordered events among ids, with their numbers) if every id
 	// changed: one commit for both. The engine calls it instead of
 	// MarkDone for a batch with ordered events: a wrapper of a store that
-	// intercepts MarkDone must intercept it too.
-	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone) (int, error)
+	// intercepts MarkDone must intercept it too. later are the keys of evs
+	// whose next events may wait in the table: those with events numbered
+	// after the ones recorded, those whose record was passed over (a
+	// transaction holds the key), and all of them if not every id changed.
+	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone) (n int, later []string, err error)
 
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
 	// head is NEW or RETRY, due, and not held by a live lease, and returns

@@ -203,9 +203,23 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 }
 
 // MarkDoneKeys implements driver.OrderedStore: MarkDone (the in-memory
-// store needs no record of keys).
-func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, error) {
-	return s.MarkDone(ctx, owner, ids)
+// store needs no record of keys); later are the keys of evs numbered
+// beyond the events given.
+func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+	n, err := s.MarkDone(ctx, owner, ids)
+	if err != nil {
+		return n, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var later []string
+	for _, ev := range evs {
+		if (n != len(ids) || s.keySeq[ev.Key] > ev.Seq) && !slices.Contains(later, ev.Key) {
+			later = append(later, ev.Key)
+		}
+	}
+	slices.Sort(later)
+	return n, later, nil
 }
 
 // DueKeys implements driver.OrderedStore.

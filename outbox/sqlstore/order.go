@@ -113,14 +113,17 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 	if len(done) == 0 {
 		return nil
 	}
-	return s.explain(s.inTx(ctx, func(tx *sqlx.Tx) error { return s.advanceKeys(ctx, tx, done) }))
+	return s.explain(s.inTx(ctx, func(tx *sqlx.Tx) error {
+		_, err := s.advanceKeys(ctx, tx, done)
+		return err
+	}))
 }
 
 // MarkDoneKeys implements driver.OrderedStore: MarkDone and, in the same
 // transaction (one commit), the keys' record of evs if every id changed.
-func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, error) {
+func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
 	if len(ids) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	done := map[string]int64{}
 	for _, ev := range evs {
@@ -129,7 +132,9 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 		}
 	}
 	var n int
+	var later []string
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		later = later[:0]
 		res, err := tx.ExecContext(ctx, s.markDoneSQL(len(ids)), s.idArgs(ids, owner)...)
 		if err != nil {
 			return err
@@ -139,18 +144,25 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 			return err
 		}
 		if n = int(m); n != len(ids) || len(done) == 0 {
-			return nil // a lease lost: which events are done is not known here
+			// A lease lost: which events are done is not known here.
+			for k := range done {
+				later = append(later, k)
+			}
+			return nil
 		}
-		return s.advanceKeys(ctx, tx, done)
+		later, err = s.advanceKeys(ctx, tx, done)
+		return err
 	})
-	return n, s.explain(err)
+	slices.Sort(later)
+	return n, later, s.explain(err)
 }
 
 // advanceKeys raises the done_seq of the keys in done that no transaction
 // holds, in one UPDATE: PostgreSQL picks them in the statement; MySQL
 // locks them first (SKIP LOCKED needs a SELECT); SQLite has one writer,
-// and nobody to wait for.
-func (s *Store) advanceKeys(ctx context.Context, tx *sqlx.Tx, done map[string]int64) error {
+// and nobody to wait for. It returns the keys with events numbered after
+// done's, and those passed over.
+func (s *Store) advanceKeys(ctx context.Context, tx *sqlx.Tx, done map[string]int64) ([]string, error) {
 	keys := make([]string, 0, len(done))
 	for k := range done {
 		keys = append(keys, k)
@@ -173,21 +185,55 @@ func (s *Store) advanceKeys(ctx context.Context, tx *sqlx.Tx, done map[string]in
 		greatest = `MAX`
 	}
 	set := `UPDATE ` + s.KeysTable() + ` SET done_seq = ` + greatest + `(done_seq, ` + cases.String() + `) WHERE ordering_key IN `
-	switch s.d.name {
-	case "postgres":
-		_, err := tx.ExecContext(ctx, s.rebind(set+`(SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock+`)`), append(cargs, stringArgs(keys)...)...)
-		return err
-	case "mysql":
-		var free []string
-		if err := tx.SelectContext(ctx, &free, s.rebind(`SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...); err != nil || len(free) == 0 {
+	// seqs: the keys' numbers as read under their locks; a key missing
+	// was passed over.
+	seqs := map[string]int64{}
+	scan := func(rs *sql.Rows, err error) error {
+		if err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, s.rebind(set+in(len(free))), append(cargs, stringArgs(free)...)...)
-		return err
-	default:
-		_, err := tx.ExecContext(ctx, s.rebind(set+in(len(keys))), append(cargs, stringArgs(keys)...)...)
-		return err
+		for rs.Next() {
+			var k string
+			var seq int64
+			if err := rs.Scan(&k, &seq); err != nil {
+				rs.Close()
+				return err
+			}
+			seqs[k] = seq
+		}
+		return errors.Join(rs.Err(), rs.Close())
 	}
+	var err error
+	switch s.d.name {
+	case "postgres":
+		err = scan(tx.QueryContext(ctx, s.rebind(set+`(SELECT ordering_key FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock+`) RETURNING ordering_key, seq`), append(cargs, stringArgs(keys)...)...))
+	case "mysql":
+		if err = scan(tx.QueryContext(ctx, s.rebind(`SELECT ordering_key, seq FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))+s.d.lock), stringArgs(keys)...)); err != nil || len(seqs) == 0 {
+			break
+		}
+		free := make([]string, 0, len(seqs))
+		for _, k := range keys {
+			if _, ok := seqs[k]; ok {
+				free = append(free, k)
+			}
+		}
+		_, err = tx.ExecContext(ctx, s.rebind(set+in(len(free))), append(cargs, stringArgs(free)...)...)
+	default:
+		if _, err = tx.ExecContext(ctx, s.rebind(set+in(len(keys))), append(cargs, stringArgs(keys)...)...); err != nil {
+			break
+		}
+		err = scan(tx.QueryContext(ctx, s.rebind(`SELECT ordering_key, seq FROM `+s.KeysTable()+` WHERE ordering_key IN `+in(len(keys))), stringArgs(keys)...))
+	}
+	if err != nil {
+		return nil, err
+	}
+	var later []string
+	for _, k := range keys {
+		if seq, ok := seqs[k]; !ok || seq > done[k] {
+			later = append(later, k)
+		}
+	}
+	return later, nil
 }
 
 // doneOf adds to done, key by key, the highest number among the events ids

@@ -113,6 +113,7 @@ func Run(t *testing.T, h Harness) {
 		{"Ordered/Numbering", testOrderNumbering},
 		{"Ordered/HeadLeasedToOwner", testOrderHeadLeasedToOwner},
 		{"Ordered/LeasedAfterOwnersEvent", testOrderLeasedAfterOwnersEvent},
+		{"Ordered/MarkDoneKeysLater", testOrderMarkDoneKeysLater},
 		{"Ordered/ClaimHeads", testOrderClaimHeads},
 		{"Ordered/SplitHolds", testOrderSplitHolds},
 		{"Ordered/DeadBlocks", testOrderDeadBlocks},
