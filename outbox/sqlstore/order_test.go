@@ -481,3 +481,66 @@ func TestOrderedCloseHandsBackWaitingEvents(t *testing.T) {
 		})
 	}
 }
+
+// An event waiting here behind a slow one keeps its lease for as long as
+// it waits (renewed with the one in the handler): another instance,
+// polling all the while, never takes it, and the key is delivered once,
+// in order, one event at a time.
+func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			lease := 300 * time.Millisecond
+			log := newKeyLog(t, 3)
+			var calls sync.Map // id → number of handler calls
+			entered, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			var a1 string
+			log.fail = func(ev outbox.Event) error {
+				n, _ := calls.LoadOrStore(ev.ID, new(atomic.Int32))
+				if n.(*atomic.Int32).Add(1) > 1 {
+					t.Errorf("event %s delivered more than once", ev.ID)
+				}
+				if ev.ID == a1 {
+					once.Do(func() { close(entered) })
+					<-gate
+				} else {
+					time.Sleep(lease / 2) // slow work: a lapsed lease would let "other" take the next event meanwhile
+				}
+				return nil
+			}
+			start := func(id string, poll time.Duration) *outbox.Outbox {
+				ob, err := outbox.New(st, outbox.Config{InstanceID: id, Lease: lease, PollInterval: poll, PollMaxInterval: poll, SkipRecent: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { ob.Close(context.Background()) })
+				return ob
+			}
+			here := start("here", time.Hour)
+			start("other", 20*time.Millisecond)
+			env := outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
+			first := env
+			first.ID = outbox.NewID()
+			a1 = first.ID
+			want := []string{publishInTx(t, here, st, first)}
+			<-entered
+			want = append(want, publishInTx(t, here, st, env), publishInTx(t, here, st, env))
+			time.Sleep(4 * lease) // time passing: without renewal the leases would have run out three times over
+			close(gate)
+			log.wait(t, 20*time.Second)
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if !slices.Equal(log.got["Order:A"], want) {
+				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], want)
+			}
+		})
+	}
+}
