@@ -24,10 +24,15 @@ import (
 //     and the second whether it goes now, waits in the chain, or goes
 //     back to the table.
 //
-// Nothing here is needed for correctness of the order across instances:
-// the table's leases are. The chain only holds events whose leases this
-// instance has, and passes them on only after the event before them was
-// delivered here.
+// An event goes out from here only if the store said every earlier event
+// of its key was delivered (the head), or the event numbered just before
+// it was delivered here: it waited behind it in the chain, or came after
+// it was. That rests on two facts: a key's committed numbers are never
+// reused (a number is taken back only by a rollback, and key rows are
+// never deleted), and an event passes its key on only once every
+// subscription here has it. The chain holds only events leased to this
+// instance, in the in-flight set, so that their leases are renewed while
+// they wait; Close hands them back.
 type keyTable struct {
 	mu     sync.Mutex
 	chains map[string]*keyChain
@@ -197,17 +202,6 @@ func (t *keyTable) drain() []*item {
 		delete(t.chains, k)
 	}
 	return out
-}
-
-// waitingCount returns how many events wait in chains.
-func (t *keyTable) waitingCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, c := range t.chains {
-		n += len(c.waiting)
-	}
-	return n
 }
 
 // --- the dispatcher's side ---
