@@ -455,26 +455,27 @@ func TestOrderedEventsWaitHereBehindTheirHead(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := outboxtest.NewStore()
 				l := newOrderLog(t)
-				var a1 string
 				var mu sync.Mutex
 				paths := map[string]outbox.Path{}
 				l.fail = func(ev outbox.Event, attempt int) error {
 					mu.Lock()
 					paths[ev.ID] = ev.Path
 					mu.Unlock()
-					if fail && ev.ID == a1 && attempt == 1 {
+					if fail && string(ev.JSON) == `{"i":1}` && attempt == 1 { // A1
 						return errors.New("first attempt fails")
 					}
 					return nil
 				}
 				ob := orderedOutbox(t, st, outbox.Ordered, l, 0)
-				a1 = publishKey(t, ob, st, "A", 1)
+				a1 := publishKey(t, ob, st, "A", 1)
 				settle(time.Millisecond) // A1 is in the handler (10 ms)
 				a2 := publishKey(t, ob, st, "A", 2)
 				a3 := publishKey(t, ob, st, "A", 3)
 				settle(40 * time.Millisecond) // three handler calls, far from a poll (1 s)
 				if !fail {
 					wantOrder(t, "key A", l.delivered("Order:A"), a1, a2, a3)
+					mu.Lock()
+					defer mu.Unlock()
 					for i, id := range []string{a1, a2, a3} {
 						if paths[id] != outbox.PathHot {
 							t.Errorf("A%d came by path %v, want hot", i+1, paths[id])
