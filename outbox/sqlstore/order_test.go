@@ -544,3 +544,66 @@ func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
 		})
 	}
 }
+
+// An event published on one instance while the event before it of its
+// key is in the handler on another is written free (its publisher does
+// not hold the key); the instance that finishes the one before learns
+// from its DONE write that a later event waits, and claims it at once:
+// no poll (an hour away on both) is needed.
+func TestOrderedNextEventPublishedElsewhereIsClaimedAtOnce(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			log := newKeyLog(t, 2)
+			a1 := outbox.NewID()
+			entered, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			var paths sync.Map // id → outbox.Path
+			log.fail = func(ev outbox.Event) error {
+				if ev.ID == a1 {
+					once.Do(func() { close(entered) })
+					<-gate
+				}
+				paths.Store(ev.ID, ev.Path)
+				return nil
+			}
+			start := func(id string) *outbox.Outbox {
+				ob, err := outbox.New(st, outbox.Config{InstanceID: id, PollInterval: time.Hour, PollMaxInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { ob.Close(context.Background()) })
+				return ob
+			}
+			first, second := start("first"), start("second")
+			want := []string{publishInTx(t, first, st, outbox.Envelope{ID: a1, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})}
+			<-entered
+			a2 := publishInTx(t, second, st, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
+			want = append(want, a2)
+			rec, err := st.Inspect(context.Background(), a2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Owner != "" {
+				t.Errorf("A2, published on the instance that does not hold its key, is leased to %q; want free", rec.Owner)
+			}
+			close(gate)
+			log.wait(t, 20*time.Second)
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if !slices.Equal(log.got["Order:A"], want) {
+				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], want)
+			}
+			if p, _ := paths.Load(a2); p != outbox.PathCold {
+				t.Errorf("A2 came by path %v, want cold (claimed after A1)", p)
+			}
+		})
+	}
+}
