@@ -259,6 +259,30 @@ func (d *dispatcher) handBack() {
 // lease has ended (at most Lease/2 later), so that a slow transaction does
 // not cause a second delivery.
 func (d *dispatcher) enqueueHot(env Envelope, written time.Time) {
+	it := d.committed(env, written)
+	if it == nil {
+		return
+	}
+	select {
+	case d.hot <- it:
+		d.m.HotEnqueued()
+	default:
+		d.inflight.release(env.ID)
+		// The row is leased to this instance from its insert, freshly:
+		// no poller can have claimed it. The poller releases it so that
+		// it is due at once.
+		d.m.HotDropped()
+		d.log.Warn("hot queue full; event left to the poller",
+			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(d.hot)))
+		d.dropToPoller(env.ID)
+	}
+}
+
+// committed returns the hot item of an event leased to this instance
+// whose transaction committed, now in the in-flight set; or nil if it
+// committed too late for its lease (see enqueueHot) or is in hand here
+// already.
+func (d *dispatcher) committed(env Envelope, written time.Time) *item {
 	it := &item{env: env, path: PathHot, since: time.Now()}
 	if age := it.since.Sub(written); age > d.cfg.Lease/2 {
 		// Not released early either: this instance's poller may already
@@ -268,31 +292,12 @@ func (d *dispatcher) enqueueHot(env Envelope, written time.Time) {
 		d.log.Warn("transaction committed late: its lease may have run out; event left to the poller",
 			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)),
 			slog.Duration("since_written", age), slog.Duration("lease", d.cfg.Lease))
-		return
+		return nil
 	}
 	if !d.inflight.acquire(env.ID) {
-		return
+		return nil
 	}
-	select {
-	case d.hot <- it:
-		d.m.HotEnqueued()
-	default:
-		d.inflight.release(env.ID)
-		// The row is leased to this instance from its insert, freshly:
-		// no poller can have claimed it. Ask the poller to release it so
-		// that it is due at once; if even that list is full, the lease
-		// runs out by itself.
-		select {
-		case d.poller.dropped <- env.ID:
-		default:
-			d.log.Warn("overflow list full too: event waits for its lease to expire",
-				slog.String("event_id", env.ID), slog.Duration("lease", d.cfg.Lease))
-		}
-		d.m.HotDropped()
-		d.log.Warn("hot queue full; event left to the poller",
-			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)), slog.Int("capacity", cap(d.hot)))
-		d.poller.wake()
-	}
+	return it
 }
 
 // handBackLate releases the lease of an event committed after Close

@@ -211,15 +211,8 @@ func (t *keyTable) drain() []*item {
 // key's head, waits in its key's chain if the event before it is in
 // this instance's hands, or goes back to the table.
 func (d *dispatcher) enqueueOrdered(env Envelope, head bool, written time.Time) {
-	it := &item{env: env, path: PathHot, since: time.Now()}
-	if age := it.since.Sub(written); age > d.cfg.Lease/2 {
-		d.m.HotDropped()
-		d.log.Warn("transaction committed late: its lease may have run out; event left to the poller",
-			slog.String("event_id", env.ID), slog.String("event_type", string(env.Type)),
-			slog.Duration("since_written", age), slog.Duration("lease", d.cfg.Lease))
-		return
-	}
-	if !d.inflight.acquire(env.ID) {
+	it := d.committed(env, written)
+	if it == nil {
 		return
 	}
 	switch d.keys.committed(it, head) {
@@ -254,7 +247,8 @@ func (d *dispatcher) pushChained(it *item) {
 }
 
 // dropToPoller asks the poller to release the lease of id, an event this
-// instance will not deliver now, so that it is due at once.
+// instance will not deliver now, so that it is due at once; if even that
+// list is full, the lease runs out by itself.
 func (d *dispatcher) dropToPoller(id string) {
 	select {
 	case d.poller.dropped <- id:
