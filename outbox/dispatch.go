@@ -202,7 +202,10 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 		return offerQueued
 	default:
 		if it.sub == nil && it.env.ordered {
-			d.keys.failed(it) // nothing waits behind it yet: none committed
+			// Events published since claimed may wait behind it.
+			if back := d.keys.failed(it); len(back) > 0 {
+				d.giveBack(it.env.OrderingKey, back...)
+			}
 		}
 		d.inflight.release(it.key())
 		return offerFull

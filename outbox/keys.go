@@ -221,10 +221,18 @@ func (d *dispatcher) enqueueOrdered(env Envelope, head bool, written time.Time) 
 	case commitWait:
 		// In the in-flight set: its lease is renewed while it waits.
 	case commitRelease:
-		d.inflight.release(env.ID)
-		d.dropToPoller(env.ID)
-		d.seq.name(env.OrderingKey)
+		d.giveBack(env.OrderingKey, it)
 	}
+}
+
+// giveBack takes events of key out of this instance's hands: the poller
+// releases their leases, and the sequencer looks for the key's head.
+func (d *dispatcher) giveBack(key string, its ...*item) {
+	for _, it := range its {
+		d.inflight.release(it.env.ID)
+		d.dropToPoller(it.env.ID)
+	}
+	d.seq.name(key)
 }
 
 // pushChained puts a running event of a chain into the hot queue; if the
@@ -237,12 +245,7 @@ func (d *dispatcher) pushChained(it *item) {
 		d.m.HotDropped()
 		d.log.Warn("hot queue full; ordered event left to the poller",
 			slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)), slog.Int("capacity", cap(d.hot)))
-		back := append(d.keys.failed(it), it)
-		for _, w := range back {
-			d.inflight.release(w.env.ID)
-			d.dropToPoller(w.env.ID)
-		}
-		d.seq.name(it.env.OrderingKey)
+		d.giveBack(it.env.OrderingKey, append(d.keys.failed(it), it)...)
 	}
 }
 
