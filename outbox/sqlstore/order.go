@@ -310,7 +310,6 @@ func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver
 		return false, false, err
 	}
 	keys := s.KeysTable()
-	follows := func() bool { return r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1 }
 	switch s.d.name {
 	case "mysql":
 		// The key's next number and whether the previous event is
@@ -329,13 +328,8 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 		if packed != 0 {
 			r.KeySeq, head = packed/2, packed%2 == 0
 		}
-		leased = owner != "" && (head || follows())
-		if !leased {
-			owner = ""
-		}
-		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
-		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
-		return head, leased, s.explain(err)
+		leased, err = s.insertNumbered(ctx, exec, r, owner, lease, head)
+		return head, leased, err
 	case "postgres":
 		// The upsert's RETURNING gives the row as updated, after the lock
 		// was granted; the INSERT reads it from there, not from the
@@ -379,13 +373,8 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 				return false, false, s.explain(err)
 			}
 			head = h == 1
-			leased = owner != "" && (head || follows())
-			if !leased {
-				owner = ""
-			}
-			ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
-			_, err := exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
-			return head, leased, s.explain(err)
+			leased, err = s.insertNumbered(ctx, exec, r, owner, lease, head)
+			return head, leased, err
 		}
 		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND done_seq >= seq - 1`), r.OrderingKey)
 		if err != nil {
@@ -405,6 +394,19 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL(seq, ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.OrderingKey}, lock...)...)...)
 		return head, leased, s.explain(err)
 	}
+}
+
+// insertNumbered writes r, whose number is known, leased to owner if it
+// is the head or follows the event owner holds (r.KeyAfter), and reports
+// whether it was.
+func (s *Store) insertNumbered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, head bool) (bool, error) {
+	leased := owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
+	if !leased {
+		owner = ""
+	}
+	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+	_, err := exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
+	return leased, s.explain(err)
 }
 
 // rowQuerier is a transaction that can answer a query (*sql.Tx, sqlx.Tx,
