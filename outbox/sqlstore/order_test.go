@@ -89,6 +89,29 @@ func publishInTx(t testing.TB, ob *outbox.Outbox, st *sqlstore.Store, env outbox
 	return id
 }
 
+// startOrdered starts an outbox on st with cfg (logs discarded) and the
+// subscription sub (named "projection" if unnamed), closed when the test
+// ends.
+func startOrdered(t testing.TB, st *sqlstore.Store, cfg outbox.Config, sub outbox.Subscription) *outbox.Outbox {
+	t.Helper()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ob, err := outbox.New(st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub.Name == "" {
+		sub.Name = "projection"
+	}
+	if err := ob.Subscribe(sub); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close(context.Background()) })
+	return ob
+}
+
 // A failed event holds back the later events of its key, for the ordered
 // subscription, and nothing else: key B is delivered while key A's first
 // event waits for its retry, and A's events arrive in publish order after
@@ -354,10 +377,6 @@ func TestOrderedNextEventWaitsHereBehindItsPredecessor(t *testing.T) {
 				if fail {
 					poll = 50 * time.Millisecond // the retry of A1 comes by the poll
 				}
-				ob, err := outbox.New(st, outbox.Config{InstanceID: "here", Logger: slog.New(slog.DiscardHandler), PollInterval: poll, PollMaxInterval: poll})
-				if err != nil {
-					t.Fatal(err)
-				}
 				log := newKeyLog(t, 3)
 				a1 := outbox.NewID()
 				entered, gate := make(chan struct{}), make(chan struct{})
@@ -374,14 +393,8 @@ func TestOrderedNextEventWaitsHereBehindItsPredecessor(t *testing.T) {
 					paths.Store(ev.ID, ev.Path)
 					return nil
 				}
-				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle,
-					Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Millisecond })}); err != nil {
-					t.Fatal(err)
-				}
-				if err := ob.Start(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				defer ob.Close(context.Background())
+				ob := startOrdered(t, st, outbox.Config{InstanceID: "here", PollInterval: poll, PollMaxInterval: poll},
+					outbox.Subscription{Order: outbox.Ordered, Handler: log.handle, Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Millisecond })})
 				env := func(i int) outbox.Envelope {
 					return outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: fmt.Appendf(nil, `{"i":%d}`, i)}
 				}
@@ -427,22 +440,14 @@ func TestOrderedCloseHandsBackWaitingEvents(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			db := testdb.Open(t, name)
 			st := testdb.Store(t, db)
-			ob, err := outbox.New(st, outbox.Config{InstanceID: "closing", Logger: slog.New(slog.DiscardHandler), PollInterval: time.Hour, PollMaxInterval: time.Hour})
-			if err != nil {
-				t.Fatal(err)
-			}
 			entered := make(chan struct{})
 			var once sync.Once
-			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
-				once.Do(func() { close(entered) })
-				<-ctx.Done() // cut by Close
-				return ctx.Err()
-			}}); err != nil {
-				t.Fatal(err)
-			}
-			if err := ob.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			ob := startOrdered(t, st, outbox.Config{InstanceID: "closing", PollInterval: time.Hour, PollMaxInterval: time.Hour},
+				outbox.Subscription{Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+					once.Do(func() { close(entered) })
+					<-ctx.Done() // cut by Close
+					return ctx.Err()
+				}})
 			env := outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
 			ids := []string{publishInTx(t, ob, st, env)}
 			<-entered
@@ -460,18 +465,8 @@ func TestOrderedCloseHandsBackWaitingEvents(t *testing.T) {
 				}
 			}
 
-			ob2, err := outbox.New(st, outbox.Config{InstanceID: "next", Logger: slog.New(slog.DiscardHandler), PollInterval: 50 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
 			log := newKeyLog(t, 3)
-			if err := ob2.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
-				t.Fatal(err)
-			}
-			if err := ob2.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			defer ob2.Close(context.Background())
+			startOrdered(t, st, outbox.Config{InstanceID: "next", PollInterval: 50 * time.Millisecond}, outbox.Subscription{Order: outbox.Ordered, Handler: log.handle})
 			log.wait(t, 20*time.Second)
 			log.mu.Lock()
 			defer log.mu.Unlock()
@@ -511,18 +506,8 @@ func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
 				return nil
 			}
 			start := func(id string, poll time.Duration) *outbox.Outbox {
-				ob, err := outbox.New(st, outbox.Config{InstanceID: id, Lease: lease, PollInterval: poll, PollMaxInterval: poll, SkipRecent: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
-					t.Fatal(err)
-				}
-				if err := ob.Start(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { ob.Close(context.Background()) })
-				return ob
+				return startOrdered(t, st, outbox.Config{InstanceID: id, Lease: lease, PollInterval: poll, PollMaxInterval: poll, SkipRecent: time.Millisecond},
+					outbox.Subscription{Order: outbox.Ordered, Handler: log.handle})
 			}
 			here := start("here", time.Hour)
 			start("other", 20*time.Millisecond)
@@ -569,18 +554,8 @@ func TestOrderedNextEventPublishedElsewhereIsClaimedAtOnce(t *testing.T) {
 				return nil
 			}
 			start := func(id string) *outbox.Outbox {
-				ob, err := outbox.New(st, outbox.Config{InstanceID: id, PollInterval: time.Hour, PollMaxInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: log.handle}); err != nil {
-					t.Fatal(err)
-				}
-				if err := ob.Start(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { ob.Close(context.Background()) })
-				return ob
+				return startOrdered(t, st, outbox.Config{InstanceID: id, PollInterval: time.Hour, PollMaxInterval: time.Hour},
+					outbox.Subscription{Order: outbox.Ordered, Handler: log.handle})
 			}
 			first, second := start("first"), start("second")
 			want := []string{publishInTx(t, first, st, outbox.Envelope{ID: a1, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})}
