@@ -70,6 +70,16 @@ func (l *keyLog) wait(t testing.TB, d time.Duration) {
 	}
 }
 
+// wantKey fails the test unless key's events were delivered as want.
+func (l *keyLog) wantKey(t testing.TB, key string, want []string) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !slices.Equal(l.got[key], want) {
+		t.Errorf("key %s delivered as %v, published as %v", key, l.got[key], want)
+	}
+}
+
 // publishInTx publishes env in a transaction of its own.
 func publishInTx(t testing.TB, ob *outbox.Outbox, st *sqlstore.Store, env outbox.Envelope) string {
 	t.Helper()
@@ -162,14 +172,8 @@ func TestOrderedSubscriptionHoldsBackOnlyTheFailedKey(t *testing.T) {
 				wantB = append(wantB, publishInTx(t, ob, st, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "B", JSON: fmt.Appendf(nil, `{"i":%d}`, i)}))
 			}
 			log.wait(t, 20*time.Second)
-			log.mu.Lock()
-			defer log.mu.Unlock()
-			if !slices.Equal(log.got["Order:A"], wantA) {
-				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], wantA)
-			}
-			if !slices.Equal(log.got["Order:B"], wantB) {
-				t.Errorf("key B delivered as %v, published as %v", log.got["Order:B"], wantB)
-			}
+			log.wantKey(t, "Order:A", wantA)
+			log.wantKey(t, "Order:B", wantB)
 		})
 	}
 }
@@ -415,11 +419,7 @@ func TestOrderedNextEventWaitsHereBehindItsPredecessor(t *testing.T) {
 				}
 				close(gate)
 				log.wait(t, 20*time.Second)
-				log.mu.Lock()
-				defer log.mu.Unlock()
-				if !slices.Equal(log.got["Order:A"], want) {
-					t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], want)
-				}
+				log.wantKey(t, "Order:A", want)
 				if !fail {
 					for i, id := range want {
 						if p, _ := paths.Load(id); p != outbox.PathHot {
@@ -468,11 +468,7 @@ func TestOrderedCloseHandsBackWaitingEvents(t *testing.T) {
 			log := newKeyLog(t, 3)
 			startOrdered(t, st, outbox.Config{InstanceID: "next", PollInterval: 50 * time.Millisecond}, outbox.Subscription{Order: outbox.Ordered, Handler: log.handle})
 			log.wait(t, 20*time.Second)
-			log.mu.Lock()
-			defer log.mu.Unlock()
-			if !slices.Equal(log.got["Order:A"], ids) {
-				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], ids)
-			}
+			log.wantKey(t, "Order:A", ids)
 		})
 	}
 }
@@ -521,11 +517,7 @@ func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
 			time.Sleep(4 * lease) // time passing: without renewal the leases would have run out three times over
 			close(gate)
 			log.wait(t, 20*time.Second)
-			log.mu.Lock()
-			defer log.mu.Unlock()
-			if !slices.Equal(log.got["Order:A"], want) {
-				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], want)
-			}
+			log.wantKey(t, "Order:A", want)
 		})
 	}
 }
@@ -571,11 +563,7 @@ func TestOrderedNextEventPublishedElsewhereIsClaimedAtOnce(t *testing.T) {
 			}
 			close(gate)
 			log.wait(t, 20*time.Second)
-			log.mu.Lock()
-			defer log.mu.Unlock()
-			if !slices.Equal(log.got["Order:A"], want) {
-				t.Errorf("key A delivered as %v, published as %v", log.got["Order:A"], want)
-			}
+			log.wantKey(t, "Order:A", want)
 			if p, _ := paths.Load(a2); p != outbox.PathCold {
 				t.Errorf("A2 came by path %v, want cold (claimed after A1)", p)
 			}
