@@ -101,14 +101,11 @@ func (s *RawKeyed) Tx(ctx context.Context, seq int64, payload []byte) error {
 	key := "key-" + strconv.Itoa(k)
 	s.pmu[k].Lock()
 	defer s.pmu[k].Unlock()
-	tx, err := s.env.DB.BeginTx(ctx, nil)
+	tx, err := beginOrder(ctx, s.env.DB, s.qOrder, seq)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, s.qOrder, orderArgs(seq)...); err != nil {
-		return err
-	}
 	var args []any
 	switch {
 	case s.cte:

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"strings"
@@ -169,15 +170,26 @@ func minimalRow(seq int64, payload []byte) []any {
 	return []any{id[:], strconv.FormatInt(seq, 10), payload}
 }
 
+// beginOrder begins a transaction on db and inserts into it the order
+// row of seq with q; the caller ends it.
+func beginOrder(ctx context.Context, db *sqlx.DB, q string, seq int64) (*sql.Tx, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.ExecContext(ctx, q, orderArgs(seq)...); err != nil {
+		tx.Rollback()
+		return nil, err
+	}
+	return tx, nil
+}
+
 func (s *Raw) Tx(ctx context.Context, seq int64, payload []byte) error {
-	tx, err := s.env.DB.BeginTx(ctx, nil)
+	tx, err := beginOrder(ctx, s.env.DB, s.qOrder, seq)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, s.qOrder, orderArgs(seq)...); err != nil {
-		return err
-	}
 	switch s.Row {
 	case RawMinimal:
 		if _, err := tx.ExecContext(ctx, s.qEvent, minimalRow(seq, payload)...); err != nil {

@@ -152,14 +152,11 @@ func wmMessage(seq int64, payload []byte) *message.Message {
 }
 
 func (s *Watermill) Tx(ctx context.Context, seq int64, payload []byte) error {
-	tx, err := s.env.DB.BeginTx(ctx, nil)
+	tx, err := beginOrder(ctx, s.env.DB, s.qOrder, seq)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, s.qOrder, orderArgs(seq)...); err != nil {
-		return err
-	}
 	pub, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: s.schema}, watermill.NopLogger{})
 	if err != nil {
 		return err
