@@ -248,12 +248,11 @@ func runLedger(t *testing.T, name, isolation string) {
 	if deadlocks > 0 {
 		// Publishing one event per transaction must not deadlock: the
 		// application sees the error (here the producers retried, so that
-		// the ordering could still be checked). The cause on MariaDB:
-		// InsertOrdered's pending check is a subquery of a DML statement,
-		// so it S-locks the key's pending rows (next-key locks at
-		// REPEATABLE READ) until the publisher commits; the engine's
-		// batched writes wait for them while holding X locks on other
-		// keys' rows (TestOpenOrderedPublishDoesNotBlockMarkDone).
+		// the ordering could still be checked). Two causes were found on
+		// MariaDB, each with its own test: a publisher's locks holding up
+		// the engine's batched writes (TestOpenOrderedPublishDoesNotBlockMarkDone)
+		// and the killed instance's rolled-back insert of a new key's row
+		// (TestRolledBackFirstPublisherOfAKeyFailsNoOther).
 		t.Errorf("%d publishing transactions of the survivors failed with a deadlock (MySQL error 1213) and were retried", deadlocks)
 	}
 }
@@ -582,5 +581,114 @@ func TestOpenOrderedPublishDoesNotBlockMarkDone(t *testing.T) {
 				t.Fatalf("MarkDone of the key's head while a publisher of the key is open: %d rows, %v", n, err)
 			}
 		})
+	}
+}
+
+// A transaction that publishes the first event of a new key and then rolls
+// back must not fail the transactions waiting to publish to the same key.
+// On MySQL, a key row inserted by a transaction and removed by its
+// rollback leaves each waiter with a gap lock where the row was; two
+// waiters then block each other's insert of the row, and one fails with a
+// deadlock (1213). The ledger test met it when the killed instance's open
+// transactions were rolled back. The row must not come and go with the
+// application's transaction. (SQLite has one writer: a second publisher
+// waits for the database, not for a key row.)
+func TestRolledBackFirstPublisherOfAKeyFailsNoOther(t *testing.T) {
+	for _, c := range []struct {
+		name, db string
+		opts     *sql.TxOptions
+	}{
+		{"mysql", "mysql", nil},
+		{"mysql-read-committed", "mysql", &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
+		{"postgres", "postgres", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := testdb.Open(t, c.db)
+			st := testdb.Store(t, db)
+			ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
+				Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "new", JSON: []byte(`{}`)}
+			first, err := outbox.BeginTx(ctx, db.DB, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ob.PublishTx(ctx, first, env); err != nil {
+				t.Fatal(err)
+			}
+			const waiters = 2
+			errs := make(chan error, waiters)
+			for range waiters {
+				go func() {
+					errs <- func() error {
+						tx, err := outbox.BeginTx(ctx, db.DB, c.opts)
+						if err != nil {
+							return err
+						}
+						if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+							tx.Rollback()
+							return err
+						}
+						return tx.Commit()
+					}()
+				}()
+			}
+			if !waitLockWaits(t, db, st.KeysTable(), waiters) {
+				first.Rollback()
+				for range waiters {
+					t.Log(<-errs)
+				}
+				t.FailNow()
+			}
+			if err := first.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			for range waiters {
+				if err := <-errs; err != nil {
+					t.Errorf("a publisher waiting for the key failed after its first publisher rolled back: %v", err)
+				}
+			}
+			var seqs []int64
+			if err := db.Select(&seqs, `SELECT key_seq FROM `+st.Table()+` ORDER BY key_seq`); err != nil {
+				t.Fatal(err)
+			}
+			if want := []int64{1, 2}; !slices.Equal(seqs, want) {
+				t.Errorf("the committed events of the key are numbered %v, want %v", seqs, want)
+			}
+		})
+	}
+}
+
+// waitLockWaits waits until n statements that name table wait for a lock;
+// false after 30 s. MySQL refreshes information_schema.innodb_trx only
+// when it was not read for 100 ms: reading it more often, one would see
+// the same old state forever.
+func waitLockWaits(t testing.TB, db *sqlx.DB, table string, n int) bool {
+	t.Helper()
+	q := `SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?`
+	if db.DriverName() == "pgx" {
+		q = `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`
+	}
+	like := "%" + strings.Trim(table, "`\"") + "%"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got int
+		if err := db.Get(&got, q, like); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d statements on %s wait for a lock after 30 s, want %d", got, table, n)
+			return false
+		}
+		time.Sleep(150 * time.Millisecond)
 	}
 }

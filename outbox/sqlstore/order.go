@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -312,6 +313,7 @@ func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver
 	keys := s.KeysTable()
 	switch s.d.name {
 	case "mysql":
+		s.createKey(ctx, r.OrderingKey)
 		// The key's next number and whether the previous event is
 		// delivered, packed into LAST_INSERT_ID, which the OK packet
 		// carries back (a new key reports 0: number 1, nothing before).
@@ -326,7 +328,10 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 		}
 		r.KeySeq, head = 1, true
 		if packed != 0 {
+			// The row was there, committed (a row another transaction
+			// was inserting would have been waited for).
 			r.KeySeq, head = packed/2, packed%2 == 0
+			s.known.add(r.OrderingKey)
 		}
 		leased, err = s.insertNumbered(ctx, exec, r, owner, lease, head)
 		return head, leased, err
@@ -394,6 +399,78 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL(seq, ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.OrderingKey}, lock...)...)...)
 		return head, leased, s.explain(err)
 	}
+}
+
+// createKeyWait bounds createKey's statement: past it, the publishing
+// transaction creates the key's row itself.
+const createKeyWait = 250 * time.Millisecond
+
+// createKey makes sure, on MySQL, that key's row exists, committed, before
+// the publishing transaction takes its number: it inserts the row (number
+// 0) outside that transaction, on a connection of its own, unless the key
+// is known to exist. A row the application's transaction inserted would
+// go again at its rollback, and InnoDB then leaves every transaction that
+// waited for it with a lock on the gap where it was: two of them block
+// each other's insert of the row, and one fails with a deadlock (1213;
+// TestRolledBackFirstPublisherOfAKeyFailsNoOther). A deadlock of this
+// statement (the same case, should a row inserted the old way go) is only
+// this statement's: it is retried. Nothing else can go wrong by skipping
+// it: when the pool has no connection to spare (every one may be held by
+// a publishing transaction: waiting for one could wait forever) or the
+// statement does not end within createKeyWait, the transaction inserts the
+// row as before.
+func (s *Store) createKey(ctx context.Context, key string) {
+	if s.known.has(key) {
+		return
+	}
+	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, createKeyWait)
+	defer cancel()
+	err := s.retry(ctx, func() error {
+		_, err := s.db.ExecContext(ctx, s.rebind(`INSERT IGNORE INTO `+s.KeysTable()+` (ordering_key, seq, done_seq) VALUES (?, 0, 0)`), key)
+		return err
+	})
+	if err == nil {
+		s.known.add(key)
+	}
+}
+
+// knownKeys is the set of ordering keys whose row is known to be committed
+// (rows are never deleted), in two generations of at most knownKeysMax
+// each: when the newer is full, the older is dropped. A key forgotten
+// costs one INSERT IGNORE (createKey).
+type knownKeys struct {
+	mu       sync.Mutex
+	new, old map[string]struct{}
+}
+
+const knownKeysMax = 1 << 16
+
+func (k *knownKeys) has(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.new[key]; ok {
+		return true
+	}
+	_, ok := k.old[key]
+	return ok
+}
+
+func (k *knownKeys) add(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.new == nil {
+		k.new = map[string]struct{}{}
+	}
+	if _, ok := k.new[key]; ok {
+		return
+	}
+	if len(k.new) >= knownKeysMax {
+		k.old, k.new = k.new, map[string]struct{}{}
+	}
+	k.new[key] = struct{}{}
 }
 
 // insertNumbered writes r, whose number is known, leased to owner if it

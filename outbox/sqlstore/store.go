@@ -53,6 +53,8 @@ type Store struct {
 
 	mu      sync.Mutex
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
+
+	known knownKeys // MySQL: ordering keys whose row is committed; see createKey
 }
 
 var (
