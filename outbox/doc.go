@@ -98,7 +98,11 @@
 //     from the Publish to the commit. Publish the events of several keys
 //     in one transaction with one PublishAll (it locks keys in key order),
 //     or in the same key order everywhere: else two transactions can
-//     deadlock (the database aborts one of them).
+//     deadlock (the database aborts one of them). On MySQL a key the
+//     process has not seen yet gets its row first, outside the
+//     transaction, on a spare connection of the pool: a new key's row
+//     that a rolled-back transaction inserted would leave the key's
+//     waiting publishers deadlocked.
 //   - One event of a key at a time. Only a key's head (its earliest
 //     event not yet delivered to every ordered subscription it owes) is
 //     ever leased, so two instances never deliver two events of one key at

@@ -106,7 +106,7 @@ func TestOrderedRawSmoke(t *testing.T) {
 				if !keyRow {
 					continue
 				}
-				if res.KeyRows == 0 || res.KeyRows > OrderedKeys || res.SeqSum != res.Committed {
+				if res.KeyRows == 0 || res.KeyRows > int64(OrderedKeys) || res.SeqSum != res.Committed {
 					t.Errorf("%s: key table holds %d rows (want 1..%d) with seq sum %d (want %d, the committed transactions)",
 						res.System, res.KeyRows, OrderedKeys, res.SeqSum, res.Committed)
 				}

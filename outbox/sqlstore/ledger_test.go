@@ -692,3 +692,51 @@ func waitLockWaits(t testing.TB, db *sqlx.DB, table string, n int) bool {
 		time.Sleep(150 * time.Millisecond)
 	}
 }
+
+// Publishing the first event of a key must not need a second connection:
+// when every connection of the pool is held by a publishing transaction,
+// waiting for one would wait forever. (On MySQL the key's row is created
+// outside the transaction when a connection is to spare.)
+func TestPublishingANewKeyNeedsNoSecondConnection(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
+				Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
+				t.Fatal(err)
+			}
+			db.SetMaxOpenConns(1)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for i := range 3 {
+				tx, err := outbox.BeginTx(ctx, db.DB, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: strconv.Itoa(i), JSON: []byte(`{}`)}
+				if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+					tx.Rollback()
+					t.Fatalf("publishing key Order:%d with the pool's one connection in the transaction: %v", i, err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var n int
+			if err := db.Get(&n, `SELECT COUNT(*) FROM `+st.Table()+` WHERE key_seq = 1`); err != nil {
+				t.Fatal(err)
+			}
+			if n != 3 {
+				t.Errorf("%d events numbered 1 in their keys, want 3", n)
+			}
+			if w := db.Stats().WaitCount; w != 0 {
+				t.Errorf("publishing waited %d times for a connection of the pool", w)
+			}
+		})
+	}
+}

@@ -91,6 +91,7 @@ func main() {
 		orderedOn   = flag.Bool("ordered", true, "run the ordered-subscription rows: 16 producers over 1,000 keys, an Unordered and an Ordered subscription in each repeat, after the raw rows of -ordered-raw (see -only-ordered)")
 		onlyOrdered = flag.Bool("only-ordered", false, "run the ordered-subscription rows only (-db, -repeats, -duration apply) and replace the section \"Ordered subscriptions\" of -out with them (make bench-ordered)")
 		orderedRaw  = flag.Bool("ordered-raw", true, "with the ordered-subscription rows, run their raw SQL limit first in each repeat: the same 16 producers over 1,000 keys in plain SQL, order + minimal outbox row without and with sqlstore's key-row upsert, and report their ratio (the raw floor)")
+		orderedKeys = flag.Int("ordered-keys", harness.OrderedKeys, "diagnosis: ordering keys of the ordered rows instead of 1,000 (a number far above the events of a run makes nearly every event its key's first)")
 		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
 		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
 	)
@@ -186,6 +187,7 @@ func main() {
 		dialects, concs, sizes, *memN, *connOn, *orderedOn = nil, nil, nil, 0, false, false
 	}
 	harness.OrderedPollInterval = *orderedPoll
+	harness.OrderedKeys = *orderedKeys
 	if *onlyOrdered {
 		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedRaw, *orderedProf)
 		return
