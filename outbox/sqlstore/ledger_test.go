@@ -533,31 +533,44 @@ func TestLedgerChild(t *testing.T) {
 	}
 }
 
+// lockCases are the databases, and MySQL's two isolation levels, of the
+// tests of publishers' locks (SQLite has one writer: nothing to lock).
+var lockCases = []struct {
+	name, db string
+	opts     *sql.TxOptions
+}{
+	{"mysql", "mysql", nil},
+	{"mysql-read-committed", "mysql", &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
+	{"postgres", "postgres", nil},
+}
+
+// unstartedOrdered returns an outbox "pub" on st with an Ordered
+// subscription "projection", not started: what it publishes stays leased
+// to it, as while a delivery runs.
+func unstartedOrdered(t testing.TB, st *sqlstore.Store) *outbox.Outbox {
+	t.Helper()
+	ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
+		Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
+		t.Fatal(err)
+	}
+	return ob
+}
+
 // An open transaction that publishes an event of key K must not hold up
 // the engine's writes to K's earlier events: here MarkDone of the key's
 // pending head, which the engine runs when the head was delivered. The
 // ledger test's deadlocks and lease renewals that time out on MariaDB come
 // from this lock (see TestOrderingLedger).
 func TestOpenOrderedPublishDoesNotBlockMarkDone(t *testing.T) {
-	for _, c := range []struct {
-		name, db string
-		opts     *sql.TxOptions
-	}{
-		{"mysql", "mysql", nil},
-		{"mysql-read-committed", "mysql", &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
-		{"postgres", "postgres", nil},
-	} {
+	for _, c := range lockCases {
 		t.Run(c.name, func(t *testing.T) {
 			db := testdb.Open(t, c.db)
 			st := testdb.Store(t, db)
-			ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
-				Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
-				t.Fatal(err)
-			}
+			ob := unstartedOrdered(t, st)
 			// Not started: the head stays leased to "pub", as while its
 			// delivery runs.
 			head := publishInTx(t, ob, st, outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
@@ -594,25 +607,11 @@ func TestOpenOrderedPublishDoesNotBlockMarkDone(t *testing.T) {
 // application's transaction. (SQLite has one writer: a second publisher
 // waits for the database, not for a key row.)
 func TestRolledBackFirstPublisherOfAKeyFailsNoOther(t *testing.T) {
-	for _, c := range []struct {
-		name, db string
-		opts     *sql.TxOptions
-	}{
-		{"mysql", "mysql", nil},
-		{"mysql-read-committed", "mysql", &sql.TxOptions{Isolation: sql.LevelReadCommitted}},
-		{"postgres", "postgres", nil},
-	} {
+	for _, c := range lockCases {
 		t.Run(c.name, func(t *testing.T) {
 			db := testdb.Open(t, c.db)
 			st := testdb.Store(t, db)
-			ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
-				Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
-				t.Fatal(err)
-			}
+			ob := unstartedOrdered(t, st)
 			ctx := context.Background()
 			env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "new", JSON: []byte(`{}`)}
 			first, err := outbox.BeginTx(ctx, db.DB, c.opts)
@@ -702,14 +701,7 @@ func TestPublishingANewKeyNeedsNoSecondConnection(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			db := testdb.Open(t, name)
 			st := testdb.Store(t, db)
-			ob, err := outbox.New(st, outbox.Config{InstanceID: "pub", Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ob.Subscribe(outbox.Subscription{Name: "projection", Order: outbox.Ordered,
-				Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
-				t.Fatal(err)
-			}
+			ob := unstartedOrdered(t, st)
 			db.SetMaxOpenConns(1)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
