@@ -2,10 +2,12 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,13 +43,17 @@ var OrderedKeys = 1000
 type Keyed struct {
 	Keys  int
 	Order outbox.Order
+	// Instances is how many outbox instances (one process, one store
+	// table, InstanceIDs of their own) share the producers, event by
+	// event; 0 or 1: one.
+	Instances int
 	// PollInterval, if set, overrides Config.PollInterval (diagnosis:
 	// whether slow events wait for the poller's sweep).
 	PollInterval time.Duration
 
 	env   *Env
 	store *countingStore
-	ob    *outbox.Outbox
+	obs   []*outbox.Outbox
 	M     Counters
 
 	keyOf []atomic.Int32 // event number → key
@@ -63,6 +69,9 @@ type Keyed struct {
 
 // Name is the row label.
 func (s *Keyed) Name() string {
+	if s.Instances > 1 {
+		return fmt.Sprintf("txoutbox, hot path, %d keys, %s, %d instances (%s)", s.Keys, s.Order, s.Instances, ViaTransact)
+	}
 	return fmt.Sprintf("txoutbox, hot path, %d keys, %s (%s)", s.Keys, s.Order, ViaTransact)
 }
 
@@ -81,25 +90,33 @@ func (s *Keyed) Setup(ctx context.Context, env *Env) error {
 		return err
 	}
 	s.store = &countingStore{Store: st, m: &s.M}
-	cfg := txoutboxConfig(true, &s.M)
-	if s.PollInterval > 0 {
-		cfg.PollInterval, cfg.PollMaxInterval = s.PollInterval, s.PollInterval
+	for i := range max(1, s.Instances) {
+		cfg := txoutboxConfig(true, &s.M)
+		if s.Instances > 1 {
+			cfg.InstanceID = fmt.Sprintf("%s-%d", env.Prefix, i)
+		}
+		if s.PollInterval > 0 {
+			cfg.PollInterval, cfg.PollMaxInterval = s.PollInterval, s.PollInterval
+		}
+		ob, err := outbox.New(s.store, cfg)
+		if err != nil {
+			return err
+		}
+		if err := ob.Subscribe(outbox.Subscription{Name: "bench", Types: []outbox.EventType{OrderPlaced}, Order: s.Order,
+			Handler: func(_ context.Context, ev outbox.Event) error {
+				seq := seqOf(ev.AggregateID)
+				s.check(seq)
+				env.Rec.Delivered(seq)
+				return nil
+			}}); err != nil {
+			return err
+		}
+		s.obs = append(s.obs, ob)
+		if err := ob.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
 	}
-	ob, err := outbox.New(s.store, cfg)
-	if err != nil {
-		return err
-	}
-	if err := ob.Subscribe(outbox.Subscription{Name: "bench", Types: []outbox.EventType{OrderPlaced}, Order: s.Order,
-		Handler: func(_ context.Context, ev outbox.Event) error {
-			seq := seqOf(ev.AggregateID)
-			s.check(seq)
-			env.Rec.Delivered(seq)
-			return nil
-		}}); err != nil {
-		return err
-	}
-	s.ob = ob
-	return ob.Start(context.WithoutCancel(ctx))
+	return nil
 }
 
 // alloc sizes the per-event and per-key state for n events.
@@ -126,7 +143,7 @@ func (s *Keyed) check(seq int64) {
 }
 
 func (s *Keyed) quietPeriod() time.Duration {
-	c := s.ob.Config()
+	c := s.obs[0].Config()
 	return c.PollMaxInterval + c.PollInterval + max(0, c.SkipRecent) + 2*time.Second
 }
 
@@ -137,7 +154,7 @@ func (s *Keyed) Tx(ctx context.Context, seq int64, payload []byte) error {
 	s.pn[k]++
 	s.keyOf[seq].Store(int32(k))
 	s.nOf[seq].Store(s.pn[k])
-	ctx = outbox.NewContext(ctx, s.ob)
+	ctx = outbox.NewContext(ctx, s.obs[seq%int64(len(s.obs))])
 	return txmw.Transact(ctx, s.env.DB, func(ctx context.Context, tx *sqlx.Tx) error {
 		if _, err := tx.ExecContext(ctx, s.q, orderArgs(seq)...); err != nil {
 			return err
@@ -154,9 +171,9 @@ func (s *Keyed) Tx(ctx context.Context, seq int64, payload []byte) error {
 
 func (s *Keyed) Teardown(ctx context.Context) error {
 	var err error
-	if s.ob != nil {
+	for _, ob := range s.obs {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		err = s.ob.Close(cctx)
+		err = errors.Join(err, ob.Close(cctx))
 		cancel()
 	}
 	if s.store != nil {
@@ -171,6 +188,7 @@ func (s *Keyed) Teardown(ctx context.Context) error {
 type OrderedResult struct {
 	CellResult
 	Order      string // "unordered", "ordered"
+	Instances  int    // outbox instances sharing the producers (1: one)
 	Keys       int
 	Violations int64
 	Hot, Cold  int64 // events through the hot queue, and queued by the poller or the sequencer
@@ -181,21 +199,22 @@ type OrderedResult struct {
 // (diagnosis only; the report's rows use the default Config).
 var OrderedPollInterval time.Duration
 
-// RunOrdered runs the keyed workload once with order o.
-func RunOrdered(ctx context.Context, db *sqlx.DB, o outbox.Order, opts CellOptions) (OrderedResult, error) {
-	sys := &Keyed{Keys: OrderedKeys, Order: o, PollInterval: OrderedPollInterval}
+// RunOrdered runs the keyed workload once with order o, on the given
+// number of outbox instances.
+func RunOrdered(ctx context.Context, db *sqlx.DB, o outbox.Order, instances int, opts CellOptions) (OrderedResult, error) {
+	sys := &Keyed{Keys: OrderedKeys, Order: o, Instances: max(1, instances), PollInterval: OrderedPollInterval}
 	opts.Concurrency = OrderedProducers
 	res, err := RunCell(ctx, db, sys, opts)
 	h, _, c := sys.M.Paths()
 	_, _, cl := sys.M.Statements()
-	return OrderedResult{CellResult: res, Order: o.String(), Keys: sys.Keys, Violations: sys.Violations(), Hot: h, Cold: c, Claims: cl}, err
+	return OrderedResult{CellResult: res, Order: o.String(), Instances: sys.Instances, Keys: sys.Keys, Violations: sys.Violations(), Hot: h, Cold: c, Claims: cl}, err
 }
 
-// ordered returns the runs of the given order.
+// ordered returns the runs of the given order on one instance.
 func (r *DBReport) ordered(order string) []CellResult {
 	var cs []CellResult
 	for _, o := range r.Ordered {
-		if o.Order == order {
+		if o.Order == order && o.Instances <= 1 {
 			cs = append(cs, o.CellResult)
 		}
 	}
@@ -206,13 +225,13 @@ func (r *DBReport) ordered(order string) []CellResult {
 func (r *DBReport) orderedRatios() stat {
 	by := map[int]float64{}
 	for _, o := range r.Ordered {
-		if o.Order == outbox.Unordered.String() {
+		if o.Order == outbox.Unordered.String() && o.Instances <= 1 {
 			by[o.Repeat] = o.CommitTPS
 		}
 	}
 	var v []float64
 	for _, o := range r.Ordered {
-		if u := by[o.Repeat]; o.Order == outbox.Ordered.String() && u > 0 {
+		if u := by[o.Repeat]; o.Order == outbox.Ordered.String() && o.Instances <= 1 && u > 0 {
 			v = append(v, o.CommitTPS/u)
 		}
 	}
@@ -229,7 +248,7 @@ func (r *DBReport) OrderedTargets() []Target {
 	var viol, lost int64
 	for _, o := range r.Ordered {
 		if o.Order == outbox.Ordered.String() {
-			viol += o.Violations
+			viol += o.Violations // on any number of instances
 			lost += o.Lost
 		}
 	}
@@ -258,7 +277,7 @@ func (r *Report) WriteOrdered(w io.Writer) {
 	p("")
 	p("Issue 13: an ordered subscription at %d producers over %s keys keeps commit→handler p50 ≤ 0.1 ms and p99 ≤ 1 ms, and ≥ 0.9 of the unordered throughput, in the same run.", OrderedProducers, num(float64(OrderedKeys)))
 	p("")
-	p("Workload: the hot-path producer workload above (txmw.Transact: INSERT order, `outbox.Publish`, COMMIT; default Config), %d producers for %v, each event with `OrderingKey` one of %s keys at random, one subscription. The two rows differ only in `Subscription.Order` (Unordered, Ordered); each repeat runs the unordered row, then the ordered one, on fresh tables. The producers of one key are serialised by a per-key mutex held across the transaction and number the key's events 1, 2, 3… under it; the handler counts an **order violation** when an event's number is below the last one it saw for its key. The same check runs on the unordered row, where nothing promises it. **ordered ÷ unordered** is the commit rate of the ordered row ÷ that of the unordered row of the same repeat. **paths**: events through the hot queue / queued by the poller or the sequencer (the sequencer's claims of a key's next head and the poller's sweeps).",
+	p("Workload: the hot-path producer workload above (txmw.Transact: INSERT order, `outbox.Publish`, COMMIT; default Config), %d producers for %v, each event with `OrderingKey` one of %s keys at random, one subscription. The two rows differ only in `Subscription.Order` (Unordered, Ordered); each repeat runs the unordered row, then the ordered one, on fresh tables. The row **ordered, 2 instances** (when run; no target of its own) is the ordered row on two outbox instances in the process (InstanceIDs of their own, one table), each event published on one of them by the parity of its number: about half of a key's consecutive events change instance, and such an event, published behind one the other instance holds, waits in the table until that instance has delivered its predecessor, recorded it and claimed it (the cross-instance path). The producers of one key are serialised by a per-key mutex held across the transaction and number the key's events 1, 2, 3… under it; the handler counts an **order violation** when an event's number is below the last one it saw for its key. The same check runs on the unordered row, where nothing promises it. **ordered ÷ unordered** is the commit rate of the ordered row ÷ that of the unordered row of the same repeat. **paths**: events through the hot queue / queued by the poller or the sequencer (the sequencer's claims of a key's next head and the poller's sweeps).",
 		OrderedProducers, r.Duration, num(float64(OrderedKeys)))
 	if r.OrderedHeader != "" {
 		p("")
@@ -308,11 +327,11 @@ func (r *Report) WriteOrdered(w io.Writer) {
 			}
 			p("| raw floor: key row ÷ no key row (same run) | **%s** | — | — | — | — | — | — | — | — | — | — |", d.rawFloor().f(ratio))
 		}
-		for _, ord := range []string{outbox.Unordered.String(), outbox.Ordered.String()} {
+		for _, row := range d.orderedRows() {
 			var cs []CellResult
 			var errs, delivered, lost, dups, viol, hot, cold int64
 			for _, o := range d.Ordered {
-				if o.Order == ord {
+				if o.rowName() == row {
 					cs = append(cs, o.CellResult)
 					errs, delivered, lost, dups, viol, hot, cold = errs+o.Errors, delivered+o.Delivered, lost+o.Lost, dups+o.Duplicates, viol+o.Violations, hot+o.Hot, cold+o.Cold
 				}
@@ -320,7 +339,7 @@ func (r *Report) WriteOrdered(w io.Writer) {
 			if len(cs) == 0 {
 				continue
 			}
-			p("| %s | %s | %s | %s | %s | %s | %d | %s | %d | %d | %d | %s / %s |", ord,
+			p("| %s | %s | %s | %s | %s | %s | %d | %s | %d | %d | %d | %s / %s |", row,
 				collect(cs, commitTPS).f(num), collect(cs, deliveredPS).f(num),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatP50) }).f(dur),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatP99) }).f(dur),
@@ -370,10 +389,30 @@ func (r *DBReport) rawFloorPerRepeat() string {
 	return strings.Join(parts, "; ")
 }
 
+// rowName is the label of o's row: its order, and its instances if more
+// than one.
+func (o OrderedResult) rowName() string {
+	if o.Instances > 1 {
+		return fmt.Sprintf("%s, %d instances", o.Order, o.Instances)
+	}
+	return o.Order
+}
+
+// orderedRows returns the labels of the rows, in the order first run.
+func (r *DBReport) orderedRows() []string {
+	var rows []string
+	for _, o := range r.Ordered {
+		if n := o.rowName(); !slices.Contains(rows, n) {
+			rows = append(rows, n)
+		}
+	}
+	return rows
+}
+
 func (r *DBReport) orderedPerRepeat() string {
 	var parts []string
 	for _, o := range r.Ordered {
-		parts = append(parts, fmt.Sprintf("%d. %s %s/s p50 %s p99 %s", o.Repeat+1, o.Order, num(o.CommitTPS), dur(float64(o.LatP50)), dur(float64(o.LatP99))))
+		parts = append(parts, fmt.Sprintf("%d. %s %s/s p50 %s p99 %s", o.Repeat+1, o.rowName(), num(o.CommitTPS), dur(float64(o.LatP50)), dur(float64(o.LatP99))))
 	}
 	return strings.Join(parts, "; ")
 }

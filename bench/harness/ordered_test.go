@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,29 +14,32 @@ import (
 )
 
 // TestOrderedSmoke runs the keyed workload briefly with an Ordered
-// subscription: every committed event arrives, in its key's order.
+// subscription, on one outbox instance and on two sharing the producers:
+// every committed event arrives, in its key's order.
 func TestOrderedSmoke(t *testing.T) {
 	for _, name := range []string{"mysql", "postgres"} {
-		t.Run(name, func(t *testing.T) {
-			db := testdb.Open(t, name)
-			res, err := RunOrdered(context.Background(), db, outbox.Ordered, CellOptions{
-				Duration: time.Second, DrainTimeout: 30 * time.Second, Stall: 10 * time.Second,
-				Prefix: UniquePrefix("osmoke"),
+		for _, instances := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/%d-instances", name, instances), func(t *testing.T) {
+				db := testdb.Open(t, name)
+				res, err := RunOrdered(context.Background(), db, outbox.Ordered, instances, CellOptions{
+					Duration: time.Second, DrainTimeout: 30 * time.Second, Stall: 10 * time.Second,
+					Prefix: UniquePrefix("osmoke"),
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%+v", res)
+				if res.Committed == 0 {
+					t.Fatalf("nothing committed (%s)", res.Note)
+				}
+				if res.Lost != 0 || res.Phantoms != 0 || res.Violations != 0 {
+					t.Errorf("lost %d, phantoms %d, order violations %d", res.Lost, res.Phantoms, res.Violations)
+				}
+				if res.Delivered != res.Committed {
+					t.Errorf("delivered %d of %d", res.Delivered, res.Committed)
+				}
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%+v", res)
-			if res.Committed == 0 {
-				t.Fatalf("nothing committed (%s)", res.Note)
-			}
-			if res.Lost != 0 || res.Phantoms != 0 || res.Violations != 0 {
-				t.Errorf("lost %d, phantoms %d, order violations %d", res.Lost, res.Phantoms, res.Violations)
-			}
-			if res.Delivered != res.Committed {
-				t.Errorf("delivered %d of %d", res.Delivered, res.Committed)
-			}
-		})
+		}
 	}
 }
 

@@ -91,6 +91,7 @@ func main() {
 		orderedOn   = flag.Bool("ordered", true, "run the ordered-subscription rows: 16 producers over 1,000 keys, an Unordered and an Ordered subscription in each repeat, after the raw rows of -ordered-raw (see -only-ordered)")
 		onlyOrdered = flag.Bool("only-ordered", false, "run the ordered-subscription rows only (-db, -repeats, -duration apply) and replace the section \"Ordered subscriptions\" of -out with them (make bench-ordered)")
 		orderedRaw  = flag.Bool("ordered-raw", true, "with the ordered-subscription rows, run their raw SQL limit first in each repeat: the same 16 producers over 1,000 keys in plain SQL, order + minimal outbox row without and with sqlstore's key-row upsert, and report their ratio (the raw floor)")
+		orderedInst = flag.Int("ordered-instances", 2, "with the ordered-subscription rows, also run the Ordered row on this many outbox instances sharing the producers (one process, one table); 0 or 1: skip that row")
 		orderedKeys = flag.Int("ordered-keys", harness.OrderedKeys, "diagnosis: ordering keys of the ordered rows instead of 1,000 (a number far above the events of a run makes nearly every event its key's first)")
 		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
 		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
@@ -189,7 +190,7 @@ func main() {
 	harness.OrderedPollInterval = *orderedPoll
 	harness.OrderedKeys = *orderedKeys
 	if *onlyOrdered {
-		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedRaw, *orderedProf)
+		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedRaw, *orderedInst, *orderedProf)
 		return
 	}
 	rep := &harness.Report{
@@ -215,7 +216,7 @@ func main() {
 	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
 	if *orderedOn {
-		est += orderedEstimate(len(dialects), *repeats, *duration, *orderedRaw)
+		est += orderedEstimate(len(dialects), *repeats, *duration, *orderedRaw, *orderedInst)
 	}
 	logf("estimated time: %v (finishes about %s)", est.Round(time.Minute), time.Now().Add(est).Format("15:04"))
 
@@ -243,7 +244,7 @@ func main() {
 		}
 		runDB(ctx, d, db, dr, chosen, concs, sizes, *repeats, *largeReps, *duration, *systems, *experiments, *cpuprofile, *mutexprof)
 		if *orderedOn {
-			runOrdered(ctx, d, db, dr, *repeats, *duration, *orderedRaw, *orderedProf)
+			runOrdered(ctx, d, db, dr, *repeats, *duration, *orderedRaw, *orderedInst, *orderedProf)
 		}
 		if d == harness.MariaDB && *memN > 0 {
 			memory(ctx, dr, *dsn, *memN)
@@ -332,10 +333,13 @@ func estimate(dbs []*harness.Dialect, repeats, concs, systems int, cell time.Dur
 
 // orderedEstimate is the time of the ordered-subscription rows: two cells
 // per repeat and database, two more with the raw rows.
-func orderedEstimate(dbs, repeats int, cell time.Duration, raw bool) time.Duration {
+func orderedEstimate(dbs, repeats int, cell time.Duration, raw bool, instances int) time.Duration {
 	cells := 2
 	if raw {
 		cells += 2
+	}
+	if instances > 1 {
+		cells++
 	}
 	return time.Duration(dbs*repeats*cells) * (cell + time.Second)
 }
@@ -343,7 +347,7 @@ func orderedEstimate(dbs, repeats int, cell time.Duration, raw bool) time.Durati
 // runOrdered runs the ordered-subscription rows on one database: in each
 // repeat (with raw) the raw cells without and with the key row, then the
 // Unordered subscription, then the Ordered one.
-func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harness.DBReport, repeats int, duration time.Duration, raw bool, profPrefix string) {
+func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harness.DBReport, repeats int, duration time.Duration, raw bool, instances int, profPrefix string) {
 	for r := range repeats {
 		if raw {
 			for _, keyRow := range []bool{false, true} {
@@ -363,12 +367,23 @@ func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harnes
 				dr.OrderedRaw = append(dr.OrderedRaw, res)
 			}
 		}
-		for _, o := range []outbox.Order{outbox.Unordered, outbox.Ordered} {
+		cells := []struct {
+			o outbox.Order
+			n int
+		}{{outbox.Unordered, 1}, {outbox.Ordered, 1}}
+		if instances > 1 {
+			cells = append(cells, struct {
+				o outbox.Order
+				n int
+			}{outbox.Ordered, instances})
+		}
+		for _, c := range cells {
+			o := c.o
 			stop := func() {}
-			if profPrefix != "" && r == 0 {
+			if profPrefix != "" && r == 0 && c.n == 1 {
 				stop = profile(fmt.Sprintf("%s.%s.%s.pprof", profPrefix, strings.ToLower(d.Name), o), "")
 			}
-			res, err := harness.RunOrdered(ctx, db, o, harness.CellOptions{
+			res, err := harness.RunOrdered(ctx, db, o, c.n, harness.CellOptions{
 				Duration:     duration,
 				DrainTimeout: 60 * time.Second,
 				Stall:        5 * time.Second,
@@ -379,8 +394,8 @@ func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harnes
 				fatal("%s: ordered rows, %s: %v", d.Name, o, err)
 			}
 			res.Repeat = r
-			logf("%s rep %d, %2d producers, %d keys, %-9s commit %6.0f tx/s (p50 %v p99 %v), delivered %6.0f/s, e2e p50 %v p99 %v max %v, errors %d, lost %d, dups %d, violations %d, paths hot %d cold %d, %d claims, tail %v, CPU %v/tx %s",
-				d.Name, r+1, res.Concurrency, res.Keys, res.Order, res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
+			logf("%s rep %d, %2d producers, %d keys, %d instance(s), %-9s commit %6.0f tx/s (p50 %v p99 %v), delivered %6.0f/s, e2e p50 %v p99 %v max %v, errors %d, lost %d, dups %d, violations %d, paths hot %d cold %d, %d claims, tail %v, CPU %v/tx %s",
+				d.Name, r+1, res.Concurrency, res.Keys, res.Instances, res.Order, res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
 				res.DeliveredPS, res.LatP50.Round(time.Microsecond), res.LatP99.Round(time.Microsecond), res.LatMax.Round(time.Microsecond),
 				res.Errors, res.Lost, res.Duplicates, res.Violations, res.Hot, res.Cold, res.Claims, res.DrainTail.Round(time.Millisecond),
 				(res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.Note)
@@ -391,9 +406,9 @@ func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harnes
 
 // onlyOrderedRun runs the ordered-subscription rows alone and splices
 // their section into out.
-func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(*harness.Dialect) *sqlx.DB, out string, repeats int, duration time.Duration, raw bool, profPrefix string) {
+func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(*harness.Dialect) *sqlx.DB, out string, repeats int, duration time.Duration, raw bool, instances int, profPrefix string) {
 	rep := &harness.Report{Started: time.Now(), Command: "outboxbench " + strings.Join(os.Args[1:], " "), Duration: duration, Repeats: repeats}
-	est := orderedEstimate(len(dialects), repeats, duration, raw)
+	est := orderedEstimate(len(dialects), repeats, duration, raw, instances)
 	logf("estimated time: %v (finishes about %s)", est.Round(time.Second), time.Now().Add(est).Format("15:04"))
 	loadStart := loadavg()
 	var envs []string
@@ -403,7 +418,7 @@ func onlyOrderedRun(ctx context.Context, dialects []*harness.Dialect, open func(
 		for _, e := range dbEnvironment(ctx, d, db) {
 			envs = append(envs, d.Name+" "+e[0]+": "+e[1])
 		}
-		runOrdered(ctx, d, db, dr, repeats, duration, raw, profPrefix)
+		runOrdered(ctx, d, db, dr, repeats, duration, raw, instances, profPrefix)
 		db.Close()
 	}
 	rep.Finished = time.Now()
