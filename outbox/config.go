@@ -59,7 +59,8 @@ type Config struct {
 	// to 5s.
 	PollInterval time.Duration
 	// PollMaxInterval caps the poller's back-off: each poll that finds
-	// nothing doubles the wait up to this. Defaults to 15s, or to
+	// nothing doubles the wait up to this, less up to a quarter at random
+	// so that instances do not poll in step. Defaults to 15s, or to
 	// PollInterval if that is longer.
 	PollMaxInterval time.Duration
 	// PollBatchSize is the most events claimed per poll. Defaults to 200.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -27,6 +28,9 @@ type poller struct {
 	// overflowUntil: until then, claims ignore SkipRecent (set when
 	// dropped events were released; owned by run's goroutine).
 	overflowUntil time.Time
+	// jitter returns a random duration in [0, d]; the tests of exact
+	// timing replace it before Start.
+	jitter func(d time.Duration) time.Duration
 	runner
 }
 
@@ -36,7 +40,28 @@ func newPoller(d *deps) *poller {
 		nudge:    make(chan struct{}, 1),
 		retryDue: make(chan time.Time, 1024),
 		dropped:  make(chan string, max(10*d.cfg.HotQueueSize, 10000)),
+		jitter:   randomUpTo,
 	}
+}
+
+func randomUpTo(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
+// backoff returns the wait after an idle or failed poll that waited
+// wait: twice that, within [PollInterval, PollMaxInterval], less up to a
+// quarter at random. Without the jitter, instances that idle on the same
+// cadence stay in step for good, and one of them can come first, every
+// time, to a row that is handed back on that cadence: an instance with no
+// subscription for an event's type (it hands the event back for
+// NoListenerDelay) could keep it from the one that has, for as long as
+// both run.
+func (p *poller) backoff(wait time.Duration) time.Duration {
+	w := min(max(p.cfg.PollInterval, 2*wait), p.cfg.PollMaxInterval)
+	return w - p.jitter(w/4)
 }
 
 // retryWakeMargin is added to a retry's due time before the poller wakes
@@ -95,7 +120,7 @@ const (
 
 // run runs the poller until ctx is done: once at start (to pick up
 // what a previous run left), then every PollInterval, doubling the wait up
-// to PollMaxInterval while it finds nothing. A full batch is followed by
+// to PollMaxInterval while it finds nothing (less a random part: backoff). A full batch is followed by
 // another poll as soon as the cold queue has room; a hot-queue overflow
 // wakes it early; and it wakes when a retry this instance scheduled falls
 // due, so that retries follow Config.Retry instead of the poll interval.
@@ -174,7 +199,7 @@ func (p *poller) run(ctx context.Context) {
 				return
 			}
 			p.log.Error("poll for due events", slog.Any("error", err))
-			wait = max(p.cfg.PollInterval, min(2*wait, p.cfg.PollMaxInterval))
+			wait = p.backoff(wait)
 		case n > 0 && n == limit:
 			wait = 0 // more is probably due
 		case n > 0:
@@ -184,7 +209,7 @@ func (p *poller) run(ctx context.Context) {
 			// SkipRecent: come back for them as soon as they are due.
 			wait = min(max(p.cfg.SkipRecent, time.Millisecond), p.cfg.PollInterval)
 		default:
-			wait = min(max(p.cfg.PollInterval, 2*wait), p.cfg.PollMaxInterval)
+			wait = p.backoff(wait)
 		}
 		timer.Reset(wait)
 	}

@@ -61,7 +61,8 @@ func (s *clockStore) times() []time.Duration {
 	return slices.Clone(s.claims)
 }
 
-// An idle poller doubles its wait up to PollMaxInterval; a hot-queue
+// An idle poller doubles its wait up to PollMaxInterval (here without
+// its jitter; TestIdlePollersDoNotStayInStep has it); a hot-queue
 // overflow wakes it at once and resets the back-off.
 func TestPollerIdleBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -73,6 +74,7 @@ func TestPollerIdleBackoff(t *testing.T) {
 		t.Cleanup(func() { ob.Close(context.Background()) })
 		release := make(chan struct{})
 		ob.Handle("all", func(context.Context, Event) error { <-release; return nil })
+		ob.poller.jitter = func(time.Duration) time.Duration { return 0 } // exact times below
 		ob.Start(context.Background())
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
