@@ -120,10 +120,11 @@ const (
 
 // run runs the poller until ctx is done: once at start (to pick up
 // what a previous run left), then every PollInterval, doubling the wait up
-// to PollMaxInterval while it finds nothing (less a random part: backoff). A full batch is followed by
-// another poll as soon as the cold queue has room; a hot-queue overflow
-// wakes it early; and it wakes when a retry this instance scheduled falls
-// due, so that retries follow Config.Retry instead of the poll interval.
+// to PollMaxInterval while it finds nothing (less a random part: see
+// backoff). A full batch is followed by another poll as soon as the cold
+// queue has room; a hot-queue overflow wakes it early; and it wakes when a
+// retry this instance scheduled falls due, so that retries follow
+// Config.Retry instead of the poll interval.
 func (p *poller) run(ctx context.Context) {
 	wait := time.Duration(0)
 	timer := time.NewTimer(0)

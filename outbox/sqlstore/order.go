@@ -414,11 +414,11 @@ const createKeyWait = 250 * time.Millisecond
 // each other's insert of the row, and one fails with a deadlock (1213;
 // TestRolledBackFirstPublisherOfAKeyFailsNoOther). A deadlock of this
 // statement (the same case, should a row inserted the old way go) is only
-// this statement's: it is retried. Nothing else can go wrong by skipping
-// it: when the pool has no connection to spare (every one may be held by
-// a publishing transaction: waiting for one could wait forever) or the
-// statement does not end within createKeyWait, the transaction inserts the
-// row as before.
+// this statement's: it is retried. When the pool has no connection to
+// spare (every one may be held by a publishing transaction: waiting for
+// one could wait forever) or the statement does not end within
+// createKeyWait, it is skipped and the transaction inserts the row itself,
+// with the risk above.
 func (s *Store) createKey(ctx context.Context, key string) {
 	if s.known.has(key) {
 		return
