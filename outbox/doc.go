@@ -72,7 +72,8 @@
 // An instance never completes an event for a subscription it does not
 // run: an event of a type no subscription here takes is written free for
 // any instance and, when it claims one anyway, handed back untouched for
-// [Config.NoListenerDelay] (a rolling deploy); a subscription that only
+// [Config.NoListenerDelay] (a rolling deploy); an instance with no
+// subscription at all claims nothing; a subscription that only
 // other instances run gets a delivery of its own when this instance splits
 // the event.
 //

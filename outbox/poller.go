@@ -231,6 +231,12 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	if limit <= 0 {
 		return 0, 0, nil
 	}
+	if len(p.reg.load().local) == 0 {
+		// An instance with no subscription (one that only publishes)
+		// leaves the claims to those that deliver: it could only hand
+		// what it claimed back, for NoListenerDelay, and so delay it.
+		return 0, limit, nil
+	}
 	// A claim that has started runs to its end even if Close cancels ctx:
 	// a COMMIT cancelled on the way may still have succeeded on the
 	// server, and rows leased to this instance but in none of its queues

@@ -121,12 +121,15 @@ func testNeverCompletesWithoutListener(t *testing.T, e *env) {
 	}
 
 	// A type no instance takes yet: the event waits for the instance that
-	// brings the subscription instead of being completed without one.
+	// brings the subscription instead of being completed without one. The
+	// instance here has a subscription, of another type (one with none
+	// claims nothing).
 	cfg := fastConfig()
 	cfg.NoListenerDelay = 20 * time.Millisecond
 	m := &counting{}
 	cfg.Metrics = m
 	late := e.outbox(t, cfg)
+	late.Handle("other", func(context.Context, outbox.Event) error { return nil }, "Other")
 	start(t, late)
 	id := e.publish(t, late, outbox.Envelope{Type: "Late", JSON: []byte(payload)})
 	for m.noListener.Load() == 0 { // the poller has seen it and handed it back
@@ -147,6 +150,39 @@ func testNeverCompletesWithoutListener(t *testing.T, e *env) {
 	start(t, next)
 	if ev := recv(t, got, "the late listener's event"); ev.ID != id || ev.Attempt != 1 {
 		t.Fatalf("late listener got %s attempt %d; want %s attempt 1", ev.ID, ev.Attempt, id)
+	}
+}
+
+// An instance with no subscription (one that only publishes) claims
+// nothing: what it claimed it could only hand back, for NoListenerDelay,
+// delaying the instance that delivers it. Its polls leave the event free;
+// a worker started later takes it at its first poll.
+func testPublishOnlyInstanceClaimsNothing(t *testing.T, e *env) {
+	cfg := fastConfig()
+	cfg.NoListenerDelay = time.Hour // a hand-back would keep it from the worker
+	m := &counting{}
+	cfg.Metrics = m
+	api := e.outbox(t, cfg)
+	start(t, api)
+	id := e.publish(t, api, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
+	for range 3 {
+		n, err := api.Poll(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("the publish-only instance's poll queued %d events", n)
+		}
+	}
+	if n := m.noListener.Load(); n != 0 {
+		t.Fatalf("the publish-only instance claimed and handed back %d events", n)
+	}
+	got := make(chan string, 1)
+	worker := e.outbox(t, fastConfig())
+	worker.Handle("worker", func(_ context.Context, ev outbox.Event) error { got <- ev.ID; return nil }, typeA)
+	start(t, worker)
+	if d := recv(t, got, "the worker's event"); d != id {
+		t.Fatalf("worker got %s; want %s", d, id)
 	}
 }
 

@@ -90,6 +90,7 @@ func Run(t *testing.T, h Harness) {
 		{"RetentionCleanup", testRetention},
 		{"PublishAll", testPublishAll},
 		{"NeverCompletesWithoutListener", testNeverCompletesWithoutListener},
+		{"PublishOnlyInstanceClaimsNothing", testPublishOnlyInstanceClaimsNothing},
 		{"CloseDuringClaimStrandsNothing", testCloseDuringClaim},
 		{"CommitAfterCloseIsHandedBack", testCommitAfterClose},
 		{"UnstorableErrorTextStillCounts", testUnstorableErrorText},
