@@ -323,26 +323,33 @@ func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []driver.Row, ow
 func (o *Outbox) enqueueHot(env Envelope, written time.Time) {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
-	if o.closed {
-		o.disp.handBackLate(env.ID)
-		return
+	if o.admit(env.ID) {
+		o.disp.enqueueHot(env, written)
 	}
-	if !o.started && o.warnedUnstarted.CompareAndSwap(false, true) {
-		o.log.Warn("events are published but the outbox is not started: they wait in memory until Start (call ob.Start(ctx) at startup)",
-			slog.String("event_id", env.ID))
-	}
-	o.disp.enqueueHot(env, written)
 }
 
 // enqueueOrdered is enqueueHot for an ordered event leased here.
 func (o *Outbox) enqueueOrdered(p leasedOrdered, written time.Time) {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
-	if o.closed {
-		o.disp.handBackLate(p.env.ID)
-		return
+	if o.admit(p.env.ID) {
+		o.disp.enqueueOrdered(p.env, p.head, written)
 	}
-	o.disp.enqueueOrdered(p.env, p.head, written)
+}
+
+// admit reports whether the dispatcher takes event id, committed and
+// leased here; o.mu is read-locked by the caller. Once the outbox is
+// closed it hands the event back instead; before Start it warns, once.
+func (o *Outbox) admit(id string) bool {
+	if o.closed {
+		o.disp.handBackLate(id)
+		return false
+	}
+	if !o.started && o.warnedUnstarted.CompareAndSwap(false, true) {
+		o.log.Warn("events are published but the outbox is not started: they wait in memory until Start (call ob.Start(ctx) at startup)",
+			slog.String("event_id", id))
+	}
+	return true
 }
 
 // --- default outbox ---
