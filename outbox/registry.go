@@ -187,8 +187,17 @@ func eventTypes(ts []string) []EventType {
 }
 
 // sync registers this instance's subscriptions and learns the
-// others' and which are paused.
+// others' and which are paused. Syncs run one at a time, each reading and
+// applying before the next reads: otherwise the periodic refresh, having
+// read before a Pause committed, could apply its older states after the
+// Pause's own sync and undo it here until the next refresh.
 func (g *registrar) sync(ctx context.Context) error {
+	select {
+	case g.syncing <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-g.syncing }()
 	cur := g.load()
 	infos := make([]driver.SubscriptionInfo, len(cur.local))
 	for i, s := range cur.local {
@@ -288,8 +297,9 @@ func (g *registrar) noListener(id string, t EventType) {
 // snapshot (load) without locking.
 type registrar struct {
 	*deps
-	mu  sync.Mutex // serialises changes of cur
-	cur atomic.Pointer[registry]
+	mu      sync.Mutex // serialises changes of cur
+	cur     atomic.Pointer[registry]
+	syncing chan struct{} // held (one slot) for a whole sync: read, then apply
 
 	noListenerMu  sync.Mutex
 	noListenerLog map[EventType]time.Time // last warning per type
@@ -297,7 +307,7 @@ type registrar struct {
 }
 
 func newRegistrar(d *deps) *registrar {
-	g := &registrar{deps: d, noListenerLog: map[EventType]time.Time{}}
+	g := &registrar{deps: d, noListenerLog: map[EventType]time.Time{}, syncing: make(chan struct{}, 1)}
 	reg := &registry{byName: map[string]*subscription{}}
 	reg.index()
 	g.cur.Store(reg)
