@@ -737,7 +737,7 @@ func TestBlockedKeysAndSkip(t *testing.T) {
 		Next string
 	}
 	f.getJSON("/admin/api/blocked", &v)
-	if len(v.Keys) != 1 || v.Keys[0].Key != "order:42" || v.Keys[0].EventID != dead || v.Keys[0].Type != "bad" || v.Keys[0].Waiting != 1 || v.Next != "" {
+	if len(v.Keys) != 1 || v.Keys[0].Key != "order:42" || v.Keys[0].Subscription != "ledger" || v.Keys[0].EventID != dead || v.Keys[0].Type != "bad" || v.Keys[0].Waiting != 1 || v.Next != "" {
 		t.Fatalf("blocked keys: %+v", v)
 	}
 	f.getJSON("/admin/api/blocked?limit=1", &v)

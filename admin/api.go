@@ -472,10 +472,14 @@ func (h *handler) apiEvent(w http.ResponseWriter, r *http.Request) {
 // shows it (outbox.BlockedKey).
 type BlockedKey struct {
 	Key string `json:"key"`
+	// Subscription is the subscription the key is blocked for (its later
+	// events still reach the others); "" when the event is dead as a
+	// whole, which blocks every Ordered subscription.
+	Subscription string `json:"subscription"`
 	// EventID and Type are the dead event's: replay or skip it.
 	EventID string `json:"event_id"`
 	Type    string `json:"type"`
-	// Waiting counts the key's later events held back.
+	// Waiting counts the key's later events held back for Subscription.
 	Waiting int64     `json:"waiting"`
 	Since   time.Time `json:"since"`
 }
@@ -502,7 +506,7 @@ func (h *handler) blocked(r *http.Request, after string, limit int) ([]BlockedKe
 	}
 	v := []BlockedKey{}
 	for _, k := range ks {
-		v = append(v, BlockedKey{Key: k.Key, EventID: k.EventID, Type: k.Type, Waiting: k.Waiting, Since: k.Since})
+		v = append(v, BlockedKey{Key: k.Key, Subscription: k.Subscription, EventID: k.EventID, Type: k.Type, Waiting: k.Waiting, Since: k.Since})
 	}
 	next := ""
 	if len(ks) >= limit {

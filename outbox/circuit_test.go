@@ -53,8 +53,8 @@ type countingStore struct {
 	splits              int
 }
 
-func (s *countingStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
-	ds, err := s.Store.ClaimDeliveries(ctx, req, subs)
+func (s *countingStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
+	ds, err := s.Store.ClaimDeliveries(ctx, req, subs, f)
 	s.mu.Lock()
 	s.claimed += len(ds)
 	s.mu.Unlock()

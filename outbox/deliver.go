@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,6 +20,9 @@ type item struct {
 	attempts int       // failed attempts before this one
 	since    time.Time // commit (hot) or insert (cold) time
 	sub      *subscription
+	// behind are the ordered subscriptions that owe an earlier event of
+	// its key (driver.Row.Behind): deferred, not delivered.
+	behind []string
 	// handedOn: delivered, and the next event of its key, which waited
 	// here behind it, is on its way (keyTable).
 	handedOn bool
@@ -75,6 +79,7 @@ type result struct {
 	sub      string
 	kind     resultKind
 	recorded bool // done, and recorded already (a Tx subscription)
+	behind   bool // deferred behind an earlier event of its key: no wake-up
 	delay    time.Duration
 	attempts int
 	err      string
@@ -117,6 +122,12 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 	it.pending = 1 // this call's own share, settled at the end
 	it.results = make([]result, 0, len(targets)+len(owed))
 	for _, s := range targets {
+		if slices.Contains(it.behind, s.Name) {
+			// Its turn comes when it delivered the earlier events of the
+			// key: a NEW delivery, claimed then (ClaimDeliveries).
+			it.add(result{sub: s.Name, kind: resDefer, attempts: it.attempts, behind: true})
+			continue
+		}
 		if reg.paused[s.Name] {
 			d.m.Delivered(s.Name, OutcomeDeferred, 0)
 			it.add(result{sub: s.Name, kind: resDefer, attempts: it.attempts})
@@ -295,7 +306,7 @@ func (d *dispatcher) recordFailures(it *item) {
 				d.log.Debug("destination unavailable; delivery deferred without an attempt", append(attrs, slog.Duration("retry_in", r.delay), slog.String("error", r.err))...)
 			}
 		}
-		if w.Status != driver.StatusDead && (wake < 0 || r.delay < wake) {
+		if w.Status != driver.StatusDead && !r.behind && (wake < 0 || r.delay < wake) {
 			wake = r.delay
 		}
 		writes = append(writes, w)

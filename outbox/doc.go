@@ -104,10 +104,12 @@
 //     transaction, on a spare connection of the pool: a new key's row
 //     that a rolled-back transaction inserted would leave the key's
 //     waiting publishers deadlocked.
-//   - One event of a key at a time. Only a key's head (its earliest
-//     event not yet delivered to every ordered subscription it owes) is
-//     ever leased, so two instances never deliver two events of one key at
-//     once. An event whose key's previous event is delivered is leased to
+//   - One event of a key at a time. An event of a key is leased only once
+//     every event before it is delivered, dead, or handed to its
+//     subscriptions one by one; a subscription's delivery of it only once
+//     that subscription delivered the events before it and no other event
+//     of the key is in flight to it. So two instances never deliver two
+//     events of one key to one subscription at once. An event whose key's previous event is delivered is leased to
 //     the publishing instance and delivered on the hot path as usual (the
 //     publishing transaction learns it from the key's row, where the
 //     engine records delivered events right after their DONE write: it
@@ -118,12 +120,17 @@
 //     write), and back to the table if its predecessor fails. One that is
 //     behind an event held elsewhere waits in the table and is claimed by
 //     the instance that finishes the event before it (or by a poll).
-//   - Head-of-line per key only. A failed event holds back the later
-//     events of its key, and no other key: they wait, attempts unchanged,
-//     until it is delivered. With [Ordered] a dead event blocks its key
-//     until an operator replays it ([Outbox.Replay]) or skips it
+//   - Head-of-line per key and subscription. A failed event holds back
+//     the later events of its key for the subscription it failed for, and
+//     nothing else: other keys flow, and the key's later events reach the
+//     other subscriptions at once. For the one that failed they wait,
+//     attempts unchanged, until it delivered the failed event. With
+//     [Ordered] a dead event blocks its key for that subscription until an
+//     operator replays it ([Outbox.Replay]) or skips it
 //     ([Outbox.SkipDead]); [Outbox.BlockedKeys] lists blocked keys. With
-//     [OrderedSkipDead] the key goes on past a dead event.
+//     [OrderedSkipDead] the key goes on past a dead event. While a
+//     subscription is behind on a key, the key's new events go out from
+//     the table, not on the hot path.
 //
 // What is not ordered: events of different keys; events without a key;
 // events published by an instance that did not know of the ordered
@@ -134,11 +141,8 @@
 // crash or an expired lease (delivery stays at least once: an event may
 // come again, with its id, after later ones, and a crash may repeat
 // several events of a key, in order); and under OrderedSkipDead,
-// a dead event replayed after the key went on. A key is held per event,
-// not per subscription: when two ordered subscriptions take the same
-// events, a failure of one holds the key for both; and an unordered
-// subscription of an ordered event gets it when the event's turn comes
-// (its own failures never hold the key).
+// a dead event replayed after the key went on (it comes after the events
+// that went on without it, never while one of them is in the handler).
 // The guarantee needs a store that implements [driver.OrderedStore]
 // (sqlstore on all three databases).
 //

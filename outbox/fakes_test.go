@@ -19,7 +19,7 @@ func (nopDeliveries) SetPaused(context.Context, string, bool) (bool, error) { re
 func (nopDeliveries) Split(context.Context, string, string, []driver.DeliveryWrite) (bool, error) {
 	return true, nil
 }
-func (nopDeliveries) ClaimDeliveries(context.Context, driver.ClaimRequest, []string) ([]driver.Delivery, error) {
+func (nopDeliveries) ClaimDeliveries(context.Context, driver.ClaimRequest, []string, driver.OrderFilter) ([]driver.Delivery, error) {
 	return nil, nil
 }
 func (nopDeliveries) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryKey) (int, error) {

@@ -24,9 +24,10 @@ import (
 // (or, with OrderedSkipDead, went dead). An event published while the one
 // before it is in this instance's hands waits in memory behind it and goes
 // out once it was delivered to every subscription here, before its DONE
-// is written. A failing event holds back the
-// later events of its key and no other key: they wait in the table, and
-// the rest flows.
+// is written. Head-of-line is per key and subscription: a failing event
+// holds back the later events of its key for the subscription it failed
+// for, and nothing else. They wait in the table for that subscription
+// while the other keys, and the other subscriptions of this key, flow.
 //
 // What is not ordered: events of different keys (delivered concurrently,
 // in any order); events with no key (no OrderingKey and no AggregateID);
@@ -38,9 +39,9 @@ import (
 // later ones were delivered, with its original id; a crash may repeat
 // several events of a key, in order). Replaying dead events
 // delivers them in their original order, but after the events that went
-// on without them under OrderedSkipDead (where a replayed dead delivery
-// may even be delivered while a later event of its key is). Changing a subscription from
-// OrderedSkipDead to Ordered makes its old dead events block their keys.
+// on without them under OrderedSkipDead (never while one of those is in
+// the handler). Changing a subscription from OrderedSkipDead to Ordered
+// makes its old dead events block their keys.
 type Order int8
 
 const (
@@ -48,8 +49,9 @@ const (
 	// key at once. The default.
 	Unordered Order = iota
 	// Ordered delivers the events of one key in order; a dead event blocks
-	// its key (its later events wait) until an operator replays it (Outbox.Replay) or
-	// skips it (Outbox.SkipDead). BlockedKeys lists blocked keys.
+	// its key for the subscription (its later events wait for it) until an
+	// operator replays it (Outbox.Replay) or skips it (Outbox.SkipDead).
+	// BlockedKeys lists blocked keys.
 	Ordered
 	// OrderedSkipDead delivers the events of one key in order; a dead
 	// event is passed over and the key goes on.
@@ -114,6 +116,25 @@ func (r *registry) indexOrder() {
 	}
 	slices.Sort(r.filter.Block)
 	slices.Sort(r.filter.Skip)
+	r.filter.Wanted = r.wanted
+}
+
+// wanted reports whether a subscription that takes type t, here or on
+// another instance, is not among behind: only then is an event of t
+// worth claiming while those subscriptions owe earlier events of its key
+// (driver.OrderFilter.Wanted).
+func (r *registry) wanted(t string, behind []string) bool {
+	for _, s := range r.match(EventType(t)) {
+		if !slices.Contains(behind, s.Name) {
+			return true
+		}
+	}
+	for _, name := range r.owedElsewhere(EventType(t)) {
+		if !slices.Contains(behind, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // orderFilter returns the names of the ordered subscriptions, here and on
@@ -178,8 +199,15 @@ func (s *sequencer) send(n named) {
 // next names the key of an ordered item whose outcome was just recorded:
 // its key's next event may be due.
 func (s *sequencer) next(it *item) {
-	if it.env.ordered {
-		s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}})
+	if !it.env.ordered {
+		return
+	}
+	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}})
+	if it.sub != nil && it.sub.Order != Unordered && s.disp.poller != nil {
+		// The subscription's delivery of the key's next event may have
+		// waited for this one (ClaimDeliveries): poll now, not after the
+		// idle back-off.
+		s.disp.poller.wake()
 	}
 }
 
@@ -302,9 +330,10 @@ func errNoOrderedStore(store driver.Store) error {
 
 // --- operations ---
 
-// BlockedKeys is an ordering key whose earliest pending event is dead for
-// an Ordered subscription: the key's later events wait until the event is
-// replayed or skipped.
+// BlockedKey is an ordering key whose earliest event pending for an
+// Ordered subscription is dead for it: the key's later events wait for
+// that subscription (BlockedKey.Subscription) until the event is replayed
+// or skipped.
 type BlockedKey = driver.BlockedKey
 
 // BlockedKeys returns up to limit (0: 100) blocked keys greater than

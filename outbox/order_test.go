@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -367,16 +366,10 @@ func TestOrderedManyKeysOneAtATimeInOrder(t *testing.T) {
 	})
 }
 
-// Known issue (run with TXOUTBOX_KNOWN_ISSUES=1): under OrderedSkipDead,
-// replaying a dead delivery while a later event of its key is in the
-// handler puts the replayed delivery back in the deliveries' claim, which
-// knows nothing of keys: two events of one key in the handler at the same
-// time. (A whole event replayed waits: ClaimHeads leases nothing of a key
-// another event of which is leased.)
+// Under OrderedSkipDead, a dead delivery replayed while a later event of
+// its key is in the handler waits for it: ClaimDeliveries takes nothing
+// of a key while another event of it is in flight to the subscription.
 func TestOrderedSkipDeadReplayWhileLaterInFlight(t *testing.T) {
-	if os.Getenv("TXOUTBOX_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (set TXOUTBOX_KNOWN_ISSUES=1 to run): under OrderedSkipDead a replayed dead delivery is delivered while a later event of its key is in the handler")
-	}
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		st := outboxtest.NewStore()
@@ -498,4 +491,77 @@ func TestOrderedEventsWaitHereBehindTheirHead(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Head-of-line is per key and subscription: an event that fails for one
+// ordered subscription holds back the later events of its key for that
+// subscription only. Another ordered subscription and an unordered one
+// receive them at once; the failing one receives them after its retry,
+// in order. With several events of the key held for it, one poll at a
+// time hands the next over as soon as the one before is delivered.
+func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := outboxtest.NewStore()
+		ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: time.Second, PollMaxInterval: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a1 string
+		proj, audit, plain := newOrderLog(t), newOrderLog(t), newOrderLog(t)
+		proj.fail = func(ev outbox.Event, n int) error {
+			if ev.ID == a1 && n == 1 {
+				return errors.New("projection store down")
+			}
+			return nil
+		}
+		retry := outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })
+		for _, s := range []outbox.Subscription{
+			{Name: "proj", Order: outbox.Ordered, Handler: proj.handle, Retry: retry},
+			{Name: "audit", Order: outbox.Ordered, Handler: audit.handle, Retry: retry},
+			{Name: "plain", Handler: plain.handle, Retry: retry},
+		} {
+			if err := ob.Subscribe(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx := context.Background()
+		if err := ob.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := ob.Close(context.Background()); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		a1 = outbox.NewID()
+		tx := st.Begin(ctx)
+		if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{ID: a1, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		as := []string{a1}
+		settle(time.Millisecond) // A1 failed for proj: split
+		for i := range 3 {
+			as = append(as, publishKey(t, ob, st, "A", i))
+		}
+		settle(5 * time.Second) // half proj's retry delay
+		wantOrder(t, "audit, while A1 waits for proj's retry,", audit.delivered("Order:A"), as...)
+		if got := plain.delivered("Order:A"); len(got) != len(as) {
+			t.Fatalf("plain, while A1 waits for proj's retry, delivered %v; want all of %v", got, as)
+		}
+		wantOrder(t, "proj, while A1 waits for its retry,", proj.delivered("Order:A"))
+		for _, id := range as[1:] {
+			if n := proj.calls(id); n != 0 {
+				t.Fatalf("proj was handed %s, behind its failed A1, %d times", id, n)
+			}
+		}
+		settle(10 * time.Second)
+		wantOrder(t, "proj, after A1's retry,", proj.delivered("Order:A"), as...)
+		wantOrder(t, "audit, in the end,", audit.delivered("Order:A"), as...)
+		if n := proj.calls(a1); n != 2 {
+			t.Fatalf("proj tried A1 %d times; want twice", n)
+		}
+	})
 }

@@ -283,7 +283,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 				Limit:      limit,
 				Lease:      p.cfg.Lease,
 				SkipRecent: -1,
-			}, names)
+			}, names, reg.orderFilter())
 			p.m.Statement("claim_deliveries", len(got), time.Since(start))
 			if err != nil {
 				p.log.Error("claim deliveries", slog.Any("error", err))
@@ -352,7 +352,7 @@ func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row
 			unhandled = append(unhandled, r.ID)
 			continue
 		}
-		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now)}) {
+		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind}) {
 		case offerQueued:
 			queued++
 		case offerFull:

@@ -56,7 +56,7 @@ func (s *dueStore) FailDelivery(_ context.Context, _ string, k driver.DeliveryKe
 	return s.Split(context.Background(), "", k.EventID, []driver.DeliveryWrite{w})
 }
 
-func (s *dueStore) ClaimDeliveries(_ context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
+func (s *dueStore) ClaimDeliveries(_ context.Context, req driver.ClaimRequest, subs []string, _ driver.OrderFilter) ([]driver.Delivery, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []driver.Delivery

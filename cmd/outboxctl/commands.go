@@ -946,12 +946,13 @@ func orderFilter(fs *flag.FlagSet) func() (driver.OrderFilter, error) {
 }
 
 type blockedJSON struct {
-	Key        string  `json:"key"`
-	EventID    string  `json:"event_id"`
-	Type       string  `json:"type"`
-	Waiting    int64   `json:"waiting"`
-	Since      string  `json:"since"`
-	AgeSeconds float64 `json:"age_seconds"`
+	Key          string  `json:"key"`
+	Subscription string  `json:"subscription"` // "": dead as a whole, every Ordered one
+	EventID      string  `json:"event_id"`
+	Type         string  `json:"type"`
+	Waiting      int64   `json:"waiting"`
+	Since        string  `json:"since"`
+	AgeSeconds   float64 `json:"age_seconds"`
 }
 
 func (c *cli) blockedKeys(args []string) error {
@@ -974,7 +975,7 @@ func (c *cli) blockedKeys(args []string) error {
 		now := time.Now()
 		out := make([]blockedJSON, len(ks))
 		for i, k := range ks {
-			out[i] = blockedJSON{Key: k.Key, EventID: k.EventID, Type: k.Type, Waiting: k.Waiting,
+			out[i] = blockedJSON{Key: k.Key, Subscription: k.Subscription, EventID: k.EventID, Type: k.Type, Waiting: k.Waiting,
 				Since: k.Since.UTC().Format(time.RFC3339), AgeSeconds: seconds(now.Sub(k.Since))}
 		}
 		v := map[string]any{"blocked": out}
@@ -982,9 +983,13 @@ func (c *cli) blockedKeys(args []string) error {
 			v["next"] = ks[len(ks)-1].Key
 		}
 		return c.out(v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "KEY\tDEAD EVENT\tTYPE\tWAITING\tSINCE")
+			fmt.Fprintln(w, "KEY\tSUBSCRIPTION\tDEAD EVENT\tTYPE\tWAITING\tSINCE")
 			for _, k := range ks {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", k.Key, k.EventID, k.Type, k.Waiting, k.Since.UTC().Format(time.RFC3339))
+				sub := k.Subscription
+				if sub == "" {
+					sub = "(all ordered)"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", k.Key, sub, k.EventID, k.Type, k.Waiting, k.Since.UTC().Format(time.RFC3339))
 			}
 			if len(ks) >= *limit {
 				fmt.Fprintf(w, "… more: -after %s\n", ks[len(ks)-1].Key)

@@ -94,8 +94,13 @@ type DeliveryStore interface {
 
 	// ClaimDeliveries is Claim for the deliveries of the given
 	// subscriptions that are NEW or RETRY and due: it leases them to
-	// req.Owner and returns them with their events' rows.
-	ClaimDeliveries(ctx context.Context, req ClaimRequest, subs []string) ([]Delivery, error)
+	// req.Owner and returns them with their events' rows. A delivery to a
+	// subscription f orders (OrderedStore), of an event numbered in its
+	// key, is claimed only once no earlier event of the key is pending for
+	// that subscription (OrderFilter), and while no other event of the key
+	// is in flight to it (leased as a whole, or its delivery to the
+	// subscription leased): one at a time, in order.
+	ClaimDeliveries(ctx context.Context, req ClaimRequest, subs []string, f OrderFilter) ([]Delivery, error)
 
 	// CompleteDeliveries marks the deliveries owner holds among keys DONE,
 	// and each of their events DONE once none of its deliveries is left

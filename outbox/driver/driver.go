@@ -93,6 +93,13 @@ type Row struct {
 	// PrevOwner is the owner whose lease had expired when Claim took the
 	// row, or "" if the row was free or already this owner's.
 	PrevOwner string
+	// Behind is set by OrderedStore.ClaimHeads: the ordered subscriptions
+	// that still owe an earlier event of the row's key (one pending or,
+	// for a blocking subscription, dead for them). The engine must not
+	// deliver the row to them now: it records a NEW delivery for each
+	// (DeliveryStore.Split), which ClaimDeliveries leases once they
+	// delivered the events before it. Nil for the others.
+	Behind []string
 	// ReadError is set by Claim (and Inspect) when some of the row's
 	// stored columns cannot be read: a zero or infinite date, text in a
 	// time column, a flag that is neither 0 nor 1. It names each column and

@@ -2,15 +2,22 @@ package driver
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
 // OrderFilter names the ordered subscriptions, which decide when an event
 // of a key is still pending and so holds back the key's later events.
 //
-// An event is pending for ordering while it is NEW or RETRY as a whole;
-// DEAD as a whole while Block is not empty; or split with a delivery of
-// one of Block that is not DONE, or of one of Skip that is NEW or RETRY.
+// Head-of-line is per key and subscription. An event is pending for an
+// ordered subscription S while it is NEW or RETRY as a whole; DEAD as a
+// whole if S is in Block; or split with a delivery to S that is NEW or
+// RETRY, or DEAD if S is in Block. An event is pending (for ordering)
+// while it is pending for any of them: until then its key's done_seq does
+// not pass it, and no later event of the key goes out on the hot path.
+// The later events still go to every subscription that owes nothing
+// earlier (ClaimHeads, Row.Behind), and to S as soon as S delivered the
+// earlier ones (ClaimDeliveries).
 type OrderFilter struct {
 	// Block are the ordered subscriptions whose dead deliveries hold their
 	// key until they are replayed or skipped.
@@ -18,10 +25,32 @@ type OrderFilter struct {
 	// Skip are the ordered subscriptions whose dead deliveries hold
 	// nothing back.
 	Skip []string
+	// Wanted, if set, tells ClaimHeads whether a head of event type t is
+	// worth leasing while the subscriptions behind (Row.Behind, not empty
+	// when it is asked) owe earlier events of its key: whether some other
+	// subscription takes t. A head not wanted is not leased: it stays
+	// whole, and the key waits for the subscriptions behind, as it would
+	// for them anyway, without splitting every later event into
+	// deliveries. Nil: every head is wanted.
+	Wanted func(eventType string, behind []string) bool
+}
+
+// IsWanted reports whether a head of type t, with the subscriptions
+// behind, is to be leased: nobody behind, no Wanted, or Wanted says so.
+func (f OrderFilter) IsWanted(t string, behind []string) bool {
+	return len(behind) == 0 || f.Wanted == nil || f.Wanted(t, behind)
 }
 
 // Empty reports whether f names no subscription.
 func (f OrderFilter) Empty() bool { return len(f.Block) == 0 && len(f.Skip) == 0 }
+
+// Ordered reports whether f names subscription sub.
+func (f OrderFilter) Ordered(sub string) bool {
+	return slices.Contains(f.Block, sub) || slices.Contains(f.Skip, sub)
+}
+
+// Blocks reports whether sub is in f.Block: its dead events hold its key.
+func (f OrderFilter) Blocks(sub string) bool { return slices.Contains(f.Block, sub) }
 
 // KeyDone names an ordered event whose outcome was just recorded.
 type KeyDone struct {
@@ -34,14 +63,19 @@ type KeyDone struct {
 	Done bool
 }
 
-// BlockedKey is an ordering key whose earliest pending event is dead: its
-// later events wait until an operator replays or skips it.
+// BlockedKey is an ordering key whose earliest event pending for a
+// blocking subscription (OrderFilter.Block) is dead for it: the key's
+// later events wait for that subscription until an operator replays or
+// skips the dead event. They still go to the other subscriptions.
 type BlockedKey struct {
 	Key string
+	// Subscription is the blocked subscription; "" when the event is dead
+	// as a whole (it could not be read), which blocks every one of Block.
+	Subscription string
 	// EventID and Type are the dead event's.
 	EventID string
 	Type    string
-	// Waiting counts the key's later events held back.
+	// Waiting counts the key's later events held back for Subscription.
 	Waiting int64
 	// Since is when the dead event was written (database clock).
 	Since time.Time
@@ -87,8 +121,15 @@ type OrderedStore interface {
 	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone) (n int, later []string, err error)
 
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
-	// head is NEW or RETRY, due, and not held by a live lease, and returns
-	// those rows. It never leases an event that is not its key's head.
+	// head is due and no other event of the key is held by a live lease as
+	// a whole, and returns those rows. A key's head here is its earliest
+	// event that is NEW or RETRY as a whole: the events before it are
+	// delivered, dead, or split (their deliveries claimed one subscription
+	// at a time). Each row's Behind names the subscriptions of f for which
+	// an earlier event of the key is pending (see OrderFilter), or which
+	// have a delivery of another event of the key under a live lease; a
+	// store that cannot tell must not lease the row. A head that is not
+	// f.IsWanted is not leased.
 	ClaimHeads(ctx context.Context, req ClaimRequest, keys []string, f OrderFilter) ([]Row, error)
 
 	// DueKeys returns up to limit ordering keys greater than after, in
@@ -97,7 +138,9 @@ type OrderedStore interface {
 	DueKeys(ctx context.Context, after string, limit int) ([]string, error)
 
 	// BlockedKeys returns up to limit keys greater than after, in order,
-	// whose head is dead under f.
+	// blocked for a subscription of f.Block (BlockedKey), each once: with
+	// its earliest event that blocks one (of several blocked by it, the
+	// first by name).
 	BlockedKeys(ctx context.Context, f OrderFilter, after string, limit int) ([]BlockedKey, error)
 
 	// SkipDead gives up on the dead events among ids for good: each DEAD

@@ -75,26 +75,47 @@ func (s *Store) busy(ob *outbox.Outbox) bool {
 		}
 		return false
 	}
-	// An ordered event waits while an earlier event of its key is pending
-	// for any local subscription (taken as Ordered: the strictest); it is
-	// not due work until then. If a subscription is OrderedSkipDead the
-	// engine may go on past a dead event: its poll claims the next one,
-	// and Drain goes round again.
-	var block []string
-	for _, sub := range local {
-		block = append(block, sub.Name)
+	// An ordered event waits as a whole while an earlier event of its key
+	// is NEW or RETRY as a whole (ClaimHeads takes one head per key); a
+	// delivery to an ordered subscription waits while an earlier event of
+	// its key is pending for that subscription (ClaimDeliveries). Neither
+	// is due work until then.
+	var f driver.OrderFilter
+	for name, m := range s.subs {
+		switch outbox.Order(m.order) {
+		case outbox.Ordered:
+			f.Block = append(f.Block, name)
+		case outbox.OrderedSkipDead:
+			f.Skip = append(f.Skip, name)
+		}
 	}
-	strict := driver.OrderFilter{Block: block}
+	var byKey map[string][]*memEvent
+	keyOf := func(e *memEvent) []*memEvent {
+		if byKey == nil {
+			byKey = s.keyEvents(nil)
+		}
+		return byKey[e.row.OrderingKey]
+	}
+	// waiting: not its key's head, or every local subscription that takes
+	// it owes an earlier event of the key (ClaimHeads leaves it whole).
 	waiting := func(e *memEvent) bool {
 		if e.row.KeySeq == 0 {
 			return false
 		}
-		for _, o := range s.events {
-			if o.row.OrderingKey == e.row.OrderingKey && o.row.KeySeq != 0 && o.row.KeySeq < e.row.KeySeq && s.pendingUnder(o, strict) {
-				return true
+		es := keyOf(e)
+		if slices.ContainsFunc(es, func(o *memEvent) bool { return o.row.KeySeq < e.row.KeySeq && undone(o.row.Status) }) {
+			return true
+		}
+		for _, sub := range local {
+			if active(sub) && (sub.Types == nil || slices.Contains(sub.Types, outbox.EventType(e.row.Type))) &&
+				!(f.Ordered(sub.Name) && s.owes(es, e.row.KeySeq, sub.Name, f)) {
+				return false
 			}
 		}
-		return false
+		return true
+	}
+	owes := func(e *memEvent, sub string) bool {
+		return e != nil && e.row.KeySeq != 0 && f.Ordered(sub) && s.owes(keyOf(e), e.row.KeySeq, sub, f)
 	}
 	for id, e := range s.events {
 		if undone(e.row.Status) {
@@ -109,7 +130,7 @@ func (s *Store) busy(ob *outbox.Outbox) bool {
 			if !free(d.lockedUntil, now) {
 				return true
 			}
-			if !d.availableAt.After(now) && slices.ContainsFunc(local, func(sub outbox.SubscriptionStatus) bool { return sub.Name == name && active(sub) }) {
+			if !d.availableAt.After(now) && !owes(e, name) && slices.ContainsFunc(local, func(sub outbox.SubscriptionStatus) bool { return sub.Name == name && active(sub) }) {
 				return true
 			}
 		}

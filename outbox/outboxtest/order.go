@@ -55,6 +55,52 @@ func (s *Store) pendingUnder(e *memEvent, f driver.OrderFilter) bool {
 	return false
 }
 
+// pendingFor reports whether e, an ordered event, holds back the later
+// events of its key for the ordered subscription sub under f: NEW or
+// RETRY; DEAD if sub blocks; split with a delivery to sub NEW or RETRY,
+// or DEAD if sub blocks. The caller holds s.mu.
+func (s *Store) pendingFor(e *memEvent, sub string, f driver.OrderFilter) bool {
+	switch e.row.Status {
+	case outbox.StatusNew, outbox.StatusRetry:
+		return true
+	case outbox.StatusDead:
+		return f.Blocks(sub)
+	case outbox.StatusSplit:
+		d := s.deliv[e.row.ID][sub]
+		return d != nil && (undone(d.status) || (d.status == outbox.StatusDead && f.Blocks(sub)))
+	}
+	return false
+}
+
+// owes reports whether an event of es numbered before seq is pending for
+// sub under f. The caller holds s.mu.
+func (s *Store) owes(es []*memEvent, seq int64, sub string, f driver.OrderFilter) bool {
+	for _, e := range es {
+		if e.row.KeySeq < seq && s.pendingFor(e, sub, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// inFlight reports whether an event of es other than e is in flight to
+// sub: leased as a whole, or split with its delivery to sub leased. The
+// caller holds s.mu.
+func (s *Store) inFlight(es []*memEvent, e *memEvent, sub string, now time.Time) bool {
+	for _, o := range es {
+		if o == e {
+			continue
+		}
+		if undone(o.row.Status) && !free(o.lockedUntil, now) {
+			return true
+		}
+		if d := s.deliv[o.row.ID][sub]; o.row.Status == outbox.StatusSplit && d != nil && undone(d.status) && !free(d.lockedUntil, now) {
+			return true
+		}
+	}
+	return false
+}
+
 // keyEvents returns the committed ordered events of the given keys (all
 // keys if keys is nil), key by key, in sequence order. The caller holds
 // s.mu.
@@ -72,10 +118,11 @@ func (s *Store) keyEvents(keys []string) map[string][]*memEvent {
 	return out
 }
 
-// head returns the earliest of es pending under f, or nil.
-func (s *Store) head(es []*memEvent, f driver.OrderFilter) *memEvent {
+// head returns the earliest of es that is NEW or RETRY as a whole, or
+// nil: the events before it are delivered, dead or split.
+func head(es []*memEvent) *memEvent {
 	for _, e := range es {
-		if s.pendingUnder(e, f) {
+		if undone(e.row.Status) {
 			return e
 		}
 	}
@@ -170,8 +217,8 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	byKey := s.keyEvents(keys)
 	var out []driver.Row
 	for _, k := range slices.Sorted(mapKeys(byKey)) {
-		h := s.head(byKey[k], f)
-		if h == nil || !undone(h.row.Status) || h.availableAt.After(now) || !free(h.lockedUntil, now) {
+		h := head(byKey[k])
+		if h == nil || h.availableAt.After(now) || !free(h.lockedUntil, now) {
 			continue
 		}
 		// Another event of the key under a live lease (a later one, when
@@ -184,6 +231,17 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		r := cloneRow(&h.row)
 		if h.owner != req.Owner {
 			r.PrevOwner = h.owner
+		}
+		for _, sub := range slices.Sorted(slices.Values(slices.Concat(f.Block, f.Skip))) {
+			if s.owes(byKey[k], h.row.KeySeq, sub, f) || slices.ContainsFunc(byKey[k], func(o *memEvent) bool {
+				d := s.deliv[o.row.ID][sub]
+				return o != h && o.row.Status == outbox.StatusSplit && d != nil && undone(d.status) && !free(d.lockedUntil, now)
+			}) {
+				r.Behind = append(r.Behind, sub)
+			}
+		}
+		if !f.IsWanted(r.Type, r.Behind) {
+			continue
 		}
 		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
 		out = append(out, r)
@@ -240,8 +298,9 @@ func (s *Store) DueKeys(ctx context.Context, after string, limit int) ([]string,
 	return keys[:min(len(keys), limit)], nil
 }
 
-// BlockedKeys implements driver.OrderedStore: a key is blocked when its
-// head under f is DEAD, or split with a dead delivery of f.Block.
+// BlockedKeys implements driver.OrderedStore: a key is blocked for a
+// subscription of f.Block when its earliest event pending for it is dead
+// for it (DEAD as a whole, or split with a dead delivery to it).
 func (s *Store) BlockedKeys(ctx context.Context, f driver.OrderFilter, after string, limit int) ([]driver.BlockedKey, error) {
 	if limit <= 0 || len(f.Block) == 0 {
 		return nil, nil
@@ -258,33 +317,47 @@ func (s *Store) BlockedKeys(ctx context.Context, f driver.OrderFilter, after str
 			break
 		}
 		es := byKey[k]
-		h := s.head(es, f)
-		if h == nil || !s.deadFor(h, f.Block) {
+		var b *driver.BlockedKey
+		var by *memEvent
+		for _, sub := range slices.Sorted(slices.Values(f.Block)) {
+			var first *memEvent
+			for _, e := range es {
+				if s.pendingFor(e, sub, f) {
+					first = e
+					break
+				}
+			}
+			if first == nil || !s.deadFor(first, sub) || (by != nil && by.row.KeySeq <= first.row.KeySeq) {
+				continue
+			}
+			by = first
+			b = &driver.BlockedKey{Key: k, Subscription: sub, EventID: first.row.ID, Type: first.row.Type, Since: first.row.CreatedAt}
+			if first.row.Status == outbox.StatusDead {
+				b.Subscription = "" // every blocking subscription
+			}
+		}
+		if b == nil {
 			continue
 		}
-		b := driver.BlockedKey{Key: k, EventID: h.row.ID, Type: h.row.Type, Since: h.row.CreatedAt}
 		for _, e := range es {
-			if e.row.KeySeq > h.row.KeySeq && s.pendingUnder(e, f) {
+			if e.row.KeySeq > by.row.KeySeq && ((b.Subscription == "" && s.pendingUnder(e, f)) || (b.Subscription != "" && s.pendingFor(e, b.Subscription, f))) {
 				b.Waiting++
 			}
 		}
-		out = append(out, b)
+		out = append(out, *b)
 	}
 	return out, nil
 }
 
-// deadFor reports whether e is DEAD, or split with a dead delivery of one
-// of block. The caller holds s.mu.
-func (s *Store) deadFor(e *memEvent, block []string) bool {
+// deadFor reports whether e is DEAD, or split with a dead delivery to sub.
+// The caller holds s.mu.
+func (s *Store) deadFor(e *memEvent, sub string) bool {
 	switch e.row.Status {
 	case outbox.StatusDead:
 		return true
 	case outbox.StatusSplit:
-		for _, name := range block {
-			if d := s.deliv[e.row.ID][name]; d != nil && d.status == outbox.StatusDead {
-				return true
-			}
-		}
+		d := s.deliv[e.row.ID][sub]
+		return d != nil && d.status == outbox.StatusDead
 	}
 	return false
 }

@@ -517,7 +517,7 @@ type pickedDelivery struct {
 
 // ClaimDeliveries implements driver.DeliveryStore. req.SkipRecent does not
 // apply: deliveries are written after a first attempt.
-func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
+func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
 	if req.Limit <= 0 || len(subs) == 0 {
 		return nil, nil
 	}
@@ -528,11 +528,20 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var retries, news []pickedDelivery
+	var byKey map[string][]*memEvent // for ordered subscriptions' heads
 	for id, ds := range s.deliv {
 		for _, name := range subs {
 			d := ds[name]
 			if d == nil || !free(d.lockedUntil, now) || d.availableAt.After(now) {
 				continue
+			}
+			if e := s.events[id]; e != nil && e.row.KeySeq != 0 && f.Ordered(name) {
+				if byKey == nil {
+					byKey = s.keyEvents(nil)
+				}
+				if es := byKey[e.row.OrderingKey]; s.owes(es, e.row.KeySeq, name, f) || s.inFlight(es, e, name, now) {
+					continue // not its turn: an earlier event of its key is pending for it, or another is in flight to it
+				}
 			}
 			p := pickedDelivery{driver.DeliveryKey{EventID: id, Subscription: name}, d}
 			switch d.status {

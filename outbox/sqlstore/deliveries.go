@@ -218,8 +218,10 @@ func nullIfEmpty(s string) any {
 // ClaimDeliveries implements driver.DeliveryStore: like Claim, one short
 // transaction selects due deliveries of the given subscriptions with FOR
 // UPDATE SKIP LOCKED (retries first, up to a quarter of the batch), leases
-// them, and reads their events.
-func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string) ([]driver.Delivery, error) {
+// them, and reads their events. A delivery to an ordered subscription of
+// an event numbered in its key waits while an earlier event of the key is
+// pending for that subscription (owesSQL).
+func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
 	if req.Limit <= 0 || len(subs) == 0 {
 		return nil, nil
 	}
@@ -241,12 +243,34 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 			if limit <= 0 {
 				continue
 			}
-			q := `SELECT event_id, subscription, status, attempts, locked_by FROM ` + s.DeliveriesTable() + `
-WHERE status = ? AND subscription IN ` + in(len(subs)) + ` AND available_at <= ` + s.d.now + `
-  AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `)
-ORDER BY available_at LIMIT ?` + s.d.lock
-			args := append(stringArgs(subs, st.status), limit)
-			rs, err := tx.QueryContext(ctx, s.rebind(q), args...)
+			owes, oargs := s.owesSQL("d", subs, f)
+			q := `SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM ` + s.DeliveriesTable() + ` d
+WHERE d.status = ? AND d.subscription IN ` + in(len(subs)) + ` AND d.available_at <= ` + s.d.now + `
+  AND (d.locked_until IS NULL OR d.locked_until <= ` + s.d.now + `)` + owes + `
+ORDER BY d.available_at LIMIT ?`
+			args := append(append(stringArgs(subs, st.status), oargs...), limit)
+			if s.d.name == "mysql" {
+				// InnoDB's locking read locks every row its range scan
+				// examines, those it then rejects too (leased, or not their
+				// turn), until the WHERE is decided (READ COMMITTED) or the
+				// transaction ends (REPEATABLE READ), holding up the lease
+				// renewals and outcomes of other instances. So the rows are
+				// found by a plain read, then locked by primary key, where
+				// the whole WHERE is decided again.
+				cand, err := s.deliveryKeys(ctx, tx, q, args)
+				if err != nil || len(cand) == 0 {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				q = `SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM ` + s.DeliveriesTable() + ` d` + s.d.byID + `
+WHERE ` + strings.ReplaceAll(keysIn(len(cand)), "(event_id, subscription)", "(d.event_id, d.subscription)") + ` AND d.status = ? AND d.available_at <= ` + s.d.now + `
+  AND (d.locked_until IS NULL OR d.locked_until <= ` + s.d.now + `)` + owes + `
+ORDER BY d.available_at`
+				args = append(append(keyArgs(cand), st.status), oargs...)
+			}
+			rs, err := tx.QueryContext(ctx, s.rebind(q+s.d.lock), args...)
 			if err != nil {
 				return err
 			}
@@ -323,6 +347,27 @@ ORDER BY available_at LIMIT ?` + s.d.lock
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: claim deliveries: %w", err))
 	}
 	return out, nil
+}
+
+// deliveryKeys runs q, a plain read whose first two columns are a
+// delivery's key, and returns the keys.
+func (s *Store) deliveryKeys(ctx context.Context, tx *sqlx.Tx, q string, args []any) ([]driver.DeliveryKey, error) {
+	rs, err := tx.QueryContext(ctx, s.rebind(q), args...)
+	if err != nil {
+		return nil, err
+	}
+	var out []driver.DeliveryKey
+	for rs.Next() {
+		var k driver.DeliveryKey
+		var status, attempts int
+		var owner sql.NullString
+		if err := rs.Scan(&k.EventID, &k.Subscription, &status, &attempts, &owner); err != nil {
+			rs.Close()
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, errors.Join(rs.Err(), rs.Close())
 }
 
 // CompleteDeliveries implements driver.DeliveryStore.

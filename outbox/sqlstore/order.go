@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -87,6 +88,49 @@ func (s *Store) pendingState(p string, f driver.OrderFilter) (string, []any) {
 	}
 	sb.WriteString(`)`)
 	return sb.String(), args
+}
+
+// owesSQL returns, for a query over the deliveries aliased d, the
+// condition (starting with AND) that d is not a delivery to an ordered
+// subscription among subs that owes an earlier event of its key: an
+// earlier event NEW or RETRY as a whole, DEAD as a whole (blocking
+// subscriptions), or split with a delivery to d's subscription NEW or
+// RETRY (or DEAD, blocking). "" if f orders none of subs.
+func (s *Store) owesSQL(d string, subs []string, f driver.OrderFilter) (string, []any) {
+	var ordered, block []string
+	for _, sub := range subs {
+		if f.Ordered(sub) {
+			ordered = append(ordered, sub)
+		}
+		if f.Blocks(sub) {
+			block = append(block, sub)
+		}
+	}
+	if len(ordered) == 0 {
+		return "", nil
+	}
+	var args []any
+	dead, deadDelivery := "", ""
+	if len(block) > 0 {
+		dead = ` OR (p.status = 3 AND ` + d + `.subscription IN ` + in(len(block)) + `)`
+		deadDelivery = ` OR (e.status = 3 AND e.subscription IN ` + in(len(block)) + `)`
+	}
+	args = stringArgs(ordered)
+	args = stringArgs(block, args...)
+	args = stringArgs(block, args...)
+	// Nor while another event of the key is in flight to it: leased as a
+	// whole, or its delivery to the subscription leased (a later one,
+	// when this one was replayed).
+	return `
+  AND NOT (` + d + `.subscription IN ` + in(len(ordered)) + ` AND EXISTS (SELECT 1 FROM ` + s.table + ` o JOIN ` + s.table + ` p` + s.byKey() + `
+    ON p.ordering_key = o.ordering_key AND p.id <> o.id
+    WHERE o.id = ` + d + `.event_id AND o.key_seq IS NOT NULL AND p.status IN (0, 2, 3, 4) AND (
+      (p.key_seq < o.key_seq AND (p.status IN (0, 2)` + dead + `
+        OR (p.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` e WHERE e.event_id = p.id AND e.subscription = ` + d + `.subscription
+          AND (e.status IN (0, 2)` + deadDelivery + `)))))
+      OR (p.status IN (0, 2) AND p.locked_until > ` + s.d.now + `)
+      OR (p.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` e WHERE e.event_id = p.id AND e.subscription = ` + d + `.subscription
+          AND e.status IN (0, 2) AND e.locked_until > ` + s.d.now + `)))))`, args
 }
 
 // KeysDone implements driver.OrderedStore: it reads which of the events
@@ -518,11 +562,12 @@ func (s *Store) insertOrderedArgs(r *driver.Row, more ...any) []any {
 
 // ClaimHeads implements driver.OrderedStore. It reads the keys' heads
 // without locking, then leases those that are due and free in a short
-// transaction (FOR UPDATE SKIP LOCKED where the database has it): a head
-// changes only to a later event (or, by a replay, to an earlier one,
-// which then waits until no other event of its key is leased), so a head
-// read a moment ago is either still the head or no longer pending, and
-// then not leased.
+// transaction (FOR UPDATE SKIP LOCKED where the database has it), and
+// there reads which ordered subscriptions owe earlier events of their
+// keys (Row.Behind): a head changes only to a later event (or, by a
+// replay, to an earlier one, which then waits until no other event of its
+// key is leased), so a head read a moment ago is either still the head or
+// no longer pending, and then not leased.
 func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, f driver.OrderFilter) ([]driver.Row, error) {
 	if len(keys) == 0 || req.Limit <= 0 {
 		return nil, nil
@@ -530,28 +575,49 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if len(keys) > req.Limit {
 		keys = keys[:req.Limit]
 	}
-	// Each key's head: the first of its pending events (typically one or
-	// two), by id, so that the lease below looks rows up by primary key.
+	// Each key's head: the first of its events NEW or RETRY as a whole,
+	// by id, so that the lease below looks rows up by primary key. Events
+	// of the key pending under f that are not (dead, or split with
+	// deliveries owed: typically none) say that some subscription may be
+	// behind.
 	var heads []string
+	behind := map[string]bool{} // heads with pending events before them
 	err := s.retry(ctx, func() error {
 		heads = heads[:0]
+		clear(behind)
 		cond, args := s.pending("p", f, keys...)
-		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, p.id FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`), args...)
+		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`), args...)
 		if err != nil {
 			return err
 		}
-		last := ""
+		last, head, other := "", "", false
+		flush := func() {
+			if head != "" {
+				heads = append(heads, head)
+				if other {
+					behind[head] = true
+				}
+			}
+		}
 		for rs.Next() {
 			var k, id string
-			if err := rs.Scan(&k, &id); err != nil {
+			var st int
+			if err := rs.Scan(&k, &id, &st); err != nil {
 				rs.Close()
 				return err
 			}
-			if len(heads) == 0 || k != last {
-				heads = append(heads, id)
+			if k != last {
+				flush()
+				last, head, other = k, "", false
 			}
-			last = k
+			switch {
+			case head == "" && (st == 0 || st == 2):
+				head = id
+			case st != 0 && st != 2:
+				other = true // dead, or split with deliveries owed
+			}
 		}
+		flush()
 		return errors.Join(rs.Err(), rs.Close())
 	})
 	if err != nil {
@@ -560,9 +626,9 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if len(heads) == 0 {
 		return nil, nil
 	}
-	// Not while another event of the key is leased: a head that was
-	// replayed after its key went on (OrderedSkipDead) waits for the
-	// later event in flight.
+	// Not while another event of the key is leased as a whole: a head
+	// that was replayed after its key went on (OrderedSkipDead) waits for
+	// the later event in flight.
 	byPK := ""
 	if s.d.name == "mysql" {
 		byPK = ` FORCE INDEX (PRIMARY)`
@@ -579,6 +645,28 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		if out, _, err = selectRows(ctx, tx, nil, false, q, args...); err != nil || len(out) == 0 {
 			return err
 		}
+		var owing []string
+		for i := range out {
+			if behind[out[i].ID] {
+				owing = append(owing, out[i].ID)
+			}
+		}
+		subs, err := s.behind(ctx, tx, owing, f)
+		if err != nil {
+			return err
+		}
+		// Only the heads worth it: some subscription that takes the
+		// event is not behind.
+		wanted := out[:0]
+		for _, r := range out {
+			r.Behind = subs[r.ID]
+			if f.IsWanted(r.Type, r.Behind) {
+				wanted = append(wanted, r)
+			}
+		}
+		if out = wanted; len(out) == 0 {
+			return nil
+		}
 		ids := make([]string, len(out))
 		for i := range out {
 			ids[i] = out[i].ID
@@ -588,6 +676,74 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	})
 	if err != nil {
 		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+	}
+	return out, nil
+}
+
+// behind returns, for each of the events ids, the ordered subscriptions
+// of f that an earlier event of its key is pending for, or that have a
+// delivery of another event of the key under a live lease (a replayed
+// one, or a later one while this one was replayed): Row.Behind, in name
+// order.
+func (s *Store) behind(ctx context.Context, tx *sqlx.Tx, ids []string, f driver.OrderFilter) (map[string][]string, error) {
+	out := map[string][]string{}
+	if len(ids) == 0 || f.Empty() {
+		return out, nil
+	}
+	sets := map[string]map[string]bool{}
+	add := func(id, sub string) {
+		if sets[id] == nil {
+			sets[id] = map[string]bool{}
+		}
+		sets[id][sub] = true
+	}
+	earlier := ` FROM ` + s.table + ` o JOIN ` + s.table + ` p` + s.byKey() + ` ON p.ordering_key = o.ordering_key AND p.key_seq < o.key_seq
+WHERE o.id IN ` + in(len(ids)) + ` AND p.key_seq IS NOT NULL AND `
+	ordered := slices.Concat(f.Block, f.Skip)
+	// Split earlier events with a delivery owed to an ordered
+	// subscription (or dead, to a blocking one).
+	cond := `e.status IN (0, 2) AND (p.key_seq < o.key_seq OR e.locked_until > ` + s.d.now + `)`
+	args := stringArgs(ids)
+	args = stringArgs(ordered, args...)
+	if len(f.Block) > 0 {
+		cond = `(` + cond + ` OR (p.key_seq < o.key_seq AND e.subscription IN ` + in(len(f.Block)) + ` AND e.status = 3))`
+		args = stringArgs(f.Block, args...)
+	}
+	q := `SELECT DISTINCT o.id, e.subscription FROM ` + s.table + ` o JOIN ` + s.table + ` p` + s.byKey() + ` ON p.ordering_key = o.ordering_key AND p.id <> o.id
+  JOIN ` + s.DeliveriesTable() + ` e ON e.event_id = p.id
+WHERE o.id IN ` + in(len(ids)) + ` AND p.key_seq IS NOT NULL AND p.status = 4 AND e.subscription IN ` + in(len(ordered)) + ` AND ` + cond
+	scan := func(q string, args []any, all bool) error {
+		rs, err := tx.QueryContext(ctx, s.rebind(q), args...)
+		if err != nil {
+			return err
+		}
+		for rs.Next() {
+			var id, sub string
+			if err := rs.Scan(&id, &sub); err != nil {
+				rs.Close()
+				return err
+			}
+			if all {
+				for _, b := range f.Block {
+					add(id, b)
+				}
+			} else {
+				add(id, sub)
+			}
+		}
+		return errors.Join(rs.Err(), rs.Close())
+	}
+	if err := scan(q, args, false); err != nil {
+		return nil, err
+	}
+	if len(f.Block) > 0 {
+		// An earlier event dead as a whole holds every blocking one.
+		if err := scan(`SELECT DISTINCT o.id, o.id`+earlier+`p.status = 3`, stringArgs(ids), true); err != nil {
+			return nil, err
+		}
+	}
+	for id, set := range sets {
+		out[id] = slices.Sorted(maps.Keys(set))
 	}
 	return out, nil
 }
@@ -614,22 +770,20 @@ func (s *Store) BlockedKeys(ctx context.Context, f driver.OrderFilter, after str
 	if limit <= 0 || len(f.Block) == 0 {
 		return nil, nil
 	}
-	// The dead events of blocking subscriptions, key by key; each is its
-	// key's block if nothing earlier of the key is pending.
-	dead := `(h.status = 3 OR (h.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` d WHERE d.event_id = h.id AND d.subscription IN ` + in(len(f.Block)) + ` AND d.status = 3)))`
-	q := `SELECT h.ordering_key, h.key_seq, h.id, h.event_type, h.created_at FROM ` + s.table + ` h
-WHERE h.status IN (3, 4) AND h.ordering_key > ? AND h.key_seq IS NOT NULL AND ` + dead + `
-ORDER BY h.ordering_key, h.key_seq LIMIT ?`
+	// The events dead for a blocking subscription (or dead as a whole:
+	// subscription ""), key by key, in order; the first of a key with
+	// nothing earlier pending for its subscription is its block.
+	q := `SELECT h.ordering_key, h.key_seq, h.id, h.event_type, h.created_at, COALESCE(d.subscription, '') FROM ` + s.table + ` h
+  LEFT JOIN ` + s.DeliveriesTable() + ` d ON d.event_id = h.id AND h.status = 4 AND d.subscription IN ` + in(len(f.Block)) + ` AND d.status = 3
+WHERE h.status IN (3, 4) AND h.ordering_key > ? AND h.key_seq IS NOT NULL AND (h.status = 3 OR d.event_id IS NOT NULL)
+ORDER BY h.ordering_key, h.key_seq, 6 LIMIT ?`
 	var out []driver.BlockedKey
 	err := s.retry(ctx, func() error {
 		out = out[:0]
-		// Dead events page by page (a key whose dead event has something
-		// pending before it is not blocked by it, and does not count),
-		// until limit keys or the end.
+		// Page by page, until limit keys or the end.
 		for from := after; len(out) < limit; {
 			page := 4 * limit
-			args := append(stringArgs(f.Block, from), page)
-			rs, err := s.db.QueryContext(ctx, s.rebind(q), args...)
+			rs, err := s.db.QueryContext(ctx, s.rebind(q), append(stringArgs(f.Block), from, page)...)
 			if err != nil {
 				return err
 			}
@@ -638,29 +792,44 @@ ORDER BY h.ordering_key, h.key_seq LIMIT ?`
 				seq int64
 			}
 			var cs []cand
-			n := 0
 			for rs.Next() {
-				n++
 				var c cand
 				var created dbTime
-				if err := rs.Scan(&c.Key, &c.seq, &c.EventID, &c.Type, &created); err != nil {
+				if err := rs.Scan(&c.Key, &c.seq, &c.EventID, &c.Type, &created, &c.Subscription); err != nil {
 					rs.Close()
 					return err
 				}
 				c.Since = created.Time
-				if len(cs) > 0 && cs[len(cs)-1].Key == c.Key {
-					continue // the key's earliest dead event is the one that counts
-				}
 				cs = append(cs, c)
 			}
 			if err := errors.Join(rs.Err(), rs.Close()); err != nil {
 				return err
 			}
+			n := len(cs)
+			if n == page {
+				// The last key may go on in the next page: leave it whole
+				// to that page (unless it fills this one).
+				last := cs[len(cs)-1].Key
+				if cs[0].Key != last {
+					for len(cs) > 0 && cs[len(cs)-1].Key == last {
+						cs = cs[:len(cs)-1]
+					}
+				}
+			}
+			blocked, checked := "", map[string]bool{}
 			for _, c := range cs {
 				if len(out) == limit {
 					break
 				}
-				cond, a := s.pending("p", f, c.Key)
+				if c.Key == blocked || checked[c.Key+"\x00"+c.Subscription] {
+					continue // the key is listed, or its subscription's first dead event did not block it
+				}
+				checked[c.Key+"\x00"+c.Subscription] = true
+				pf := f // dead as a whole: pending for any of them
+				if c.Subscription != "" {
+					pf = driver.OrderFilter{Block: []string{c.Subscription}}
+				}
+				cond, a := s.pending("p", pf, c.Key)
 				var earlier, later int64
 				err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COALESCE(SUM(CASE WHEN p.key_seq < ? THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN p.key_seq > ? THEN 1 ELSE 0 END), 0) FROM `+s.table+` p`+s.byKey()+` WHERE `+cond),
 					append([]any{c.seq, c.seq}, a...)...).Scan(&earlier, &later)
@@ -670,6 +839,7 @@ ORDER BY h.ordering_key, h.key_seq LIMIT ?`
 				if earlier == 0 {
 					c.Waiting = later
 					out = append(out, c.BlockedKey)
+					blocked = c.Key
 				}
 			}
 			if n < page {

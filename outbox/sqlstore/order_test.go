@@ -181,6 +181,12 @@ func TestOrderedSubscriptionHoldsBackOnlyTheFailedKey(t *testing.T) {
 // waitDead waits until the event's delivery to sub is dead.
 func waitDead(t testing.TB, st *sqlstore.Store, id, sub string) {
 	t.Helper()
+	waitDelivery(t, st, id, sub, outbox.StatusDead)
+}
+
+// waitDelivery waits until event id's delivery to sub has status want.
+func waitDelivery(t testing.TB, st *sqlstore.Store, id, sub string, want outbox.Status) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		rec, err := st.Inspect(context.Background(), id)
@@ -188,12 +194,12 @@ func waitDead(t testing.TB, st *sqlstore.Store, id, sub string) {
 			t.Fatal(err)
 		}
 		for _, d := range rec.Deliveries {
-			if d.Subscription == sub && d.Status == outbox.StatusDead {
+			if d.Subscription == sub && d.Status == want {
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("event %s never went dead for %s: %+v", id, sub, rec)
+			t.Fatalf("event %s never became %v for %s: %+v", id, want, sub, rec)
 		}
 		time.Sleep(5 * time.Millisecond) // polling the table: there is no signal for a write that already happened
 	}
@@ -264,9 +270,14 @@ func TestOrderedDeadEventBlocksItsKey(t *testing.T) {
 					if len(blocked) != 1 || blocked[0].Key != "Order:A" || blocked[0].EventID != a1 || blocked[0].Waiting != 2 {
 						t.Fatalf("BlockedKeys = %+v; want Order:A blocked by %s with 2 waiting", blocked, a1)
 					}
-					// B flows; a poll finds nothing of A to deliver.
+					// B flows; a poll finds nothing of A to deliver (the
+					// only subscription is behind A1: A's later events
+					// stay whole).
 					if n, err := ob.Poll(ctx); err != nil || n != 0 {
 						t.Fatalf("Poll while A is blocked queued %d events (%v); want 0", n, err)
+					}
+					if blocked, err := ob.BlockedKeys(ctx, "", 10); err != nil || len(blocked) != 1 || blocked[0].Subscription != "projection" {
+						t.Fatalf("BlockedKeys = %+v, %v; want Order:A blocked for projection", blocked, err)
 					}
 					log.mu.Lock()
 					gotA := len(log.got["Order:A"])
@@ -308,6 +319,78 @@ func TestOrderedDeadEventBlocksItsKey(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Head-of-line is per key and subscription: while an event keeps failing
+// for one ordered subscription, the key's later events reach another
+// ordered subscription at once, and wait for the failing one (their
+// deliveries to it NEW, never attempted); once it recovers it receives
+// them all, in order.
+func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a1 := outbox.NewID()
+			var broken atomic.Bool // proj fails A1 while set
+			broken.Store(true)
+			proj, audit := newKeyLog(t, 3), newKeyLog(t, 3)
+			proj.fail = func(ev outbox.Event) error {
+				if ev.ID == a1 && broken.Load() {
+					return errors.New("projection store down")
+				}
+				return nil
+			}
+			retry := outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })
+			for _, s := range []outbox.Subscription{
+				{Name: "proj", Order: outbox.Ordered, Handler: proj.handle, Retry: retry, MaxAttempts: 1000},
+				{Name: "audit", Order: outbox.Ordered, Handler: audit.handle, Retry: retry},
+			} {
+				if err := ob.Subscribe(s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ob.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer ob.Close(ctx)
+			env := outbox.Envelope{ID: a1, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
+			want := []string{publishInTx(t, ob, st, env)}
+			waitDelivery(t, st, a1, "proj", outbox.StatusRetry)
+			for range 2 {
+				env.ID = ""
+				want = append(want, publishInTx(t, ob, st, env))
+			}
+			audit.wait(t, 20*time.Second)
+			audit.wantKey(t, "Order:A", want)
+			for _, id := range want[1:] {
+				waitDelivery(t, st, id, "proj", outbox.StatusNew)
+				rec, err := st.Inspect(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range rec.Deliveries {
+					if d.Subscription == "proj" && d.Attempts != 0 {
+						t.Errorf("%s was attempted %d times for proj while proj was behind on A1", id, d.Attempts)
+					}
+				}
+			}
+			proj.mu.Lock()
+			early := slices.Clone(proj.got["Order:A"])
+			proj.mu.Unlock()
+			if len(early) != 0 {
+				t.Fatalf("proj delivered %v while A1 kept failing for it", early)
+			}
+			broken.Store(false)
+			proj.wait(t, 20*time.Second)
+			proj.wantKey(t, "Order:A", want)
+		})
 	}
 }
 

@@ -114,7 +114,7 @@ func testMethodSplit(t *testing.T, e *env) {
 		}
 	}
 	// Only the due one of the named subscriptions is claimed.
-	got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{"now", "later", "gone"})
+	got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{"now", "later", "gone"}, driver.OrderFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	for _, owner := range []string{"x", "y"} {
 		wg.Go(func() {
 			for {
-				got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 7, Lease: 250 * time.Millisecond}, []string{"s"})
+				got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 7, Lease: 250 * time.Millisecond}, []string{"s"}, driver.OrderFilter{})
 				if err != nil {
 					t.Error(err)
 					return
@@ -171,11 +171,11 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	}
 	// Leased: nothing more now; after the lease, taken over with the
 	// previous owner named.
-	if got, _ := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"}); len(got) != 0 {
+	if got, _ := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"}, driver.OrderFilter{}); len(got) != 0 {
 		t.Fatalf("claimed %d leased deliveries", len(got))
 	}
 	time.Sleep(300 * time.Millisecond) // the lease is on the database's clock: nothing to wait on
-	got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"})
+	got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "z", Limit: 100, Lease: time.Minute}, []string{"s"}, driver.OrderFilter{})
 	if err != nil || len(got) != len(ids) {
 		t.Fatalf("after the leases ran out: %d, %v; want %d", len(got), err, len(ids))
 	}
@@ -197,7 +197,7 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 		t.Fatal(ok, err)
 	}
 	claim := func(owner string) []driver.Delivery {
-		got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 10, Lease: time.Minute}, []string{"a", "b"})
+		got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 10, Lease: time.Minute}, []string{"a", "b"}, driver.OrderFilter{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,7 +279,7 @@ func testMethodDueNow(t *testing.T, e *env) {
 		}
 	}
 	claim := func(sub string) int {
-		got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{sub})
+		got, err := ds.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute}, []string{sub}, driver.OrderFilter{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -68,19 +68,37 @@ func (e *env) pubOrderedTx(t *testing.T, owner string, f driver.OrderFilter, key
 // claimHeads returns the ids ClaimHeads leased to owner.
 func claimHeads(t *testing.T, os driver.OrderedStore, owner string, lease time.Duration, f driver.OrderFilter, keys ...string) []string {
 	t.Helper()
+	ids, _ := claimHeadsBehind(t, os, owner, lease, f, keys...)
+	return ids
+}
+
+// claimHeadsBehind returns the ids ClaimHeads leased to owner, and the
+// rows' Behind by id.
+func claimHeadsBehind(t *testing.T, os driver.OrderedStore, owner string, lease time.Duration, f driver.OrderFilter, keys ...string) ([]string, map[string][]string) {
+	t.Helper()
 	rows, err := os.ClaimHeads(context.Background(), driver.ClaimRequest{Owner: owner, Limit: noLimit, Lease: lease}, keys, f)
 	if err != nil {
 		t.Fatalf("ClaimHeads: %v", err)
 	}
 	var ids []string
+	behind := map[string][]string{}
 	for _, r := range rows {
 		if r.OrderingKey == "" || r.KeySeq == 0 {
 			t.Errorf("ClaimHeads returned %s with key %q, number %d: want both set", r.ID, r.OrderingKey, r.KeySeq)
 		}
 		ids = append(ids, r.ID)
+		behind[r.ID] = r.Behind
 	}
 	slices.Sort(ids)
-	return ids
+	return ids, behind
+}
+
+// wantBehind checks the Behind of row id as ClaimHeads returned it.
+func wantBehind(t *testing.T, what string, behind map[string][]string, id string, want ...string) {
+	t.Helper()
+	if got := behind[id]; !slices.Equal(got, want) {
+		t.Fatalf("%s: Behind = %v; want %v", what, got, want)
+	}
 }
 
 func wantIDs(t *testing.T, what string, got []string, want ...string) {
@@ -373,9 +391,11 @@ func (e *env) splitHead(t *testing.T, key string, writes ...driver.DeliveryWrite
 	return first, next
 }
 
-// A split event holds its key while a delivery of a Block subscription is
-// not done, or one of a Skip subscription is NEW or RETRY; a delivery of
-// an unordered subscription holds nothing back.
+// A split event holds its key, for the subscription it owes, while a
+// delivery of a Block subscription is not done, or one of a Skip
+// subscription is NEW or RETRY; a delivery of an unordered subscription
+// holds nothing back. The next event is claimed all the same, naming the
+// subscription that is behind; it is not the head on the hot path.
 func testOrderSplitHolds(t *testing.T, e *env) {
 	os := e.ordered(t)
 	later := func(sub string, st outbox.Status) driver.DeliveryWrite {
@@ -395,14 +415,32 @@ func testOrderSplitHolds(t *testing.T, e *env) {
 		{"unordered-dead", later("plain", outbox.StatusDead), false},
 	} {
 		_, next := e.splitHead(t, c.name, c.write)
-		got := claimHeads(t, os, "a", minute, bothS, c.name)
+		what := "ClaimHeads behind a split event with a " + c.name + " delivery"
+		// A head nobody but the subscriptions behind wants stays whole.
+		unwanted := bothS
+		unwanted.Wanted = func(typ string, behind []string) bool {
+			if typ != string(typeA) || len(behind) == 0 {
+				t.Errorf("%s: Wanted(%q, %v): want the head's type and who is behind", what, typ, behind)
+			}
+			return false
+		}
+		if got := claimHeads(t, os, "a", minute, unwanted, c.name); c.holds {
+			wantIDs(t, what+", wanted by nobody else", got)
+		} else {
+			wantIDs(t, what+", nobody behind", got, next)
+			if err := e.store.Release(context.Background(), "a", got, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, behind := claimHeadsBehind(t, os, "a", minute, bothS, c.name)
+		wantIDs(t, what, got, next)
 		if c.holds {
-			wantIDs(t, "ClaimHeads behind a split event with a "+c.name+" delivery", got)
+			wantBehind(t, what, behind, next, c.write.Subscription)
 			if _, head := e.pubOrdered(t, c.name, "me", bothS); head {
 				t.Errorf("%s: a new event is reported the head behind a held split event", c.name)
 			}
 		} else {
-			wantIDs(t, "ClaimHeads behind a split event with a "+c.name+" delivery", got, next)
+			wantBehind(t, what, behind, next)
 		}
 	}
 }
@@ -427,12 +465,17 @@ func testOrderDeadBlocks(t *testing.T, e *env) {
 	ctx := context.Background()
 	os := e.ordered(t)
 	dead, rest := e.deadHead(t, "k", 2)
-	wantIDs(t, "ClaimHeads under Block behind a dead head", claimHeads(t, os, "a", minute, blockS, "k"))
+	got, behind := claimHeadsBehind(t, os, "a", minute, blockS, "k")
+	wantIDs(t, "ClaimHeads under Block behind a dead head", got, rest[0])
+	wantBehind(t, "ClaimHeads under Block behind a dead head", behind, rest[0], "ord")
+	if err := e.store.Release(ctx, "a", []string{rest[0]}, 0); err != nil {
+		t.Fatal(err)
+	}
 	bs, err := os.BlockedKeys(ctx, blockS, "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bs) != 1 || bs[0].Key != "k" || bs[0].EventID != dead || bs[0].Type != string(typeA) || bs[0].Waiting != 2 || bs[0].Since.IsZero() {
+	if len(bs) != 1 || bs[0].Key != "k" || bs[0].Subscription != "" || bs[0].EventID != dead || bs[0].Type != string(typeA) || bs[0].Waiting != 2 || bs[0].Since.IsZero() {
 		t.Fatalf("BlockedKeys = %+v; want k blocked by %s with 2 waiting", bs, dead)
 	}
 	if bs, err := os.BlockedKeys(ctx, skipS, "", 10); err != nil || len(bs) != 0 {
@@ -460,7 +503,7 @@ func testOrderDeadBlocks(t *testing.T, e *env) {
 	// (Key s is blocked under bothS too: its dead head is a whole DEAD
 	// event, and bothS has a Block subscription.)
 	bs, err = os.BlockedKeys(ctx, bothS, "c", 1)
-	if err != nil || len(bs) != 1 || bs[0].Key != "d" || bs[0].EventID != first || bs[0].Waiting != 1 {
+	if err != nil || len(bs) != 1 || bs[0].Key != "d" || bs[0].Subscription != "blk" || bs[0].EventID != first || bs[0].Waiting != 1 {
 		t.Fatalf("BlockedKeys = %+v, %v; want d blocked by its split event", bs, err)
 	}
 	if n, err := os.SkipDead(ctx, []string{first}); err != nil || n != 1 {
@@ -646,4 +689,56 @@ func testOrderBlockedKeysFullPage(t *testing.T, e *env) {
 	if err != nil || len(bs) != 1 || bs[0].EventID != b {
 		t.Fatalf("BlockedKeys(limit 1) = %+v, %v; want key b, blocked by %s", bs, err, b)
 	}
+}
+
+// A delivery to an ordered subscription is claimed in its turn: once the
+// subscription delivered the earlier events of its key (a Skip
+// subscription's dead delivery counts as delivered, a Block one's does
+// not); an unordered subscription's deliveries are claimed at once.
+func testOrderDeliveriesInTurn(t *testing.T, e *env) {
+	ctx := context.Background()
+	os := e.ordered(t)
+	ds := e.ds()
+	req := driver.ClaimRequest{Owner: "c", Limit: noLimit, Lease: minute}
+	claim := func(what string, sub string, want ...string) {
+		t.Helper()
+		got, err := ds.ClaimDeliveries(ctx, req, []string{sub}, bothS)
+		if err != nil {
+			t.Fatalf("%s: ClaimDeliveries: %v", what, err)
+		}
+		var ids []string
+		for _, d := range got {
+			ids = append(ids, d.ID)
+		}
+		slices.Sort(ids)
+		wantIDs(t, what, ids, want...)
+	}
+	// key: its first event split with sub's delivery in first, its
+	// second claimed as the head (sub behind) and split with sub's
+	// delivery NEW.
+	pair := func(key, sub string, first outbox.Status) (string, string) {
+		t.Helper()
+		one, two := e.splitHead(t, key, driver.DeliveryWrite{Subscription: sub, Status: first, Attempts: 1, Error: "boom"})
+		wantIDs(t, key+": ClaimHeads", claimHeads(t, os, "me", minute, bothS, key), two)
+		if ok, err := ds.Split(ctx, "me", two, []driver.DeliveryWrite{{Subscription: sub, Status: outbox.StatusNew}}); err != nil || !ok {
+			t.Fatalf("%s: Split = %v, %v", key, ok, err)
+		}
+		return one, two
+	}
+	one, two := pair("blk-retry", "blk", outbox.StatusRetry)
+	claim("blk: the first retry, not the second in its key", "blk", one)
+	claim("blk: nothing while the first is leased", "blk")
+	if n, err := ds.CompleteDeliveries(ctx, "c", []driver.DeliveryKey{{EventID: one, Subscription: "blk"}}); err != nil || n != 1 {
+		t.Fatalf("CompleteDeliveries = %d, %v", n, err)
+	}
+	claim("blk: the second once the first was delivered", "blk", two)
+
+	pair("blk-dead", "blk", outbox.StatusDead)
+	claim("blk: nothing behind a dead delivery", "blk")
+
+	_, two = pair("skp-dead", "skp", outbox.StatusDead)
+	claim("skp: the second past a dead delivery", "skp", two)
+
+	one, two = pair("plain-retry", "plain", outbox.StatusRetry)
+	claim("plain: both at once", "plain", one, two)
 }

@@ -118,6 +118,7 @@ func Run(t *testing.T, h Harness) {
 		{"Ordered/ClaimHeads", testOrderClaimHeads},
 		{"Ordered/SplitHolds", testOrderSplitHolds},
 		{"Ordered/DeadBlocks", testOrderDeadBlocks},
+		{"Ordered/DeliveriesInTurn", testOrderDeliveriesInTurn},
 		{"Ordered/ReplayDeadHead", testOrderReplayDeadHead},
 		{"Ordered/DueKeys", testOrderDueKeys},
 		{"Ordered/BlockedKeys", testOrderBlockedKeys},
