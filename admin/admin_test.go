@@ -740,6 +740,13 @@ func TestBlockedKeysAndSkip(t *testing.T) {
 	if len(v.Keys) != 1 || v.Keys[0].Key != "order:42" || v.Keys[0].Subscription != "ledger" || v.Keys[0].EventID != dead || v.Keys[0].Type != "bad" || v.Keys[0].Waiting != 1 || v.Next != "" {
 		t.Fatalf("blocked keys: %+v", v)
 	}
+	var subs struct{ Subscriptions []admin.Subscription }
+	f.getJSON("/admin/api/subscriptions", &subs)
+	for _, s := range subs.Subscriptions {
+		if s.Name == "ledger" && (s.Lag == nil || s.Lag.BlockedKeys != 1) {
+			t.Fatalf("ledger's lag: %+v; want 1 blocked key", s.Lag)
+		}
+	}
 	f.getJSON("/admin/api/blocked?limit=1", &v)
 	if len(v.Keys) != 1 || v.Next != "order:42" {
 		t.Fatalf("a full page names the next: %+v", v)

@@ -79,6 +79,8 @@ type Lag struct {
 	Dead     int64 `json:"dead"`
 	// OldestSeconds is the age of the oldest pending or retrying event.
 	OldestSeconds float64 `json:"oldest_seconds"`
+	// BlockedKeys counts the ordering keys blocked for it (up to 100).
+	BlockedKeys int64 `json:"blocked_keys"`
 }
 
 // subscriptions returns ob's subscriptions with their lag; lagErr reports
@@ -95,7 +97,7 @@ func (h *handler) subscriptions(r *http.Request) (subs []Subscription, lagErr er
 			v.Types = append(v.Types, string(t))
 		}
 		if l, ok := lags[s.Name]; ok {
-			v.Lag = &Lag{Pending: l.Pending, Retrying: l.Retrying, Dead: l.Dead, OldestSeconds: l.Oldest.Seconds()}
+			v.Lag = &Lag{Pending: l.Pending, Retrying: l.Retrying, Dead: l.Dead, OldestSeconds: l.Oldest.Seconds(), BlockedKeys: l.BlockedKeys}
 		}
 		subs = append(subs, v)
 	}

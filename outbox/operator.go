@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -15,8 +16,10 @@ import (
 // them all); without it, the method says so.
 
 // Lag returns, for every subscription this instance knows (its own and
-// those other instances registered), what it has not delivered yet. The
-// store must implement driver.OperatorStore (sqlstore does).
+// those other instances registered), what it has not delivered yet, and
+// for ordered subscriptions how many keys are blocked for them (counted
+// up to driver.MaxCountedBlockedKeys). The store must implement
+// driver.OperatorStore (sqlstore does).
 func (o *Outbox) Lag(ctx context.Context) ([]Lag, error) {
 	os, ok := o.store.(driver.OperatorStore)
 	if !ok {
@@ -26,7 +29,35 @@ func (o *Outbox) Lag(ctx context.Context) ([]Lag, error) {
 	for _, s := range o.Subscriptions() {
 		infos = append(infos, driver.SubscriptionInfo{Name: s.Name, Types: typeNames(s.Types)})
 	}
-	return os.Lag(ctx, infos)
+	lags, err := os.Lag(ctx, infos)
+	if err != nil {
+		return lags, err
+	}
+	if err := o.countBlocked(ctx, lags); err != nil && ctx.Err() == nil {
+		o.log.Warn("count the blocked keys for the lag; reported as 0", slog.Any("error", err))
+	}
+	return lags, nil
+}
+
+// countBlocked sets each lag's BlockedKeys, counting up to
+// driver.MaxCountedBlockedKeys blocked keys.
+func (o *Outbox) countBlocked(ctx context.Context, lags []Lag) error {
+	f := o.reg.load().orderFilter()
+	if _, ok := o.store.(driver.OrderedStore); !ok || len(f.Block) == 0 {
+		return nil
+	}
+	ks, err := o.BlockedKeys(ctx, "", driver.MaxCountedBlockedKeys)
+	if err != nil {
+		return fmt.Errorf("outbox: Lag: blocked keys: %w", err)
+	}
+	for i := range lags {
+		for _, k := range ks {
+			if k.Subscription == lags[i].Subscription || (k.Subscription == "" && f.Blocks(lags[i].Subscription)) {
+				lags[i].BlockedKeys++
+			}
+		}
+	}
+	return nil
 }
 
 // Inspect returns what the store holds of the event id: its row, and each

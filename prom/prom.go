@@ -125,6 +125,7 @@ type Metrics struct {
 	subCalls         *prometheus.CounterVec
 	subDuration      *prometheus.HistogramVec
 	subLag           *prometheus.GaugeVec
+	subBlocked       *prometheus.GaugeVec
 	subOldest        *prometheus.GaugeVec
 	statements       *prometheus.CounterVec
 	statementRows    *prometheus.CounterVec
@@ -207,6 +208,9 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		subLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "subscription_lag_events", ConstLabels: cl,
 			Help: "What each subscription has not delivered yet, by state: pending (new events of its types and deferred deliveries), retrying, dead; sampled every Config.StatsInterval."},
 			[]string{"subscription", "state"}),
+		subBlocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "subscription_blocked_keys", ConstLabels: cl,
+			Help: "Ordering keys blocked for an Ordered subscription by a dead event (its later events of the key wait until the event is replayed or skipped), counted up to 100; sampled every Config.StatsInterval."},
+			[]string{"subscription"}),
 		subOldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "subscription_oldest_age_seconds", ConstLabels: cl,
 			Help: "Age of the oldest event a subscription has not delivered yet (pending or retrying), 0 if none; sampled every Config.StatsInterval."},
 			[]string{"subscription"}),
@@ -239,7 +243,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
 		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus, m.circuitOpen,
-		m.subCalls, m.subDuration, m.subLag, m.subOldest, m.statements, m.statementRows, m.statementTime}
+		m.subCalls, m.subDuration, m.subLag, m.subBlocked, m.subOldest, m.statements, m.statementRows, m.statementTime}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("prom: register outbox metrics: %w", err)
@@ -352,6 +356,7 @@ func (m *Metrics) SubscriptionLag(lags []outbox.Lag) {
 		m.subLag.WithLabelValues(l.Subscription, "retrying").Set(float64(l.Retrying))
 		m.subLag.WithLabelValues(l.Subscription, "dead").Set(float64(l.Dead))
 		m.subOldest.WithLabelValues(l.Subscription).Set(l.Oldest.Seconds())
+		m.subBlocked.WithLabelValues(l.Subscription).Set(float64(l.BlockedKeys))
 	}
 }
 

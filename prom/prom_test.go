@@ -349,3 +349,22 @@ func TestNativeHistogramsKeepClassicBuckets(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+// A subscription's sampled lag sets its lag gauges, and its blocked keys
+// gauge.
+func TestSubscriptionLagAndBlockedKeys(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.SubscriptionLag([]outbox.Lag{{Subscription: "ledger", Pending: 4, Retrying: 1, Dead: 2, Oldest: 3 * time.Second, BlockedKeys: 2}, {Subscription: "mailer"}})
+	want := `
+# HELP txoutbox_subscription_blocked_keys Ordering keys blocked for an Ordered subscription by a dead event (its later events of the key wait until the event is replayed or skipped), counted up to 100; sampled every Config.StatsInterval.
+# TYPE txoutbox_subscription_blocked_keys gauge
+txoutbox_subscription_blocked_keys{subscription="ledger"} 2
+txoutbox_subscription_blocked_keys{subscription="mailer"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "txoutbox_subscription_blocked_keys"); err != nil {
+		t.Error(err)
+	}
+	if got := testutil.CollectAndCount(reg, "txoutbox_subscription_lag_events"); got != 6 {
+		t.Errorf("%d lag gauges; want 6 (3 states × 2 subscriptions)", got)
+	}
+}

@@ -139,7 +139,16 @@ type Lag struct {
 	// Oldest is the age of the oldest pending or retrying event, on the
 	// database's clock; 0 if none.
 	Oldest time.Duration
+	// BlockedKeys counts the ordering keys blocked for it (OrderedStore
+	// BlockedKeys; an event dead as a whole counts for every blocking
+	// subscription), up to MaxCountedBlockedKeys keys in all. The engine
+	// fills it in (outbox.Outbox.Lag): stores leave it 0.
+	BlockedKeys int64
 }
+
+// MaxCountedBlockedKeys bounds the blocked keys Lag counts: past it,
+// page through them with BlockedKeys.
+const MaxCountedBlockedKeys = 100
 
 // DeadFilter selects dead letters. Zero fields select everything.
 type DeadFilter struct {

@@ -279,6 +279,9 @@ func TestOrderedDeadEventBlocksItsKey(t *testing.T) {
 					if blocked, err := ob.BlockedKeys(ctx, "", 10); err != nil || len(blocked) != 1 || blocked[0].Subscription != "projection" {
 						t.Fatalf("BlockedKeys = %+v, %v; want Order:A blocked for projection", blocked, err)
 					}
+					if lags, err := ob.Lag(ctx); err != nil || len(lags) != 1 || lags[0].BlockedKeys != 1 {
+						t.Fatalf("Lag = %+v, %v; want projection with 1 blocked key", lags, err)
+					}
 					log.mu.Lock()
 					gotA := len(log.got["Order:A"])
 					log.mu.Unlock()
