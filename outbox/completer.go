@@ -78,7 +78,7 @@ func (c *completer) run() {
 		// their way to a Publish, take the hot path.
 		done = done[:0]
 		for _, it := range batch {
-			if it.sub == nil && it.env.ordered && it.env.seq > 0 {
+			if recordsKey(it) {
 				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true})
 			}
 		}
@@ -91,7 +91,7 @@ func (c *completer) run() {
 		}
 		for _, it := range batch {
 			c.inflight.release(it.key())
-			if it.sub == nil && it.env.seq > 0 {
+			if recordsKey(it) {
 				if !it.handedOn && (later == nil || later[it.env.OrderingKey]) {
 					// Recorded with the DONE; a later event of the key
 					// waits in the table (or may).
@@ -102,6 +102,16 @@ func (c *completer) run() {
 			c.seq.next(it) // the sequencer records it (its number unknown here)
 		}
 	}
+}
+
+// recordsKey reports whether it, delivered, is recorded on its key with
+// its DONE (MarkDoneKeys), which takes the key's record to its number:
+// an ordered event with a known number, and nothing earlier of its key
+// pending (a hot head, a claimed head nobody was behind, or one that
+// waited here behind such an event). Another goes through the sequencer,
+// whose KeysDone never takes a key past an earlier event still pending.
+func recordsKey(it *item) bool {
+	return it.sub == nil && it.env.ordered && it.env.seq > 0 && len(it.behind) == 0
 }
 
 func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {

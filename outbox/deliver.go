@@ -263,7 +263,17 @@ func (d *dispatcher) finish(it *item) {
 	}
 	if done {
 		d.m.Dispatched(it.env.Type, it.path, OutcomeDone, took)
-		it.handedOn = d.chainDelivered(it)
+		if len(it.behind) == 0 {
+			it.handedOn = d.chainDelivered(it)
+		} else {
+			// Delivered to every subscription here that takes it, but
+			// some subscription still owes an earlier event of the key:
+			// the events behind it go back to the table, where the claim
+			// says who is behind for them.
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			d.chainFailed(ctx, it)
+			cancel()
+		}
 		if it.sub != nil && it.results[0].recorded {
 			// A Tx subscription's delivery: recorded in its own
 			// transaction already.

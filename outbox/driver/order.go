@@ -104,15 +104,20 @@ type OrderedStore interface {
 
 	// KeysDone records that each of evs that is no longer pending under f
 	// (or no longer stored, then with its Seq) is delivered, and with it
-	// every earlier event of its key: the next event of the key published
-	// may go out on the hot path. It is a hint, best effort: a key that a
+	// every earlier event of its key, unless an earlier event of the key
+	// is still pending under f (an event claimed while a subscription was
+	// behind): the record then stops below the earliest one pending. The
+	// next event of a key whose record reaches the one before it may go
+	// out on the hot path. It is a hint, best effort: a key that a
 	// transaction holds may be passed over, and it must never wait for
 	// one.
 	KeysDone(ctx context.Context, evs []KeyDone, f OrderFilter) error
 
 	// MarkDoneKeys is Store.MarkDone and, in the same transaction, KeysDone
 	// of evs (ordered events among ids, with their numbers) if every id
-	// changed: one commit for both. The engine calls it instead of
+	// changed: one commit for both. The caller vouches that nothing earlier
+	// of their keys is pending (the engine passes only events that went
+	// out with nobody behind): the store need not look. The engine calls it instead of
 	// MarkDone for a batch with ordered events: a wrapper of a store that
 	// intercepts MarkDone must intercept it too. later are the keys of evs
 	// whose next events may wait in the table: those with events numbered

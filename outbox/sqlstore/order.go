@@ -155,6 +155,9 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 			return err
 		}
 	}
+	if err := s.capDone(ctx, f, done); err != nil {
+		return err
+	}
 	if len(done) == 0 {
 		return nil
 	}
@@ -279,6 +282,45 @@ func (s *Store) advanceKeys(ctx context.Context, tx *sqlx.Tx, done map[string]in
 		}
 	}
 	return later, nil
+}
+
+// capDone lowers each key's number in done below the key's earliest event
+// still pending under f: an event delivered while an earlier one of its
+// key is owed to some subscription (who was behind when it was claimed)
+// must not take the key's record past that one, or the next event
+// published would be taken for the head and go out on the hot path.
+func (s *Store) capDone(ctx context.Context, f driver.OrderFilter, done map[string]int64) error {
+	if len(done) == 0 {
+		return nil
+	}
+	keys := slices.Sorted(maps.Keys(done))
+	cond, args := s.pending("p", f, keys...)
+	err := s.retry(ctx, func() error {
+		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, MIN(p.key_seq) FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` GROUP BY p.ordering_key`), args...)
+		if err != nil {
+			return err
+		}
+		for rs.Next() {
+			var k string
+			var first int64
+			if err := rs.Scan(&k, &first); err != nil {
+				rs.Close()
+				return err
+			}
+			if n, ok := done[k]; ok && n >= first {
+				if first <= 1 {
+					delete(done, k)
+				} else {
+					done[k] = first - 1
+				}
+			}
+		}
+		return errors.Join(rs.Err(), rs.Close())
+	})
+	if err != nil {
+		return s.explain(fmt.Errorf("sqlstore: keys done: %w", err))
+	}
+	return nil
 }
 
 // doneOf adds to done, key by key, the highest number among the events ids

@@ -184,6 +184,25 @@ func waitDead(t testing.TB, st *sqlstore.Store, id, sub string) {
 	waitDelivery(t, st, id, sub, outbox.StatusDead)
 }
 
+// waitStatus waits until event id has status want as a whole.
+func waitStatus(t testing.TB, st *sqlstore.Store, id string, want outbox.Status) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec, err := st.Inspect(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("event %s never became %v: %+v", id, want, rec)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the table: there is no signal for a write that already happened
+	}
+}
+
 // waitDelivery waits until event id's delivery to sub has status want.
 func waitDelivery(t testing.TB, st *sqlstore.Store, id, sub string, want outbox.Status) {
 	t.Helper()
@@ -393,6 +412,68 @@ func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
 			broken.Store(false)
 			proj.wait(t, 20*time.Second)
 			proj.wantKey(t, "Order:A", want)
+		})
+	}
+}
+
+// An event that only other subscriptions take, delivered while an
+// ordered subscription still owes an earlier event of its key, must not
+// record the key as delivered up to it: the key's next event would be
+// taken for the head and reach the subscription on the hot path before
+// the event it owes.
+func TestEventOthersTakeDoesNotOpenTheKeyForOneBehind(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e0 := outbox.NewID()
+			var broken atomic.Bool // shipping fails E0 while set
+			broken.Store(true)
+			shipping, projection := newKeyLog(t, 2), newKeyLog(t, 3)
+			shipping.fail = func(ev outbox.Event) error {
+				if ev.ID == e0 && broken.Load() {
+					return errors.New("carrier down")
+				}
+				return nil
+			}
+			retry := outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })
+			for _, s := range []outbox.Subscription{
+				{Name: "shipping", Order: outbox.Ordered, Handler: shipping.handle, Retry: retry, MaxAttempts: 1000, Types: []outbox.EventType{"Placed"}},
+				{Name: "projection", Order: outbox.Ordered, Handler: projection.handle, Retry: retry},
+			} {
+				if err := ob.Subscribe(s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ob.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer ob.Close(ctx)
+			env := func(id string, typ outbox.EventType) outbox.Envelope {
+				return outbox.Envelope{ID: id, Type: typ, AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
+			}
+			publishInTx(t, ob, st, env(e0, "Placed"))
+			waitDelivery(t, st, e0, "shipping", outbox.StatusRetry)
+			e1 := publishInTx(t, ob, st, env("", "Noted")) // projection's only
+			waitStatus(t, st, e1, outbox.StatusDone)
+			e2 := publishInTx(t, ob, st, env("", "Placed"))
+			projection.wait(t, 20*time.Second)
+			projection.wantKey(t, "Order:A", []string{e0, e1, e2})
+			waitDelivery(t, st, e2, "shipping", outbox.StatusNew)
+			shipping.mu.Lock()
+			early := slices.Clone(shipping.got["Order:A"])
+			shipping.mu.Unlock()
+			if len(early) != 0 {
+				t.Fatalf("shipping delivered %v while it owed %s", early, e0)
+			}
+			broken.Store(false)
+			shipping.wait(t, 20*time.Second)
+			shipping.wantKey(t, "Order:A", []string{e0, e2})
 		})
 	}
 }
