@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 )
 
@@ -75,15 +76,26 @@ func (l *orderLog) calls(id string) int {
 
 // orderedOutbox starts an outbox on st with one subscription "proj" of
 // order o handled by l, closed when the bubble's test ends.
-func orderedOutbox(t *testing.T, st *outboxtest.Store, o outbox.Order, l *orderLog, maxAttempts int) *outbox.Outbox {
+func orderedOutbox(t *testing.T, st driver.Store, o outbox.Order, l *orderLog, maxAttempts int) *outbox.Outbox {
 	t.Helper()
-	ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: time.Second, PollMaxInterval: 2 * time.Second})
+	return startedOutbox(t, st, outbox.Config{PollInterval: time.Second, PollMaxInterval: 2 * time.Second},
+		outbox.Subscription{Name: "proj", Order: o, Handler: l.handle, MaxAttempts: maxAttempts,
+			Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })})
+}
+
+// startedOutbox starts an outbox on st with subs, logging nothing, closed
+// (and its Close checked) when the test ends.
+func startedOutbox(t *testing.T, st driver.Store, cfg outbox.Config, subs ...outbox.Subscription) *outbox.Outbox {
+	t.Helper()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ob, err := outbox.New(st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Subscribe(outbox.Subscription{Name: "proj", Order: o, Handler: l.handle, MaxAttempts: maxAttempts,
-		Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })}); err != nil {
-		t.Fatal(err)
+	for _, s := range subs {
+		if err := ob.Subscribe(s); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := ob.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -502,10 +514,6 @@ func TestOrderedEventsWaitHereBehindTheirHead(t *testing.T) {
 func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := outboxtest.NewStore()
-		ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: time.Second, PollMaxInterval: 2 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
 		var a1 string
 		proj, audit, plain := newOrderLog(t), newOrderLog(t), newOrderLog(t)
 		proj.fail = func(ev outbox.Event, n int) error {
@@ -515,24 +523,11 @@ func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
 			return nil
 		}
 		retry := outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })
-		for _, s := range []outbox.Subscription{
-			{Name: "proj", Order: outbox.Ordered, Handler: proj.handle, Retry: retry},
-			{Name: "audit", Order: outbox.Ordered, Handler: audit.handle, Retry: retry},
-			{Name: "plain", Handler: plain.handle, Retry: retry},
-		} {
-			if err := ob.Subscribe(s); err != nil {
-				t.Fatal(err)
-			}
-		}
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Second, PollMaxInterval: 2 * time.Second},
+			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: proj.handle, Retry: retry},
+			outbox.Subscription{Name: "audit", Order: outbox.Ordered, Handler: audit.handle, Retry: retry},
+			outbox.Subscription{Name: "plain", Handler: plain.handle, Retry: retry})
 		ctx := context.Background()
-		if err := ob.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := ob.Close(context.Background()); err != nil {
-				t.Errorf("Close: %v", err)
-			}
-		})
 		a1 = outbox.NewID()
 		tx := st.Begin(ctx)
 		if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{ID: a1, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}); err != nil {

@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -39,20 +38,9 @@ func (h *heldSync) SyncSubscriptions(ctx context.Context, subs []driver.Subscrip
 func TestPauseIsNotUndoneByARefreshThatReadBeforeIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &heldSync{Store: outboxtest.NewStore(), arm: make(chan struct{}, 1), read: make(chan struct{}), release: make(chan struct{})}
-		ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: time.Second, SkipRecent: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ob.Handle("mailer", func(context.Context, outbox.Event) error { return nil }, "Signup")
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Second, SkipRecent: -1},
+			outbox.Subscription{Name: "mailer", Types: []outbox.EventType{"Signup"}, Handler: func(context.Context, outbox.Event) error { return nil }})
 		ctx := context.Background()
-		if err := ob.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := ob.Close(context.Background()); err != nil {
-				t.Errorf("Close: %v", err)
-			}
-		})
 		st.arm <- struct{}{}
 		time.Sleep(time.Second) // the refresh's tick
 		<-st.read               // it has read "mailer: not paused" and waits

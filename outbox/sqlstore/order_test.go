@@ -102,18 +102,20 @@ func publishInTx(t testing.TB, ob *outbox.Outbox, st *sqlstore.Store, env outbox
 // startOrdered starts an outbox on st with cfg (logs discarded) and the
 // subscription sub (named "projection" if unnamed), closed when the test
 // ends.
-func startOrdered(t testing.TB, st *sqlstore.Store, cfg outbox.Config, sub outbox.Subscription) *outbox.Outbox {
+func startOrdered(t testing.TB, st *sqlstore.Store, cfg outbox.Config, subs ...outbox.Subscription) *outbox.Outbox {
 	t.Helper()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	ob, err := outbox.New(st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sub.Name == "" {
-		sub.Name = "projection"
-	}
-	if err := ob.Subscribe(sub); err != nil {
-		t.Fatal(err)
+	for _, sub := range subs {
+		if sub.Name == "" {
+			sub.Name = "projection"
+		}
+		if err := ob.Subscribe(sub); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := ob.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -182,6 +184,20 @@ func TestOrderedSubscriptionHoldsBackOnlyTheFailedKey(t *testing.T) {
 func waitDead(t testing.TB, st *sqlstore.Store, id, sub string) {
 	t.Helper()
 	waitDelivery(t, st, id, sub, outbox.StatusDead)
+}
+
+// failWhile makes l fail event id while the returned flag is set (it
+// starts set), and returns the flag.
+func failWhile(l *keyLog, id *string, why string) *atomic.Bool {
+	var broken atomic.Bool
+	broken.Store(true)
+	l.fail = func(ev outbox.Event) error {
+		if ev.ID == *id && broken.Load() {
+			return errors.New(why)
+		}
+		return nil
+	}
+	return &broken
 }
 
 // waitStatus waits until event id has status want as a whole.
@@ -352,36 +368,15 @@ func TestOrderedDeadEventBlocksItsKey(t *testing.T) {
 func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
-			db := testdb.Open(t, name)
-			st := testdb.Store(t, db)
+			st := testdb.Store(t, testdb.Open(t, name))
 			ctx := context.Background()
-			ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
 			a1 := outbox.NewID()
-			var broken atomic.Bool // proj fails A1 while set
-			broken.Store(true)
 			proj, audit := newKeyLog(t, 3), newKeyLog(t, 3)
-			proj.fail = func(ev outbox.Event) error {
-				if ev.ID == a1 && broken.Load() {
-					return errors.New("projection store down")
-				}
-				return nil
-			}
+			broken := failWhile(proj, &a1, "projection store down")
 			retry := outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })
-			for _, s := range []outbox.Subscription{
-				{Name: "proj", Order: outbox.Ordered, Handler: proj.handle, Retry: retry, MaxAttempts: 1000},
-				{Name: "audit", Order: outbox.Ordered, Handler: audit.handle, Retry: retry},
-			} {
-				if err := ob.Subscribe(s); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := ob.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer ob.Close(ctx)
+			ob := startOrdered(t, st, outbox.Config{PollInterval: 20 * time.Millisecond},
+				outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: proj.handle, Retry: retry, MaxAttempts: 1000},
+				outbox.Subscription{Name: "audit", Order: outbox.Ordered, Handler: audit.handle, Retry: retry})
 			env := outbox.Envelope{ID: a1, Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
 			want := []string{publishInTx(t, ob, st, env)}
 			waitDelivery(t, st, a1, "proj", outbox.StatusRetry)
@@ -424,36 +419,14 @@ func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
 func TestEventOthersTakeDoesNotOpenTheKeyForOneBehind(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
-			db := testdb.Open(t, name)
-			st := testdb.Store(t, db)
-			ctx := context.Background()
-			ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler), PollInterval: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := testdb.Store(t, testdb.Open(t, name))
 			e0 := outbox.NewID()
-			var broken atomic.Bool // shipping fails E0 while set
-			broken.Store(true)
 			shipping, projection := newKeyLog(t, 2), newKeyLog(t, 3)
-			shipping.fail = func(ev outbox.Event) error {
-				if ev.ID == e0 && broken.Load() {
-					return errors.New("carrier down")
-				}
-				return nil
-			}
+			broken := failWhile(shipping, &e0, "carrier down")
 			retry := outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })
-			for _, s := range []outbox.Subscription{
-				{Name: "shipping", Order: outbox.Ordered, Handler: shipping.handle, Retry: retry, MaxAttempts: 1000, Types: []outbox.EventType{"Placed"}},
-				{Name: "projection", Order: outbox.Ordered, Handler: projection.handle, Retry: retry},
-			} {
-				if err := ob.Subscribe(s); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := ob.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			defer ob.Close(ctx)
+			ob := startOrdered(t, st, outbox.Config{PollInterval: 20 * time.Millisecond},
+				outbox.Subscription{Name: "shipping", Order: outbox.Ordered, Handler: shipping.handle, Retry: retry, MaxAttempts: 1000, Types: []outbox.EventType{"Placed"}},
+				outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: projection.handle, Retry: retry})
 			env := func(id string, typ outbox.EventType) outbox.Envelope {
 				return outbox.Envelope{ID: id, Type: typ, AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)}
 			}
