@@ -203,24 +203,20 @@ func failWhile(l *keyLog, id *string, why string) *atomic.Bool {
 // waitStatus waits until event id has status want as a whole.
 func waitStatus(t testing.TB, st *sqlstore.Store, id string, want outbox.Status) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		rec, err := st.Inspect(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rec.Status == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("event %s never became %v: %+v", id, want, rec)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the table: there is no signal for a write that already happened
-	}
+	waitRecord(t, st, id, fmt.Sprintf("became %v", want), func(rec outbox.Record) bool { return rec.Status == want })
 }
 
 // waitDelivery waits until event id's delivery to sub has status want.
 func waitDelivery(t testing.TB, st *sqlstore.Store, id, sub string, want outbox.Status) {
+	t.Helper()
+	waitRecord(t, st, id, fmt.Sprintf("became %v for %s", want, sub), func(rec outbox.Record) bool {
+		return slices.ContainsFunc(rec.Deliveries, func(d outbox.DeliveryRecord) bool { return d.Subscription == sub && d.Status == want })
+	})
+}
+
+// waitRecord waits, up to 20 s, until what Inspect says of event id
+// satisfies ok.
+func waitRecord(t testing.TB, st *sqlstore.Store, id, what string, ok func(outbox.Record) bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -228,13 +224,11 @@ func waitDelivery(t testing.TB, st *sqlstore.Store, id, sub string, want outbox.
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, d := range rec.Deliveries {
-			if d.Subscription == sub && d.Status == want {
-				return
-			}
+		if ok(rec) {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("event %s never became %v for %s: %+v", id, want, sub, rec)
+			t.Fatalf("event %s never %s: %+v", id, what, rec)
 		}
 		time.Sleep(5 * time.Millisecond) // polling the table: there is no signal for a write that already happened
 	}
