@@ -920,12 +920,12 @@ func (c *cli) partitionsMaintain(args []string) error {
 // --- ordering: blocked keys, skip
 
 // orderFilter reads the ordered subscriptions from -ordered and
-// -skip-dead: the subscriptions table does not record which subscriptions
-// are ordered (Subscription.Order lives in the application's code).
-func orderFilter(fs *flag.FlagSet) func() (driver.OrderFilter, error) {
+// -skip-dead, or, with neither, from the subscriptions table (each
+// instance records its subscriptions' Order there when it starts).
+func orderFilter(fs *flag.FlagSet) func(context.Context, *sqlstore.Store) (driver.OrderFilter, error) {
 	var block, skip string
-	fs.StringVar(&block, "ordered", "", "the Ordered subscriptions, comma-separated (required: the table does not record them)")
-	fs.StringVar(&skip, "skip-dead", "", "the OrderedSkipDead subscriptions, comma-separated")
+	fs.StringVar(&block, "ordered", "", "the Ordered subscriptions, comma-separated (default: those the subscriptions table records as Ordered)")
+	fs.StringVar(&skip, "skip-dead", "", "the OrderedSkipDead subscriptions, comma-separated (default: from the subscriptions table)")
 	names := func(v string) []string {
 		var out []string
 		for n := range strings.SplitSeq(v, ",") {
@@ -936,10 +936,24 @@ func orderFilter(fs *flag.FlagSet) func() (driver.OrderFilter, error) {
 		slices.Sort(out)
 		return out
 	}
-	return func() (driver.OrderFilter, error) {
+	return func(ctx context.Context, s *sqlstore.Store) (driver.OrderFilter, error) {
 		f := driver.OrderFilter{Block: names(block), Skip: names(skip)}
+		if f.Empty() {
+			subs, err := s.Subscriptions(ctx)
+			if err != nil {
+				return f, err
+			}
+			for _, sub := range subs {
+				switch sub.Order {
+				case 1:
+					f.Block = append(f.Block, sub.Name)
+				case 2:
+					f.Skip = append(f.Skip, sub.Name)
+				}
+			}
+		}
 		if len(f.Block) == 0 {
-			return f, usageErr("blocked-keys: name the Ordered subscriptions with -ordered a,b (the subscriptions table does not record which are ordered)")
+			return f, usageErr("blocked-keys: no Ordered subscription: none is registered as Ordered in the subscriptions table (an instance registers its subscriptions when it starts); name them with -ordered a,b")
 		}
 		return f, nil
 	}
@@ -961,12 +975,12 @@ func (c *cli) blockedKeys(args []string) error {
 	after := fs.String("after", "", "list the keys after this one (paging)")
 	limit := fs.Int("limit", 100, "how many")
 	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
-		f, err := filter()
-		if err != nil {
-			return err
-		}
 		if *limit < 1 {
 			return usageErr("-limit %d: want ≥ 1", *limit)
+		}
+		f, err := filter(c.ctx, s)
+		if err != nil {
+			return err
 		}
 		ks, err := s.BlockedKeys(c.ctx, f, *after, *limit)
 		if err != nil {

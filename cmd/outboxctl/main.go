@@ -54,11 +54,12 @@ Commands:
                              delete delivered events older than -older
   peek [-limit 20]           the next due events and deliveries, earliest
                              first, without taking them
-  blocked-keys -ordered SUB,... [-skip-dead SUB,...] [-after KEY] [-limit 100]
-                             ordering keys whose earliest pending event is
-                             dead for an Ordered subscription; the table
-                             does not record which subscriptions are
-                             ordered: name them
+  blocked-keys [-ordered SUB,...] [-skip-dead SUB,...] [-after KEY] [-limit 100]
+                             ordering keys blocked for an Ordered
+                             subscription by a dead event, with the
+                             subscription; the ordered subscriptions are
+                             those the table records (instances register
+                             them at start), or those named
   skip ID... [-yes]          give up on dead events for good (done, last
                              error kept) so that the keys they block go on;
                              without -yes it only counts them and exits 3

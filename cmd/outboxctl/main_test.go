@@ -297,9 +297,10 @@ func TestCommands(t *testing.T) {
 }
 
 // TestOrderingCommands: an event dead for an Ordered subscription blocks
-// its key; blocked-keys lists it (it needs -ordered: the table does not
-// know), skip counts without -yes and gives up with it, and the key is no
-// longer blocked. The three databases agree.
+// its key; blocked-keys lists it (the ordered subscriptions named, or
+// read from the subscriptions table), skip counts without -yes and gives
+// up with it, and the key is no longer blocked. The three databases
+// agree.
 func TestOrderingCommands(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
@@ -331,6 +332,11 @@ func TestOrderingCommands(t *testing.T) {
 
 			f.golden("blocked_keys_unordered", f.run("blocked-keys"))
 			f.golden("blocked_keys", f.run("blocked-keys", "-ordered", "billing"))
+			// Registered as Ordered, billing needs no -ordered.
+			if _, err := s.SyncSubscriptions(ctx, []driver.SubscriptionInfo{{Name: "billing", Order: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			f.golden("blocked_keys", f.run("blocked-keys"))
 			f.golden("blocked_keys_two_lists", f.run("blocked-keys", "-skip-dead", "billing", "-ordered", "other"))
 			f.golden("blocked_keys_after", f.run("blocked-keys", "-ordered", "billing", "-after", "order:9"))
 			var bk struct {

@@ -20,7 +20,7 @@ import (
 // Subscriptions returns the subscriptions the database knows, in name
 // order, without registering any (unlike SyncSubscriptions).
 func (s *Store) Subscriptions(ctx context.Context) ([]driver.SubscriptionState, error) {
-	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, paused, seen_at, `+s.d.now+` FROM `+s.SubscriptionsTable()+` ORDER BY name`)
+	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, ordering, paused, seen_at, `+s.d.now+` FROM `+s.SubscriptionsTable()+` ORDER BY name`)
 	if err != nil {
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: read subscriptions: %w", err))
 	}
@@ -30,7 +30,7 @@ func (s *Store) Subscriptions(ctx context.Context) ([]driver.SubscriptionState, 
 		var st driver.SubscriptionState
 		var types sql.NullString
 		var seen, now dbTime
-		if err := rs.Scan(&st.Name, &types, &st.Paused, &seen, &now); err != nil {
+		if err := rs.Scan(&st.Name, &types, &st.Order, &st.Paused, &seen, &now); err != nil {
 			return nil, fmt.Errorf("sqlstore: read subscriptions: %w", err)
 		}
 		if types.Valid && types.String != "" {
