@@ -20,16 +20,28 @@ const storeTimeout = 15 * time.Second
 // engine. Calling Start again does nothing; after Close it returns
 // ErrClosed.
 func (o *Outbox) Start(ctx context.Context) error {
+	o.startMu.Lock()
+	defer o.startMu.Unlock()
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.closed {
+		o.mu.Unlock()
 		return ErrClosed
 	}
 	if o.started {
+		o.mu.Unlock()
 		return nil
 	}
-	if err := o.reg.sync(ctx); err != nil {
+	o.starting = true // Subscribe refuses from here
+	o.mu.Unlock()
+	err := o.reg.sync(ctx)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.starting = false
+	if err != nil {
 		return fmt.Errorf("outbox: Start: register the subscriptions: %w", err)
+	}
+	if o.closed {
+		return ErrClosed // Close came meanwhile, and found nothing started
 	}
 	o.started = true
 	o.health.pollBeat.Store(time.Now().UnixNano())

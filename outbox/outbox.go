@@ -61,7 +61,13 @@ type Outbox struct {
 
 	warnedUnstarted atomic.Bool // "published before Start" was logged
 
+	// startMu lets one Start run at a time. Start holds mu only to read
+	// and change the lifecycle, never across its database write: Publish
+	// read-locks mu inside the application's transaction, which may hold
+	// the very lock that write waits for (SQLite has one writer).
+	startMu   sync.Mutex
 	mu        sync.RWMutex // guards the lifecycle below; RLock on the hot path
+	starting  bool         // Start is registering the subscriptions
 	started   bool
 	closed    bool
 	closeDone chan struct{}

@@ -174,7 +174,7 @@ func (o *Outbox) Subscribe(s Subscription) error {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.started || o.closed {
+	if o.started || o.starting || o.closed {
 		return fmt.Errorf("%w (subscription %q)", ErrStarted, s.Name)
 	}
 	o.reg.mu.Lock()

@@ -307,3 +307,56 @@ func TestCleanupAgeOnDatabaseClock(t *testing.T) {
 		})
 	}
 }
+
+// registering is a store whose SyncSubscriptions says when it starts.
+type registering struct {
+	*sqlstore.Store
+	entered chan struct{} // closed at the first call
+	once    sync.Once
+}
+
+func (r *registering) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
+	r.once.Do(func() { close(r.entered) })
+	return r.Store.SyncSubscriptions(ctx, subs)
+}
+
+// Start registers the subscriptions in the database while the application
+// may be inside a transaction that publishes. That transaction's next
+// Publish must not wait for Start: on SQLite (one writer) Start's write
+// waits for the transaction, and the two would hold each other until
+// Start's write timed out (15 s) and Start failed.
+func TestPublishDoesNotWaitForStart(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := &registering{Store: testdb.Store(t, db), entered: make(chan struct{})}
+			ob, err := outbox.New(st, outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ob.Handle("all", func(context.Context, outbox.Event) error { return nil })
+			defer ob.Close(context.Background())
+			ctx := context.Background()
+			tx, err := outbox.BeginTx(ctx, db.DB, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := outbox.Envelope{Type: "Signup", JSON: []byte(`{}`)}
+			if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+				t.Fatal(err)
+			}
+			started := make(chan error, 1)
+			go func() { started <- ob.Start(ctx) }()
+			<-st.entered // Start is writing the subscriptions
+			if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-started; err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+		})
+	}
+}
