@@ -233,10 +233,7 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 			r.PrevOwner = h.owner
 		}
 		for _, sub := range slices.Sorted(slices.Values(slices.Concat(f.Block, f.Skip))) {
-			if s.owes(byKey[k], h.row.KeySeq, sub, f) || slices.ContainsFunc(byKey[k], func(o *memEvent) bool {
-				d := s.deliv[o.row.ID][sub]
-				return o != h && o.row.Status == outbox.StatusSplit && d != nil && undone(d.status) && !free(d.lockedUntil, now)
-			}) {
+			if s.owes(byKey[k], h.row.KeySeq, sub, f) || s.inFlight(byKey[k], h, sub, now) {
 				r.Behind = append(r.Behind, sub)
 			}
 		}

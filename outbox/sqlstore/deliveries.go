@@ -265,7 +265,7 @@ ORDER BY d.available_at LIMIT ?`
 					continue
 				}
 				q = `SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM ` + s.DeliveriesTable() + ` d` + s.d.byID + `
-WHERE ` + strings.ReplaceAll(keysIn(len(cand)), "(event_id, subscription)", "(d.event_id, d.subscription)") + ` AND d.status = ? AND d.available_at <= ` + s.d.now + `
+WHERE ` + keysIn(len(cand)) + ` AND d.status = ? AND d.available_at <= ` + s.d.now + `
   AND (d.locked_until IS NULL OR d.locked_until <= ` + s.d.now + `)` + owes + `
 ORDER BY d.available_at`
 				args = append(append(keyArgs(cand), st.status), oargs...)
