@@ -87,7 +87,7 @@ func (r *registry) match(t EventType) []*subscription {
 func (r *registry) owedElsewhere(t EventType) []string {
 	var names []string
 	for name, types := range r.remote {
-		if types == nil || slices.Contains(types, t) {
+		if len(types) == 0 || slices.Contains(types, t) {
 			names = append(names, name)
 		}
 	}
@@ -179,6 +179,9 @@ func typeNames(ts []EventType) []string {
 }
 
 func eventTypes(ts []string) []EventType {
+	if len(ts) == 0 {
+		return nil // every type
+	}
 	out := make([]EventType, len(ts))
 	for i, t := range ts {
 		out[i] = EventType(t)

@@ -90,30 +90,33 @@ func testSubscriptionsFailAlone(t *testing.T, e *env) {
 
 // A subscription only another instance runs is owed its events: an
 // instance delivers to its own subscriptions and leaves the rest to the
-// instance that has them; each subscription gets each event once.
+// instance that has them; each subscription gets each event once. So is
+// one that takes every type (registered with none).
 func testSubscriptionOwedElsewhere(t *testing.T, e *env) {
 	const n = 20
-	var oldA, newA, newB callCounter
-	recB := newRecorder(n)
-	// The new version (subscriptions a and b) starts first and registers
-	// both; the old one (only a) publishes.
+	var oldA, newA, newB, newAll callCounter
+	recB, recAll := newRecorder(n), newRecorder(n)
+	// The new version (subscriptions a, b and all) starts first and
+	// registers them; the old one (only a) publishes.
 	newer := e.outbox(t, fastConfig())
 	newer.Handle("a", func(_ context.Context, ev outbox.Event) error { newA.add(ev.ID); return nil }, typeA)
 	newer.Handle("b", func(ctx context.Context, ev outbox.Event) error { newB.add(ev.ID); return recB.listen(ctx, ev) }, typeA)
+	newer.Handle("all", func(ctx context.Context, ev outbox.Event) error { newAll.add(ev.ID); return recAll.listen(ctx, ev) })
 	start(t, newer)
 	older := e.outbox(t, fastConfig())
 	older.Handle("a", func(_ context.Context, ev outbox.Event) error { oldA.add(ev.ID); return nil }, typeA)
 	start(t, older)
 	ids := e.publishMany(t, older, typeA, n)
 	recB.wait(t, wait)
+	recAll.wait(t, wait)
 	for _, id := range ids {
 		waitFor(t, "event "+id+" DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
 	}
 	closeNow(t, older)
 	closeNow(t, newer)
 	for _, id := range ids {
-		if a, b := oldA.get(id)+newA.get(id), newB.get(id); a != 1 || b != 1 {
-			t.Errorf("event %s: a delivered %d times, b %d; want once each", id, a, b)
+		if a, b, all := oldA.get(id)+newA.get(id), newB.get(id), newAll.get(id); a != 1 || b != 1 || all != 1 {
+			t.Errorf("event %s: a delivered %d times, b %d, all %d; want once each", id, a, b, all)
 		}
 	}
 }

@@ -1,0 +1,248 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+// Three instances share the table, as during a rolling deploy that adds a
+// subscription: all run the Ordered subscription "b" (which fails the
+// first two attempts of some events) and the Unordered "c" (which fails
+// the first attempt of others); only i0, the new version, also runs the
+// Ordered "a", which takes every type and fails first attempts of yet
+// other events. Sixteen producers publish the events of 12 keys, each
+// through an instance chosen at random, a key's events numbered under a
+// mutex held across the transaction (what an application's lock on the
+// aggregate does): a key's consecutive events often go through different
+// instances, the one before still in flight elsewhere. Every subscription
+// gets every event; each Ordered one gets a key's events in their order,
+// never tries one before the one before it succeeded, and never holds two
+// of a key in its handler at once, across the instances.
+func TestOrderedSubscriptionsAcrossInstances(t *testing.T) {
+	const (
+		instances = 3
+		producers = 16
+		keys      = 12
+	)
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			events := 360
+			if name == "sqlite" {
+				events = 120 // one writer: the producers take turns
+			}
+			st := testdb.Store(t, testdb.Open(t, name))
+			pub := newNumbered(keys)
+			retry := outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })
+			ordered := func(sub string) (*keyLog, outbox.Subscription) {
+				l := newKeyLog(t, events)
+				l.fail = func(ev outbox.Event) error {
+					i, ok := pub.number(ev.ID)
+					l.mu.Lock()
+					before := len(l.got[ev.Key()])
+					l.mu.Unlock()
+					if !ok || before != i {
+						t.Errorf("%s: event %s, number %d of key %s (published: %v), attempted (attempt %d, %s) with %d of the key delivered before it; the key: %s",
+							sub, ev.ID, i, ev.Key(), ok, ev.Attempt, ev.Path, before, pub.describe(st, ev.Key(), i))
+					}
+					if injectedFailure(sub, ev.ID, ev.Attempt) {
+						return errors.New("injected failure")
+					}
+					return nil
+				}
+				return l, outbox.Subscription{Name: sub, Order: outbox.Ordered, Handler: l.handle, Retry: retry}
+			}
+			a, subA := ordered("a")
+			b, subB := ordered("b")
+			var cmu sync.Mutex
+			gotC := map[string]bool{}
+			doneC := make(chan struct{})
+			subC := outbox.Subscription{Name: "c", Order: outbox.Unordered, Retry: retry,
+				Handler: func(ctx context.Context, ev outbox.Event) error {
+					if injectedFailure("c", ev.ID, ev.Attempt) {
+						return errors.New("injected failure")
+					}
+					cmu.Lock()
+					defer cmu.Unlock()
+					if !gotC[ev.ID] {
+						gotC[ev.ID] = true
+						if len(gotC) == events {
+							close(doneC)
+						}
+					}
+					return nil
+				}}
+			var obs []*outbox.Outbox
+			for i := range instances {
+				subs := []outbox.Subscription{subB, subC}
+				if i == 0 {
+					subs = append(subs, subA)
+				}
+				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, subs...))
+			}
+
+			var next sync.Mutex
+			left := events
+			take := func() bool {
+				next.Lock()
+				defer next.Unlock()
+				left--
+				return left >= 0
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, producers)
+			for p := range producers {
+				wg.Go(func() {
+					rnd := rand.New(rand.NewPCG(uint64(p), 1))
+					for take() {
+						i := rnd.IntN(instances)
+						if err := pub.publish(context.Background(), st.DB().DB, obs[i], "i"+strconv.Itoa(i), rnd.IntN(keys)); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			a.wait(t, 60*time.Second)
+			b.wait(t, 60*time.Second)
+			select {
+			case <-doneC:
+			case <-time.After(60 * time.Second):
+				cmu.Lock()
+				defer cmu.Unlock()
+				t.Fatalf("c (unordered) got %d of %d events", len(gotC), events)
+			}
+			for k := range keys {
+				want := pub.ids(k)
+				a.wantKey(t, numberedKey(k), want)
+				b.wantKey(t, numberedKey(k), want)
+			}
+		})
+	}
+}
+
+// injectedFailure reports whether attempt of event id fails on purpose for
+// subscription sub: "a" fails one first attempt in 7, "b" the first two of
+// one event in 5, others the first of one in 10.
+func injectedFailure(sub, id string, attempt int) bool {
+	h := fnv.New32a()
+	h.Write([]byte(sub + id))
+	v := h.Sum32()
+	switch sub {
+	case "a":
+		return attempt == 1 && v%7 == 0
+	case "b":
+		return attempt <= 2 && v%5 == 0
+	}
+	return attempt == 1 && v%10 == 0
+}
+
+func numberedKey(k int) string { return "Acct:" + strconv.Itoa(k) }
+
+// numbered publishes the events of keys Acct:0, Acct:1, … in a known order
+// per key: a key's events are numbered, and published, under the key's
+// mutex held across the transaction.
+type numbered struct {
+	keys  []sync.Mutex
+	mu    sync.Mutex // guards the rest
+	order [][]string // per key, its events' ids by number
+	num   map[string]int
+	where map[string]string // id → instance it was published on
+}
+
+func newNumbered(keys int) *numbered {
+	return &numbered{keys: make([]sync.Mutex, keys), order: make([][]string, keys), num: map[string]int{}, where: map[string]string{}}
+}
+
+// publish publishes the next event of key k through ob (instance name) in
+// a transaction of its own. The event is numbered before the commit (it
+// may be delivered before Commit returns), and the number taken back if
+// the transaction fails. A MySQL deadlock is retried, as an application
+// would.
+func (p *numbered) publish(ctx context.Context, db *sql.DB, ob *outbox.Outbox, name string, k int) error {
+	p.keys[k].Lock()
+	defer p.keys[k].Unlock()
+	for attempt := 1; ; attempt++ {
+		env := outbox.Envelope{ID: outbox.NewID(), Type: "Posted", AggregateType: "Acct", AggregateID: strconv.Itoa(k), JSON: []byte(`{}`)}
+		p.mu.Lock()
+		p.num[env.ID], p.where[env.ID] = len(p.order[k]), name
+		p.order[k] = append(p.order[k], env.ID)
+		p.mu.Unlock()
+		err := func() error {
+			tx, err := outbox.BeginTx(ctx, db, nil)
+			if err != nil {
+				return err
+			}
+			if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+				tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		}()
+		if err == nil {
+			return nil
+		}
+		p.mu.Lock()
+		p.order[k] = p.order[k][:len(p.order[k])-1]
+		delete(p.num, env.ID)
+		p.mu.Unlock()
+		if !strings.Contains(err.Error(), "Error 1213") || attempt == 10 {
+			return fmt.Errorf("publish an event of key %d on %s: %w", k, name, err)
+		}
+	}
+}
+
+// number returns event id's number in its key, from 0.
+func (p *numbered) number(id string) (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, ok := p.num[id]
+	return n, ok
+}
+
+// ids returns key k's events by number.
+func (p *numbered) ids(k int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.order[k]...)
+}
+
+// describe returns the stored state of key's events up to number n, for a
+// failure message.
+func (p *numbered) describe(st *sqlstore.Store, key string, n int) string {
+	k, _ := strconv.Atoi(strings.TrimPrefix(key, "Acct:"))
+	ids := p.ids(k)
+	var sb strings.Builder
+	for i, id := range ids[:min(len(ids), n+1)] {
+		p.mu.Lock()
+		where := p.where[id]
+		p.mu.Unlock()
+		rec, err := st.Inspect(context.Background(), id)
+		if err != nil {
+			fmt.Fprintf(&sb, "\n  #%d %s (published on %s): %v", i, id, where, err)
+			continue
+		}
+		fmt.Fprintf(&sb, "\n  #%d %s (published on %s): %v, number %d, held by %q", i, id, where, rec.Status, rec.KeySeq, rec.Owner)
+		for _, d := range rec.Deliveries {
+			fmt.Fprintf(&sb, "; %s %v after %d attempts, held by %q", d.Subscription, d.Status, d.Attempts, d.Owner)
+		}
+	}
+	return sb.String()
+}
