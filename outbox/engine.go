@@ -96,6 +96,13 @@ func (o *Outbox) Close(ctx context.Context) error {
 	o.poller.stop()
 	o.seq.stop()
 	o.disp.drain(ctx, o.reg.load().local)
+	// Events given back to the poller's list of leases to release after
+	// its last cycle (behind one of their key that failed, or dropped from
+	// a full queue) would stay leased to this instance, and their keys
+	// stalled, until the lease ran out: release them now.
+	rctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	o.poller.releaseDropped(rctx)
+	cancel()
 	o.comp.stop()
 	o.leases.stop()
 	o.reg.stop()

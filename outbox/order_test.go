@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -559,4 +560,172 @@ func TestOrderedFailureHoldsOnlyItsSubscription(t *testing.T) {
 			t.Fatalf("proj tried A1 %d times; want twice", n)
 		}
 	})
+}
+
+// Close leaves nothing leased to the closed instance, and so no key
+// stalled until a lease runs out, when events of a key come to this
+// instance while Close drains it: behind one whose delivery fails then
+// (they are given back), or committed after Close began (handed back).
+func TestCloseReleasesEventsGivenBackWhileDraining(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail bool // the event in the handler fails; else the others commit during Close
+	}{{"behind a failure", true}, {"committed during Close", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := outboxtest.NewStore()
+				entered, release := make(chan struct{}), make(chan struct{})
+				var calls atomic.Int32
+				ob := startedOutbox(t, st, outbox.Config{InstanceID: "closing"},
+					outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+						if calls.Add(1) > 1 {
+							return nil
+						}
+						close(entered)
+						<-release
+						if tc.fail {
+							return errors.New("projection store down")
+						}
+						return nil
+					}})
+				publishKey(t, ob, st, "A", 1)
+				<-entered
+				var rest []string
+				if tc.fail {
+					rest = []string{publishKey(t, ob, st, "A", 2), publishKey(t, ob, st, "A", 3)}
+					synctest.Wait() // both wait here, leased, behind the first
+				}
+				closed := make(chan error)
+				go func() { closed <- ob.Close(context.Background()) }()
+				synctest.Wait() // Close has stopped the poller and waits for the handler
+				if !tc.fail {
+					rest = []string{publishKey(t, ob, st, "A", 2), publishKey(t, ob, st, "A", 3)}
+				}
+				close(release)
+				if err := <-closed; err != nil {
+					t.Fatal(err)
+				}
+				wantFree(t, st, rest...)
+			})
+		})
+	}
+}
+
+// An event of a key, leased here behind the one before it, that commits
+// after that one failed is given back to the poller's list of leases to
+// release. When Close stops the poller before its next cycle (here: it is
+// in a claim), Close releases the list itself: the event is not left
+// leased to the closed instance, its key stalled until the lease runs out.
+func TestCloseReleasesWhatThePollerHadLeftToRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &claimGate{Store: outboxtest.NewStore()}
+		entered, release := make(chan struct{}), make(chan struct{})
+		var calls atomic.Int32
+		ob := startedOutbox(t, st, outbox.Config{InstanceID: "closing", Lease: time.Hour},
+			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+				if calls.Add(1) > 1 {
+					return nil
+				}
+				close(entered)
+				<-release
+				return errors.New("projection store down")
+			}})
+		publishKey(t, ob, st.Store, "A", 1)
+		<-entered
+		ctx := context.Background()
+		tx := st.Begin(ctx)
+		second, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		close(release) // the first fails: the key's chain here ends
+		synctest.Wait()
+		st.block.Store(true)
+		time.Sleep(time.Minute) // the poller's next cycle: it waits in its claim
+		synctest.Wait()
+		if err := tx.Commit(); err != nil { // the second is given back
+			t.Fatal(err)
+		}
+		if err := ob.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wantFree(t, st.Store, second)
+	})
+}
+
+// A Close that cancels the poller just as it takes events off its list of
+// leases to release still leaves none of them leased: the release runs to
+// its end. The race is the poller's select between its nudge and Close;
+// each round gives it another chance.
+func TestCloseDuringThePollersReleaseLeavesNothingLeased(t *testing.T) {
+	for range 30 {
+		synctest.Test(t, func(t *testing.T) {
+			st := &claimGate{Store: outboxtest.NewStore()}
+			entered, release := make(chan struct{}), make(chan struct{})
+			var calls atomic.Int32
+			ob := startedOutbox(t, st, outbox.Config{InstanceID: "closing", Lease: time.Hour},
+				outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+					if calls.Add(1) > 1 {
+						return nil
+					}
+					close(entered)
+					<-release
+					return errors.New("projection store down")
+				}})
+			publishKey(t, ob, st.Store, "A", 1)
+			<-entered
+			ctx := context.Background()
+			tx := st.Begin(ctx)
+			second, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			synctest.Wait()
+			if err := tx.Commit(); err != nil { // given back: on the list, the poller nudged
+				t.Fatal(err)
+			}
+			if err := ob.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wantFree(t, st.Store, second)
+		})
+	}
+}
+
+// claimGate is the in-memory store whose Claim, once block is set, waits
+// for its context to end, and whose Release, as a database's, fails once
+// its context ended.
+type claimGate struct {
+	*outboxtest.Store
+	block atomic.Bool
+}
+
+func (s *claimGate) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.Store.Release(ctx, owner, ids, delay)
+}
+
+func (s *claimGate) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
+	if s.block.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+// wantFree fails the test if one of the events ids is leased.
+func wantFree(t *testing.T, st *outboxtest.Store, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		rec, err := st.Inspect(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Owner != "" {
+			t.Errorf("event %s (%v) is still leased to %q after Close", id, rec.Status, rec.Owner)
+		}
+	}
 }

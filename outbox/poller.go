@@ -380,6 +380,13 @@ func (p *poller) releaseDropped(ctx context.Context) int {
 		}
 		break
 	}
+	if len(ids) == 0 {
+		return 0
+	}
+	// Taken off the list, they must be released even if Close cancels ctx
+	// meanwhile: else they stay leased here until the lease runs out.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
 	p.leases.releaseLeases(ctx, ids, "release events dropped from the hot queue")
 	return len(ids)
 }

@@ -141,10 +141,14 @@ func TestOrderedSubscriptionsAcrossInstances(t *testing.T) {
 // injectedFailure reports whether attempt of event id fails on purpose for
 // subscription sub: "a" fails one first attempt in 7, "b" the first two of
 // one event in 5, others the first of one in 10.
-func injectedFailure(sub, id string, attempt int) bool {
+func fnvOf(s string) uint32 {
 	h := fnv.New32a()
-	h.Write([]byte(sub + id))
-	v := h.Sum32()
+	h.Write([]byte(s))
+	return h.Sum32()
+}
+
+func injectedFailure(sub, id string, attempt int) bool {
+	v := fnvOf(sub + id)
 	switch sub {
 	case "a":
 		return attempt == 1 && v%7 == 0
@@ -177,10 +181,17 @@ func newNumbered(keys int) *numbered {
 // the transaction fails. A MySQL deadlock is retried, as an application
 // would.
 func (p *numbered) publish(ctx context.Context, db *sql.DB, ob *outbox.Outbox, name string, k int) error {
+	return p.publishTyped(ctx, db, ob, name, k, nil)
+}
+
+func (p *numbered) publishTyped(ctx context.Context, db *sql.DB, ob *outbox.Outbox, name string, k int, typeOf func(string) outbox.EventType) error {
 	p.keys[k].Lock()
 	defer p.keys[k].Unlock()
 	for attempt := 1; ; attempt++ {
 		env := outbox.Envelope{ID: outbox.NewID(), Type: "Posted", AggregateType: "Acct", AggregateID: strconv.Itoa(k), JSON: []byte(`{}`)}
+		if typeOf != nil {
+			env.Type = typeOf(env.ID)
+		}
 		p.mu.Lock()
 		p.num[env.ID], p.where[env.ID] = len(p.order[k]), name
 		p.order[k] = append(p.order[k], env.ID)
