@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,4 +257,143 @@ func (p *numbered) describe(st *sqlstore.Store, key string, n int) string {
 		}
 	}
 	return sb.String()
+}
+
+// Across instances, an event dead for an Ordered subscription blocks its
+// key, and only its key, for that subscription until an operator replays
+// it; then the key's events go out in their order. Three instances, 16
+// producers, 12 keys; about one event in 13 fails until the replay (two
+// attempts, then dead), others fail once.
+func TestOrderedDeadBlocksAcrossInstancesUntilReplayed(t *testing.T) {
+	const (
+		instances = 3
+		producers = 16
+		keys      = 12
+	)
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			events := 240
+			if name == "sqlite" {
+				events = 120
+			}
+			st := testdb.Store(t, testdb.Open(t, name))
+			pub := newNumbered(keys)
+			poisoned := func(id string) bool { return fnvOf("poison"+id)%13 == 0 }
+			var mu sync.Mutex
+			broken := true
+			dead := map[string]bool{} // events whose last attempt failed
+			l := newKeyLog(t, events)
+			l.fail = func(ev outbox.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case broken && poisoned(ev.ID):
+					if ev.Attempt == 2 {
+						dead[ev.ID] = true
+					}
+					return errors.New("poison")
+				case ev.Attempt == 1 && injectedFailure("b", ev.ID, 1):
+					return errors.New("injected failure")
+				}
+				return nil
+			}
+			sub := outbox.Subscription{Name: "b", Order: outbox.Ordered, Handler: l.handle, MaxAttempts: 2,
+				Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Millisecond })}
+			var obs []*outbox.Outbox
+			for i := range instances {
+				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, sub))
+			}
+			var next sync.Mutex
+			left := events
+			var wg sync.WaitGroup
+			errs := make(chan error, producers)
+			for p := range producers {
+				wg.Go(func() {
+					rnd := rand.New(rand.NewPCG(uint64(p), 3))
+					for {
+						next.Lock()
+						left--
+						more := left >= 0
+						next.Unlock()
+						if !more {
+							return
+						}
+						i := rnd.IntN(instances)
+						if err := pub.publish(context.Background(), st.DB().DB, obs[i], "i"+strconv.Itoa(i), rnd.IntN(keys)); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			// Each key is delivered up to its first poisoned event, which
+			// goes dead; the rest of the key waits.
+			prefix := map[string][]string{}
+			var blocked []string
+			for k := range keys {
+				ids := pub.ids(k)
+				n := slices.IndexFunc(ids, poisoned)
+				if n < 0 {
+					n = len(ids)
+				} else {
+					blocked = append(blocked, ids[n])
+				}
+				prefix[numberedKey(k)] = ids[:n]
+			}
+			waitUntil(t, 60*time.Second, "every key delivered up to its first poisoned event, which is dead", func() bool {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				for k, want := range prefix {
+					if len(l.got[k]) < len(want) {
+						return false
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				return len(dead) == len(blocked)
+			})
+			bk, err := obs[2].BlockedKeys(context.Background(), "", 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(bk) != len(blocked) {
+				t.Errorf("BlockedKeys: %d keys; want %d", len(bk), len(blocked))
+			}
+			for k, want := range prefix {
+				l.wantKey(t, k, want)
+			}
+			mu.Lock()
+			for _, id := range blocked {
+				if !dead[id] {
+					t.Errorf("event %s, the first poisoned of its key, did not go dead", id)
+				}
+			}
+			broken = false
+			mu.Unlock()
+			if n, err := obs[1].Replay(context.Background(), outbox.DeadFilter{Subscription: "b"}, false); err != nil || n != len(blocked) {
+				t.Fatalf("Replay = %d, %v; want %d", n, err, len(blocked))
+			}
+			l.wait(t, 60*time.Second)
+			for k := range keys {
+				l.wantKey(t, numberedKey(k), pub.ids(k))
+			}
+		})
+	}
+}
+
+// waitUntil polls ok until it holds, failing the test after d.
+func waitUntil(t testing.TB, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not reached in %v: %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
