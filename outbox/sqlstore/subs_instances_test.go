@@ -1,0 +1,180 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// Subscriptions across instances through a rolling restart: three
+// instances run different sets of subscriptions (one that takes every
+// type, one typed whose destination is down for a while, a batch one and a
+// Tx one, each failing some first attempts); twelve producers publish
+// through any instance while the batch subscription is paused and resumed
+// and one instance is replaced by a new one (a graceful Close). Every
+// subscription gets every event it takes, the Tx one exactly once.
+func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
+	const instances, producers = 3, 12
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			events := 400
+			if name == "sqlite" {
+				events = 150
+			}
+			st := testdb.Store(t, testdb.Open(t, name))
+			var mu sync.Mutex
+			got := map[string]map[string]int{"all": {}, "posted": {}, "batch": {}, "tx": {}}
+			var downSince time.Time
+			rec := func(sub, id string) {
+				mu.Lock()
+				got[sub][id]++
+				mu.Unlock()
+			}
+			typeOf := func(id string) outbox.EventType {
+				if fnvOf(id)%3 == 0 {
+					return "Voided"
+				}
+				return "Posted"
+			}
+			retry := outbox.RetryFunc(func(int) time.Duration { return 10 * time.Millisecond })
+			all := outbox.Subscription{Name: "all", Retry: retry, Handler: func(ctx context.Context, ev outbox.Event) error {
+				if ev.Attempt == 1 && fnvOf("all"+ev.ID)%5 == 0 {
+					return errors.New("flaky")
+				}
+				rec("all", ev.ID)
+				return nil
+			}}
+			posted := outbox.Subscription{Name: "posted", Types: []outbox.EventType{"Posted"}, Retry: retry, Handler: func(ctx context.Context, ev outbox.Event) error {
+				if func() bool {
+					mu.Lock()
+					defer mu.Unlock()
+					if downSince.IsZero() && fnvOf("posted"+ev.ID)%6 == 0 {
+						downSince = time.Now()
+					}
+					return !downSince.IsZero() && time.Since(downSince) < 300*time.Millisecond
+				}() {
+					return outbox.Unavailable(errors.New("down"), 0)
+				}
+				rec("posted", ev.ID)
+				return nil
+			}}
+			batch := outbox.Subscription{Name: "batch", Retry: retry, BatchSize: 7, Batch: func(ctx context.Context, evs []outbox.Event) error {
+				be := &outbox.BatchError{Errs: make([]error, len(evs))}
+				bad := false
+				for i, ev := range evs {
+					if ev.Attempt == 1 && fnvOf("batch"+ev.ID)%4 == 0 {
+						be.Errs[i] = errors.New("flaky")
+						bad = true
+						continue
+					}
+					rec("batch", ev.ID)
+				}
+				if bad {
+					return be
+				}
+				return nil
+			}}
+			txs := outbox.Subscription{Name: "tx", Retry: retry, Tx: func(ctx context.Context, tx outbox.DBTx, ev outbox.Event) error {
+				if ev.Attempt == 1 && fnvOf("tx"+ev.ID)%5 == 0 {
+					return errors.New("flaky")
+				}
+				rec("tx", ev.ID)
+				return nil
+			}}
+			subsOf := func(i int) []outbox.Subscription {
+				switch i {
+				case 0:
+					return []outbox.Subscription{all, posted, batch, txs}
+				case 1:
+					return []outbox.Subscription{posted, batch}
+				}
+				return []outbox.Subscription{txs}
+			}
+			var omu sync.RWMutex
+			var obs []*outbox.Outbox
+			for i := range instances {
+				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, subsOf(i)...))
+			}
+			var ids sync.Map
+			var next sync.Mutex
+			left := events
+			var wg sync.WaitGroup
+			for p := range producers {
+				wg.Go(func() {
+					rnd := rand.New(rand.NewPCG(uint64(p), 6))
+					for {
+						next.Lock()
+						left--
+						l := left
+						next.Unlock()
+						if l < 0 {
+							return
+						}
+						switch l {
+						case 3 * events / 4:
+							if err := obs[2].Pause(context.Background(), "batch"); err != nil {
+								t.Error("pause", err)
+							}
+						case events / 2:
+							omu.Lock()
+							old := obs[1]
+							go old.Close(context.Background())
+							obs[1] = startOrdered(t, st, outbox.Config{InstanceID: "i3", PollInterval: 50 * time.Millisecond}, subsOf(1)...)
+							omu.Unlock()
+						case events / 4:
+							if err := obs[0].Resume(context.Background(), "batch"); err != nil {
+								t.Error("resume", err)
+							}
+						}
+						omu.RLock()
+						ob := obs[rnd.IntN(instances)]
+						omu.RUnlock()
+						env := outbox.Envelope{ID: outbox.NewID(), AggregateType: "Acct", AggregateID: strconv.Itoa(rnd.IntN(50)), JSON: []byte(`{}`)}
+						env.Type = typeOf(env.ID)
+						ids.Store(env.ID, env.Type)
+						publishInTx(t, ob, st, env)
+					}
+				})
+			}
+			wg.Wait()
+			missing := func() map[string]int {
+				out := map[string]int{}
+				ids.Range(func(k, v any) bool {
+					id := k.(string)
+					mu.Lock()
+					defer mu.Unlock()
+					for sub := range got {
+						if got[sub][id] == 0 && (sub != "posted" || v.(outbox.EventType) == "Posted") {
+							out[sub]++
+						}
+					}
+					return true
+				})
+				return out
+			}
+			deadline := time.Now().Add(60 * time.Second)
+			for m := missing(); len(m) > 0; m = missing() {
+				if time.Now().After(deadline) {
+					t.Fatalf("after 60s, events not delivered, by subscription: %v", m)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for sub, m := range got {
+				for id, n := range m {
+					if n > 1 && sub == "tx" {
+						t.Errorf("the Tx subscription got %s %d times", id, n)
+					}
+				}
+			}
+		})
+	}
+}
