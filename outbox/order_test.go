@@ -618,35 +618,14 @@ func TestCloseReleasesEventsGivenBackWhileDraining(t *testing.T) {
 // leased to the closed instance, its key stalled until the lease runs out.
 func TestCloseReleasesWhatThePollerHadLeftToRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &claimGate{Store: outboxtest.NewStore()}
-		entered, release := make(chan struct{}), make(chan struct{})
-		var calls atomic.Int32
-		ob := startedOutbox(t, st, outbox.Config{InstanceID: "closing", Lease: time.Hour},
-			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
-				if calls.Add(1) > 1 {
-					return nil
-				}
-				close(entered)
-				<-release
-				return errors.New("projection store down")
-			}})
-		publishKey(t, ob, st.Store, "A", 1)
-		<-entered
-		ctx := context.Background()
-		tx := st.Begin(ctx)
-		second, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		close(release) // the first fails: the key's chain here ends
-		synctest.Wait()
+		ob, st, tx, second := secondBehindAFailure(t)
 		st.block.Store(true)
 		time.Sleep(time.Minute) // the poller's next cycle: it waits in its claim
 		synctest.Wait()
 		if err := tx.Commit(); err != nil { // the second is given back
 			t.Fatal(err)
 		}
-		if err := ob.Close(ctx); err != nil {
+		if err := ob.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		wantFree(t, st.Store, second)
@@ -660,37 +639,49 @@ func TestCloseReleasesWhatThePollerHadLeftToRelease(t *testing.T) {
 func TestCloseDuringThePollersReleaseLeavesNothingLeased(t *testing.T) {
 	for range 30 {
 		synctest.Test(t, func(t *testing.T) {
-			st := &claimGate{Store: outboxtest.NewStore()}
-			entered, release := make(chan struct{}), make(chan struct{})
-			var calls atomic.Int32
-			ob := startedOutbox(t, st, outbox.Config{InstanceID: "closing", Lease: time.Hour},
-				outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
-					if calls.Add(1) > 1 {
-						return nil
-					}
-					close(entered)
-					<-release
-					return errors.New("projection store down")
-				}})
-			publishKey(t, ob, st.Store, "A", 1)
-			<-entered
-			ctx := context.Background()
-			tx := st.Begin(ctx)
-			second, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			close(release)
-			synctest.Wait()
+			ob, st, tx, second := secondBehindAFailure(t)
 			if err := tx.Commit(); err != nil { // given back: on the list, the poller nudged
 				t.Fatal(err)
 			}
-			if err := ob.Close(ctx); err != nil {
+			if err := ob.Close(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			wantFree(t, st.Store, second)
 		})
 	}
+}
+
+// secondBehindAFailure starts an outbox (instance "closing", on a
+// claimGate) whose ordered subscription holds the first event of key A in
+// its handler, publishes that event and, meanwhile, a second of the key in
+// a transaction it leaves open (written leased here, behind the first),
+// then lets the first fail and waits for its outcome: the key's chain here
+// has ended, and the second is given back when tx commits.
+func secondBehindAFailure(t *testing.T) (*outbox.Outbox, *claimGate, *outboxtest.Tx, string) {
+	t.Helper()
+	st := &claimGate{Store: outboxtest.NewStore()}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	ob := startedOutbox(t, st, outbox.Config{InstanceID: "closing", Lease: time.Hour},
+		outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+			if calls.Add(1) > 1 {
+				return nil
+			}
+			close(entered)
+			<-release
+			return errors.New("projection store down")
+		}})
+	publishKey(t, ob, st.Store, "A", 1)
+	<-entered
+	ctx := context.Background()
+	tx := st.Begin(ctx)
+	second, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	synctest.Wait()
+	return ob, st, tx, second
 }
 
 // claimGate is the in-memory store whose Claim, once block is set, waits

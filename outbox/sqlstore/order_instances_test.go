@@ -94,33 +94,7 @@ func TestOrderedSubscriptionsAcrossInstances(t *testing.T) {
 				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, subs...))
 			}
 
-			var next sync.Mutex
-			left := events
-			take := func() bool {
-				next.Lock()
-				defer next.Unlock()
-				left--
-				return left >= 0
-			}
-			var wg sync.WaitGroup
-			errs := make(chan error, producers)
-			for p := range producers {
-				wg.Go(func() {
-					rnd := rand.New(rand.NewPCG(uint64(p), 1))
-					for take() {
-						i := rnd.IntN(instances)
-						if err := pub.publish(context.Background(), st.DB().DB, obs[i], "i"+strconv.Itoa(i), rnd.IntN(keys)); err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+			pub.produce(t, st.DB().DB, obs, producers, events, 1)
 			a.wait(t, 60*time.Second)
 			b.wait(t, 60*time.Second)
 			select {
@@ -221,6 +195,40 @@ func (p *numbered) publishTyped(ctx context.Context, db *sql.DB, ob *outbox.Outb
 	}
 }
 
+// produce publishes events events from producers goroutines, each event
+// of a key chosen at random through an instance of obs chosen at random
+// (seed seeds the choices), and returns when all are committed.
+func (p *numbered) produce(t *testing.T, db *sql.DB, obs []*outbox.Outbox, producers, events int, seed uint64) {
+	t.Helper()
+	var mu sync.Mutex
+	left := events
+	take := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		left--
+		return left >= 0
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for g := range producers {
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(g), seed))
+			for take() {
+				i := rnd.IntN(len(obs))
+				if err := p.publish(context.Background(), db, obs[i], "i"+strconv.Itoa(i), rnd.IntN(len(p.keys))); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
 // number returns event id's number in its key, from 0.
 func (p *numbered) number(id string) (int, bool) {
 	p.mu.Lock()
@@ -303,34 +311,7 @@ func TestOrderedDeadBlocksAcrossInstancesUntilReplayed(t *testing.T) {
 			for i := range instances {
 				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, sub))
 			}
-			var next sync.Mutex
-			left := events
-			var wg sync.WaitGroup
-			errs := make(chan error, producers)
-			for p := range producers {
-				wg.Go(func() {
-					rnd := rand.New(rand.NewPCG(uint64(p), 3))
-					for {
-						next.Lock()
-						left--
-						more := left >= 0
-						next.Unlock()
-						if !more {
-							return
-						}
-						i := rnd.IntN(instances)
-						if err := pub.publish(context.Background(), st.DB().DB, obs[i], "i"+strconv.Itoa(i), rnd.IntN(keys)); err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+			pub.produce(t, st.DB().DB, obs, producers, events, 3)
 			// Each key is delivered up to its first poisoned event, which
 			// goes dead; the rest of the key waits.
 			prefix := map[string][]string{}
