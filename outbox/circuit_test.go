@@ -109,8 +109,8 @@ func TestCircuitOutage(t *testing.T) {
 			published  = map[string]time.Time{}
 			healthy    = map[string]time.Time{} // first delivery
 			delivered  = map[string]time.Time{} // to the destination that was down
-			inFlight   int
-			maxOpen    int // most calls in flight at once while the circuit was open
+			inFlight   int // calls started while the circuit was open, still running
+			maxOpen    int // most calls in flight at once that started while the circuit was open
 			callsDown  int // calls while it was down
 			callsOpen  int // calls while the circuit was open
 			badAttempt []string
@@ -122,16 +122,22 @@ func TestCircuitOutage(t *testing.T) {
 		if err := ob.Subscribe(outbox.Subscription{
 			Name: "webhook", Types: []outbox.EventType{typ}, CircuitMaxProbe: maxProbe,
 			Handler: func(ctx context.Context, ev outbox.Event) error {
+				// Calls that start while the circuit is open are its
+				// probes; calls admitted before it opened may still be
+				// running, and are not counted.
 				mu.Lock()
-				inFlight++
-				if m.open("webhook") {
+				open := m.open("webhook")
+				if open {
 					callsOpen++
+					inFlight++
 					maxOpen = max(maxOpen, inFlight)
 				}
 				mu.Unlock()
 				defer func() {
 					mu.Lock()
-					inFlight--
+					if open {
+						inFlight--
+					}
 					mu.Unlock()
 				}()
 				time.Sleep(callTime)
