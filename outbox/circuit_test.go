@@ -109,10 +109,10 @@ func TestCircuitOutage(t *testing.T) {
 			published  = map[string]time.Time{}
 			healthy    = map[string]time.Time{} // first delivery
 			delivered  = map[string]time.Time{} // to the destination that was down
-			inFlight   int // calls started while the circuit was open, still running
-			maxOpen    int // most calls in flight at once that started while the circuit was open
-			callsDown  int // calls while it was down
-			callsOpen  int // calls while the circuit was open
+			inFlight   int                      // calls started while the circuit was open, still running
+			maxOpen    int                      // most calls in flight at once that started while the circuit was open
+			callsDown  int                      // calls while it was down
+			callsOpen  int                      // calls while the circuit was open
 			badAttempt []string
 		)
 		down := func(now time.Time) bool {
