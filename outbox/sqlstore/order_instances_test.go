@@ -91,7 +91,7 @@ func TestOrderedSubscriptionsAcrossInstances(t *testing.T) {
 				if i == 0 {
 					subs = append(subs, subA)
 				}
-				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, subs...))
+				obs = append(obs, startOrdered(t, st, instance(i), subs...))
 			}
 
 			pub.produce(t, st.DB().DB, obs, producers, events, 1)
@@ -135,6 +135,12 @@ func injectedFailure(sub, id string, attempt int) bool {
 
 func numberedKey(k int) string { return "Acct:" + strconv.Itoa(k) }
 
+// instance is the Config of the instance numbered i in the tests that run
+// several: InstanceID "i<i>", a short poll.
+func instance(i int) outbox.Config {
+	return outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}
+}
+
 // numbered publishes the events of keys Acct:0, Acct:1, … in a known order
 // per key: a key's events are numbered, and published, under the key's
 // mutex held across the transaction.
@@ -156,43 +162,33 @@ func newNumbered(keys int) *numbered {
 // the transaction fails. A MySQL deadlock is retried, as an application
 // would.
 func (p *numbered) publish(ctx context.Context, db *sql.DB, ob *outbox.Outbox, name string, k int) error {
-	return p.publishTyped(ctx, db, ob, name, k, nil)
-}
-
-func (p *numbered) publishTyped(ctx context.Context, db *sql.DB, ob *outbox.Outbox, name string, k int, typeOf func(string) outbox.EventType) error {
 	p.keys[k].Lock()
 	defer p.keys[k].Unlock()
 	for attempt := 1; ; attempt++ {
 		env := outbox.Envelope{ID: outbox.NewID(), Type: "Posted", AggregateType: "Acct", AggregateID: strconv.Itoa(k), JSON: []byte(`{}`)}
-		if typeOf != nil {
-			env.Type = typeOf(env.ID)
-		}
 		p.mu.Lock()
 		p.num[env.ID], p.where[env.ID] = len(p.order[k]), name
 		p.order[k] = append(p.order[k], env.ID)
 		p.mu.Unlock()
-		err := func() error {
-			tx, err := outbox.BeginTx(ctx, db, nil)
-			if err != nil {
-				return err
-			}
-			if _, err := ob.PublishTx(ctx, tx, env); err != nil {
-				tx.Rollback()
-				return err
-			}
-			return tx.Commit()
-		}()
+		_, err := publishWithin(ctx, db, ob, env)
 		if err == nil {
 			return nil
 		}
-		p.mu.Lock()
-		p.order[k] = p.order[k][:len(p.order[k])-1]
-		delete(p.num, env.ID)
-		p.mu.Unlock()
+		p.forget(k, env.ID)
 		if !strings.Contains(err.Error(), "Error 1213") || attempt == 10 {
 			return fmt.Errorf("publish an event of key %d on %s: %w", k, name, err)
 		}
 	}
+}
+
+// forget takes back id, the last event numbered in key k, whose
+// transaction failed.
+func (p *numbered) forget(k int, id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.order[k] = p.order[k][:len(p.order[k])-1]
+	delete(p.num, id)
+	delete(p.where, id)
 }
 
 // produce publishes events events from producers goroutines, each event
@@ -309,7 +305,7 @@ func TestOrderedDeadBlocksAcrossInstancesUntilReplayed(t *testing.T) {
 				Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Millisecond })}
 			var obs []*outbox.Outbox
 			for i := range instances {
-				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, sub))
+				obs = append(obs, startOrdered(t, st, instance(i), sub))
 			}
 			pub.produce(t, st.DB().DB, obs, producers, events, 3)
 			// Each key is delivered up to its first poisoned event, which

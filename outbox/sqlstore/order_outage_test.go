@@ -2,10 +2,10 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,27 +44,13 @@ func TestOrderedThroughADatabaseOutage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var mu sync.Mutex
-			got := map[string][]string{}
-			busy := map[string]bool{}
-			sub := outbox.Subscription{Name: "b", Order: outbox.Ordered, Retry: outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond }),
-				Handler: func(ctx context.Context, ev outbox.Event) error {
-					mu.Lock()
-					if busy[ev.Key()] {
-						t.Errorf("two events of key %s in the handler at once", ev.Key())
-					}
-					busy[ev.Key()] = true
-					mu.Unlock()
-					runtime.Gosched()
-					mu.Lock()
-					defer mu.Unlock()
-					busy[ev.Key()] = false
-					got[ev.Key()] = append(got[ev.Key()], ev.ID)
-					return nil
-				}}
+			l := newKeyLog(t, -1) // how many is known after the run; duplicates are expected
+			sub := outbox.Subscription{Name: "b", Order: outbox.Ordered, Handler: l.handle, Retry: outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })}
 			var obs []*outbox.Outbox
 			for i := range instances {
-				obs = append(obs, startOrdered(t, pst, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond, Lease: 2 * time.Second}, sub))
+				cfg := instance(i)
+				cfg.Lease = 2 * time.Second
+				obs = append(obs, startOrdered(t, pst, cfg, sub))
 			}
 
 			// Each producer publishes, key by key under the key's mutex,
@@ -87,7 +73,9 @@ func TestOrderedThroughADatabaseOutage(t *testing.T) {
 						k := rnd.IntN(keys)
 						env := outbox.Envelope{ID: outbox.NewID(), Type: "Posted", AggregateType: "Acct", AggregateID: strconv.Itoa(k), JSON: []byte(`{}`)}
 						kmu[k].Lock()
-						atCommit, err := publishWithin(pdb, obs[rnd.IntN(instances)], env, 2*time.Second)
+						ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+						atCommit, err := publishWithin(ctx, pdb.DB, obs[rnd.IntN(instances)], env)
+						cancel()
 						if err == nil || atCommit {
 							omu.Lock()
 							order[k] = append(order[k], env.ID)
@@ -124,10 +112,10 @@ func TestOrderedThroughADatabaseOutage(t *testing.T) {
 				total += len(want[k])
 			}
 			first := func() (map[string][]string, int, int) {
-				mu.Lock()
-				defer mu.Unlock()
+				l.mu.Lock()
+				defer l.mu.Unlock()
 				out, n, dups := map[string][]string{}, 0, 0
-				for k, ids := range got {
+				for k, ids := range l.got {
 					seen := map[string]bool{}
 					for _, id := range ids {
 						if seen[id] {
@@ -169,12 +157,10 @@ func TestOrderedThroughADatabaseOutage(t *testing.T) {
 }
 
 // publishWithin publishes env through ob in a transaction of its own on
-// db, bounded by d, and reports whether an error came from the COMMIT
-// (the outcome is then unknown; before it, nothing was committed).
-func publishWithin(db *sqlx.DB, ob *outbox.Outbox, env outbox.Envelope, d time.Duration) (atCommit bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	tx, err := outbox.BeginTx(ctx, db.DB, nil)
+// db, and reports whether an error came from the COMMIT (the outcome is
+// then unknown; before it, nothing was committed).
+func publishWithin(ctx context.Context, db *sql.DB, ob *outbox.Outbox, env outbox.Envelope) (atCommit bool, err error) {
+	tx, err := outbox.BeginTx(ctx, db, nil)
 	if err != nil {
 		return false, err
 	}

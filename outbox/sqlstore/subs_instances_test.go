@@ -100,7 +100,7 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 			var omu sync.RWMutex
 			var obs []*outbox.Outbox
 			for i := range instances {
-				obs = append(obs, startOrdered(t, st, outbox.Config{InstanceID: "i" + strconv.Itoa(i), PollInterval: 50 * time.Millisecond}, subsOf(i)...))
+				obs = append(obs, startOrdered(t, st, instance(i), subsOf(i)...))
 			}
 			var ids sync.Map
 			var next sync.Mutex
@@ -126,7 +126,7 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 							omu.Lock()
 							old := obs[1]
 							go old.Close(context.Background())
-							obs[1] = startOrdered(t, st, outbox.Config{InstanceID: "i3", PollInterval: 50 * time.Millisecond}, subsOf(1)...)
+							obs[1] = startOrdered(t, st, instance(3), subsOf(1)...)
 							omu.Unlock()
 						case events / 4:
 							if err := obs[0].Resume(context.Background(), "batch"); err != nil {
