@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -29,19 +28,52 @@ type cleaner struct {
 // cancels its context and waits for it.
 type runner struct {
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	done   chan struct{} // closed when the goroutine has returned
 }
 
 func (r *runner) start(ctx context.Context, run func(context.Context)) {
 	ctx, r.cancel = context.WithCancel(ctx)
-	r.wg.Go(func() { run(ctx) })
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		run(ctx)
+	}()
 }
 
-func (r *runner) stop() {
-	if r.cancel != nil {
-		r.cancel()
+// stopGrace is how long a part's goroutine, its context cancelled, may
+// take to return once the engine's life has ended before Close gives up
+// waiting for it.
+const stopGrace = 100 * time.Millisecond
+
+// waitBriefly waits up to stopGrace for done; it reports whether done
+// was closed.
+func waitBriefly(done <-chan struct{}) bool {
+	t := time.NewTimer(stopGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
 	}
-	r.wg.Wait()
+}
+
+// stop cancels the goroutine's context and waits for it to return, or
+// for life to end: a goroutine inside a database call that ignores its
+// context (a MySQL COMMIT on a connection that stopped answering) cannot
+// be cut short. It reports whether the goroutine returned; if not, it
+// returns when that call does, on its own.
+func (r *runner) stop(life context.Context) bool {
+	if r.cancel == nil {
+		return true
+	}
+	r.cancel()
+	select {
+	case <-r.done:
+		return true
+	case <-life.Done():
+		return waitBriefly(r.done)
+	}
 }
 
 // chunks yields s in pieces of at most n.

@@ -18,7 +18,11 @@ func (e *unavailableError) Unwrap() error { return e.err }
 // Unavailable marks err as an outage of the destination rather than a
 // problem of the event: the attempt is not counted, the event is tried
 // again later, and after CircuitThreshold such failures in a row the
-// subscription's circuit opens (see Subscription). retryAfter, if
+// subscription's circuit opens (see Subscription). An event refused again
+// after the destination took other events since its last refusal is
+// taken for the problem: from then on its refusals count as attempts (as
+// remembered by this instance: another instance's first refusal of it is
+// not counted). retryAfter, if
 // positive, is when the destination said to come back (an HTTP 429 or 503
 // Retry-After); otherwise the circuit's own probe interval applies.
 func Unavailable(err error, retryAfter time.Duration) error {
@@ -57,7 +61,19 @@ type circuit struct {
 	probing   bool // a probe is in flight
 	until     time.Time
 	nextProbe time.Duration // wait after the next failed probe
+
+	// An event the destination refuses as unavailable while it takes
+	// others is the event's problem, not an outage: lastSuccess is the
+	// last delivery the destination took, refused when each event it
+	// last refused was refused (at most maxRefused, then forgotten).
+	lastSuccess time.Time
+	refused     map[string]time.Time
 }
+
+// maxRefused bounds a circuit's memory of refused events; past it, the
+// memory starts again (an event forgotten spends one more refusal
+// without an attempt).
+const maxRefused = 4096
 
 // acquire reports whether an event may go to the destination now. While
 // the circuit is open, only one probe at a time may, once the wait is
@@ -97,13 +113,23 @@ func (c *circuit) claim() claimKind {
 	return claimNone
 }
 
-// success closes the circuit.
-func (c *circuit) success() (wasOpen bool) {
+// success records that the destination took event id, and closes the
+// circuit.
+func (c *circuit) success(id string, now time.Time) (wasOpen bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	wasOpen = c.open
 	c.failures, c.open, c.probing, c.nextProbe = 0, false, false, 0
+	c.lastSuccess = now
+	delete(c.refused, id)
 	return wasOpen
+}
+
+// forget drops event id from the refused events: it is settled.
+func (c *circuit) forget(id string) {
+	c.mu.Lock()
+	delete(c.refused, id)
+	c.mu.Unlock()
 }
 
 // failure records an attempt that failed for a reason other than an
@@ -117,17 +143,37 @@ func (c *circuit) failure(probe bool) {
 	}
 }
 
-// unavailable records an outage and returns how long to defer the event
-// and whether the circuit just opened.
-func (c *circuit) unavailable(now time.Time, retryAfter time.Duration, probe bool) (wait time.Duration, opened bool) {
+// unavailable records that the destination refused event id as
+// unavailable. If it took another event since it last refused this one,
+// it is up, and the refusal is the event's: counted is true, the caller
+// spends an attempt, and the circuit counts it as a failure that is not
+// an outage. Else it is an outage: it returns how long to defer the event
+// and whether the circuit just opened. A failed probe is deferred a probe
+// interval past the next probe, so that another event, if any is due,
+// probes next: an event the destination refuses cannot keep the circuit
+// open on its own while others wait.
+func (c *circuit) unavailable(id string, now time.Time, retryAfter time.Duration, probe bool) (wait time.Duration, opened, counted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	last, seen := c.refused[id]
+	if c.refused == nil || len(c.refused) >= maxRefused {
+		c.refused = map[string]time.Time{}
+	}
+	c.refused[id] = now
+	if seen && c.lastSuccess.After(last) {
+		c.failures = 0
+		if probe || c.open {
+			c.open, c.probing, c.nextProbe = false, false, 0
+		}
+		return 0, false, true
+	}
 	c.failures++
 	if probe {
 		c.probing = false
+		defer func() { wait += c.cfg.CircuitProbe }()
 	}
 	if !c.open && c.failures < c.cfg.CircuitThreshold {
-		return max(retryAfter, c.cfg.CircuitProbe), false
+		return max(retryAfter, c.cfg.CircuitProbe), false, false
 	}
 	if !c.open {
 		opened = true
@@ -143,7 +189,7 @@ func (c *circuit) unavailable(now time.Time, retryAfter time.Duration, probe boo
 	if t := now.Add(wait); t.After(c.until) {
 		c.until = t
 	}
-	return c.until.Sub(now), opened
+	return c.until.Sub(now), opened, false
 }
 
 // release gives up a probe that was not sent (the event went elsewhere).

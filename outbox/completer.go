@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -23,31 +22,47 @@ type completer struct {
 	health    *health
 	m         Metrics
 	seq       *sequencer
+	storeCtx  func() (context.Context, context.CancelFunc)
 
-	in chan *item
-	wg sync.WaitGroup
+	in   chan *item
+	done chan struct{} // closed when run has returned
 }
 
 func newCompleter(d *deps, inflight *inflightSet) *completer {
 	return &completer{
 		store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID,
 		batchSize: d.cfg.CompletionBatchSize, linger: d.cfg.CompletionLinger,
-		inflight: inflight, log: d.log, health: d.health, m: d.m,
+		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx,
 		in: make(chan *item, 4*d.cfg.CompletionBatchSize),
 	}
 }
 
-func (c *completer) start() { c.wg.Go(c.run) }
+func (c *completer) start() {
+	c.done = make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.run()
+	}()
+}
 
 // add hands over a delivered item; the completer releases it from the
 // in-flight set once its DONE is written.
 func (c *completer) add(it *item) { c.in <- it }
 
-// stop writes what is left and waits for the goroutine. Nothing may be
-// added after.
-func (c *completer) stop() {
+// stop writes what is left and waits for the goroutine, or for life to
+// end (see runner.stop); it reports whether the goroutine returned.
+// Nothing may be added after.
+func (c *completer) stop(life context.Context) bool {
 	close(c.in)
-	c.wg.Wait()
+	if c.done == nil {
+		return true
+	}
+	select {
+	case <-c.done:
+		return true
+	case <-life.Done():
+		return waitBriefly(c.done)
+	}
 }
 
 // run takes what the workers have finished, waiting up to the linger for
@@ -115,7 +130,7 @@ func recordsKey(it *item) bool {
 }
 
 func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := c.storeCtx()
 	defer cancel()
 	start := time.Now()
 	n, err := retryStore(ctx, func() (int, error) { return c.dstore.CompleteDeliveries(ctx, c.owner, keys) })
@@ -135,7 +150,7 @@ func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
 // them, on their keys. It returns the keys of done whose later events
 // may wait in the table, or nil if it cannot tell.
 func (c *completer) markDone(ids []string, done []driver.KeyDone) map[string]bool {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := c.storeCtx()
 	defer cancel()
 	start := time.Now()
 	var later map[string]bool

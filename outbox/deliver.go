@@ -109,7 +109,7 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			// Never complete what no subscription here accepted: give it
 			// back for an instance that has one (no attempt spent).
 			d.reg.noListener(it.env.ID, it.env.Type)
-			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			ctx, cancel := d.storeCtx()
 			d.leases.release(ctx, []string{it.env.ID}, d.cfg.NoListenerDelay, "hand back an event with no subscription here")
 			d.chainFailed(ctx, it)
 			cancel()
@@ -191,9 +191,9 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 	}()
 	now := time.Now()
 	if err == nil {
-		if s.circuit.success() {
+		if s.circuit.success(it.env.ID, now) {
 			// What waited for the circuit is due now, not at its probe time.
-			dctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			dctx, cancel := d.storeCtx()
 			n, err := d.dstore.DueNow(dctx, s.Name)
 			cancel()
 			if err != nil {
@@ -213,20 +213,26 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 		return r
 	}
 	if down, retryAfter := IsUnavailable(err); down {
-		wait, opened := s.circuit.unavailable(now, retryAfter, probe)
-		if opened {
-			d.m.Circuit(s.Name, CircuitOpen)
-			d.log.Warn("destination unavailable: circuit open, events wait without spending attempts",
-				slog.String("subscription", s.Name), slog.Duration("probe_in", wait), slog.String("error", errorText(err.Error())))
+		wait, opened, counted := s.circuit.unavailable(it.env.ID, now, retryAfter, probe)
+		if !counted {
+			if opened {
+				d.m.Circuit(s.Name, CircuitOpen)
+				d.log.Warn("destination unavailable: circuit open, events wait without spending attempts",
+					slog.String("subscription", s.Name), slog.Duration("probe_in", wait), slog.String("error", errorText(err.Error())))
+			}
+			r.kind, r.delay, r.err = resDefer, wait, errorText(err.Error())
+			return r
 		}
-		r.kind, r.delay, r.err = resDefer, wait, errorText(err.Error())
-		return r
+		d.log.Warn("destination refuses this event as unavailable while it takes others: the attempt counts",
+			slog.String("subscription", s.Name), slog.String("event_id", it.env.ID), slog.String("error", errorText(err.Error())))
+	} else {
+		s.circuit.failure(probe)
 	}
-	s.circuit.failure(probe)
 	r.attempts = it.attempts + 1
 	r.err = errorText(err.Error())
 	if s.Classify(err) == DecisionDead || r.attempts >= s.MaxAttempts {
 		r.kind = resDead
+		s.circuit.forget(it.env.ID)
 	} else {
 		r.kind, r.delay = resRetry, s.Retry.Delay(r.attempts)
 	}
@@ -256,7 +262,7 @@ func (d *dispatcher) finish(it *item) {
 	}
 	if cancelled {
 		d.requeue(it)
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		ctx, cancel := d.storeCtx()
 		d.chainFailed(ctx, it)
 		cancel()
 		return
@@ -270,7 +276,7 @@ func (d *dispatcher) finish(it *item) {
 			// some subscription still owes an earlier event of the key:
 			// the events behind it go back to the table, where the claim
 			// says who is behind for them.
-			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			ctx, cancel := d.storeCtx()
 			d.chainFailed(ctx, it)
 			cancel()
 		}
@@ -293,7 +299,7 @@ func (d *dispatcher) finish(it *item) {
 // recordFailures writes the state of the subscriptions that did not
 // deliver the item.
 func (d *dispatcher) recordFailures(it *item) {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := d.storeCtx()
 	defer cancel()
 	var writes []driver.DeliveryWrite
 	var wake time.Duration = -1

@@ -242,7 +242,7 @@ func (d *dispatcher) handBack() {
 	if len(items) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := d.storeCtx()
 	defer cancel()
 	d.leases.releaseLeases(ctx, ids, "release leases on close")
 	d.leases.releaseDeliveries(ctx, keys, 0, "release deliveries on close")

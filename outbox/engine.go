@@ -2,8 +2,10 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -70,10 +72,20 @@ func (o *Outbox) Start(ctx context.Context) error {
 // waits for every goroutine it started. Events published after Close stay
 // in the table for the poller of another or the next instance.
 //
+// Close returns soon after ctx ends (within two grace periods of one
+// second) even when the database does not answer: the writes it has not
+// finished a grace period after ctx ended are given up, and the events
+// they would have recorded or handed back are delivered again once their
+// leases run out (at least once; nothing is lost). A database call that
+// ignores its context (go-sql-driver/mysql cannot cut a COMMIT short) is
+// not waited for past that point: Close returns an error naming the part
+// still inside it, whose goroutine ends when the call returns. Setting
+// readTimeout and writeTimeout in a MySQL DSN bounds such calls.
+//
 // Close may be called without Start and more than once; a second call
 // waits for the first and returns nil. It returns an error if ctx ended
-// and an abandoned handler call had still not returned a short grace
-// period (one second) after its context was cancelled.
+// and an abandoned handler call had still not returned the grace period
+// after its context was cancelled.
 func (o *Outbox) Close(ctx context.Context) error {
 	o.mu.Lock()
 	if o.closed {
@@ -86,6 +98,30 @@ func (o *Outbox) Close(ctx context.Context) error {
 	o.mu.Unlock()
 	defer close(o.closeDone)
 	defer defaultOutbox.CompareAndSwap(o, nil)
+	// The engine's writes from here on (hand-backs, the last completions)
+	// end closeGrace after ctx, answered or not: a database that does not
+	// answer costs Close no more than that. What they could not write is
+	// at least once still: leases run out, and the events go out again.
+	closing := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case <-closing:
+			return
+		case <-ctx.Done():
+		}
+		t := time.NewTimer(closeGrace)
+		defer t.Stop()
+		select {
+		case <-closing:
+		case <-t.C:
+			o.endLife()
+		}
+	})
+	defer func() {
+		close(closing)
+		watch.Wait()
+	}()
 
 	if !started {
 		o.disp.handBack()
@@ -93,22 +129,32 @@ func (o *Outbox) Close(ctx context.Context) error {
 	}
 	// In order: nothing new is claimed; what is queued is delivered (or
 	// handed back); the last completions are written; then the rest.
-	o.poller.stop()
-	o.seq.stop()
+	var stuck []string
+	stop := func(part string, stopped bool) {
+		if !stopped {
+			stuck = append(stuck, part)
+		}
+	}
+	stop("poller", o.poller.stop(o.life))
+	stop("sequencer", o.seq.stop(o.life))
 	o.disp.drain(ctx, o.reg.load().local)
 	// Events given back to the poller's list of leases to release after
 	// its last cycle (behind one of their key that failed, or dropped from
 	// a full queue) would stay leased to this instance, and their keys
 	// stalled, until the lease ran out: release them now.
-	rctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	rctx, cancel := o.storeCtx()
 	o.poller.releaseDropped(rctx)
 	cancel()
-	o.comp.stop()
-	o.leases.stop()
-	o.reg.stop()
-	o.sampler.stop()
-	o.cleaner.stop()
-	return o.disp.waitStragglers(ctx)
+	stop("completer", o.comp.stop(o.life))
+	stop("lease keeper", o.leases.stop(o.life))
+	stop("registrar", o.reg.stop(o.life))
+	stop("sampler", o.sampler.stop(o.life))
+	stop("cleaner", o.cleaner.stop(o.life))
+	err := o.disp.waitStragglers(ctx)
+	if len(stuck) > 0 {
+		err = errors.Join(err, fmt.Errorf("outbox: close: the %s did not return: blocked in a database call that ignores its context (on MySQL, a COMMIT on a connection that stopped answering); it returns when the driver does", strings.Join(stuck, ", ")))
+	}
+	return err
 }
 
 // QueueDepths returns the current lengths of the hot and cold queues.

@@ -256,7 +256,7 @@ func (s *sequencer) keysDone(ctx context.Context, evs []driver.KeyDone) {
 	if len(evs) == 0 || s.ostore == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	ctx, cancel := s.storeCtx()
 	defer cancel()
 	start := time.Now()
 	err := s.ostore.KeysDone(ctx, evs, s.reg.load().orderFilter())
@@ -275,7 +275,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 	}
 	reg := s.reg.load()
 	// As the poll's: a claim that started runs to its end.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	ctx, cancel := s.storeCtx()
 	defer cancel()
 	start := time.Now()
 	rows, err := s.ostore.ClaimHeads(ctx, driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease}, keys, reg.orderFilter())
@@ -308,7 +308,7 @@ func (s *sequencer) sweep(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	after := s.after
 	s.mu.Unlock()
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	qctx, cancel := s.storeCtx()
 	keys, err := s.ostore.DueKeys(qctx, after, limit)
 	cancel()
 	if err != nil {

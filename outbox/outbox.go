@@ -82,6 +82,18 @@ type deps struct {
 	log    *slog.Logger
 	m      Metrics
 	health *health
+
+	// life bounds the engine's own writes (storeCtx): it ends closeGrace
+	// after Close's context, so that Close returns in time even when the
+	// database does not answer.
+	life    context.Context
+	endLife context.CancelFunc
+}
+
+// storeCtx returns the context of one of the engine's own writes: at most
+// storeTimeout, and no later than the engine's life.
+func (d *deps) storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(d.life, storeTimeout)
 }
 
 // New returns an Outbox over store. It does not start delivering until
@@ -109,6 +121,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 		m:      cfg.Metrics,
 		health: &health{},
 	}
+	d.life, d.endLife = context.WithCancel(context.Background())
 	o := &Outbox{deps: d, closeDone: make(chan struct{})}
 	o.reg = newRegistrar(d)
 	o.disp = newDispatcher(d)

@@ -242,7 +242,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	// server, and rows leased to this instance but in none of its queues
 	// would wait out a whole lease. What it took goes to the cold queue,
 	// which Close drains or hands back.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	ctx, cancel := p.storeCtx()
 	defer cancel()
 	claimStart := time.Now()
 	rows, err := p.store.Claim(ctx, driver.ClaimRequest{
@@ -385,7 +385,7 @@ func (p *poller) releaseDropped(ctx context.Context) int {
 	}
 	// Taken off the list, they must be released even if Close cancels ctx
 	// meanwhile: else they stay leased here until the lease runs out.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	ctx, cancel := p.storeCtx()
 	defer cancel()
 	p.leases.releaseLeases(ctx, ids, "release events dropped from the hot queue")
 	return len(ids)

@@ -1,24 +1,27 @@
 package testbroker
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
 )
 
 // Proxy is a TCP proxy in front of a broker. Cut closes every connection
-// and refuses new ones, as a broker that went away would; Restore lets
-// connections through again. Only the proxy's clients see the outage: the
-// shared broker keeps running.
+// and refuses new ones, as a broker that went away would; Stall keeps
+// every connection open but forwards nothing, as a network that drops
+// packets; Restore lets connections through again. Only the proxy's
+// clients see the outage: the shared broker keeps running.
 type Proxy struct {
 	target string
 	ln     net.Listener
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	cut     bool
+	stalled bool
+	moved   *sync.Cond // signalled when stalled goes false or the proxy closes
+	closed  bool
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
 }
 
 // NewProxy starts a proxy on a free loopback port that forwards to target
@@ -30,6 +33,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 		t.Fatalf("testbroker: proxy listen: %v", err)
 	}
 	p := &Proxy{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p.moved = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -49,15 +53,40 @@ func (p *Proxy) Cut() {
 	}
 }
 
-// Restore lets new connections through again.
+// Stall stops forwarding bytes, both ways, on every connection, open or
+// new, until Restore: clients wait for answers that do not come, until
+// their own timeouts.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Restore lets connections through again: new ones after Cut, every one
+// after Stall (with what was held back).
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.cut = false
+	p.cut, p.stalled = false, false
+	p.moved.Broadcast()
 	p.mu.Unlock()
+}
+
+// hold waits while the proxy is stalled; false if it closed meanwhile.
+func (p *Proxy) hold() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.stalled && !p.closed {
+		p.moved.Wait()
+	}
+	return !p.closed
 }
 
 func (p *Proxy) close() {
 	p.ln.Close()
+	p.mu.Lock()
+	p.closed = true
+	p.moved.Broadcast()
+	p.mu.Unlock()
 	p.Cut()
 	p.wg.Wait()
 }
@@ -106,7 +135,21 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	io.Copy(dst, src)
-	p.untrack(dst)
-	p.untrack(src)
+	defer p.untrack(src)
+	defer p.untrack(dst)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.hold() {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"testing"
+	"time"
 )
 
 // The proxy forwards bytes both ways, Cut breaks open connections and
@@ -56,5 +57,46 @@ func TestProxyCutAndRestore(t *testing.T) {
 	p.Restore()
 	if err := roundTrip(); err != nil {
 		t.Fatalf("after Restore: %v", err)
+	}
+}
+
+// Stall holds every byte, on open connections, until Restore, which
+// delivers what was held back.
+func TestProxyStallAndRestore(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); bufio.NewReader(c).WriteTo(c) }()
+		}
+	}()
+	p := NewProxy(t, echo.Addr().String())
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	c.Write([]byte("before\n"))
+	if s, err := r.ReadString('\n'); err != nil || s != "before\n" {
+		t.Fatalf("through the proxy: %q, %v", s, err)
+	}
+	p.Stall()
+	c.Write([]byte("held\n"))
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if s, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("a stalled proxy forwarded %q", s)
+	}
+	c.SetReadDeadline(time.Time{})
+	p.Restore()
+	if s, err := r.ReadString('\n'); err != nil || s != "held\n" {
+		t.Fatalf("after Restore: %q, %v; want what was held back", s, err)
 	}
 }

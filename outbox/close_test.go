@@ -1,0 +1,210 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/outboxtest"
+)
+
+// hangingStore is the in-memory store whose writes, once hang is set,
+// wait for their context to end and fail, as over a connection to a
+// database that stopped answering.
+type hangingStore struct {
+	*outboxtest.Store
+	hang  atomic.Bool
+	calls atomic.Int32 // writes that hung
+
+	// deaf, if set, makes Claim ignore its context: it returns once deaf
+	// is closed, as a MySQL COMMIT on a connection that stopped answering.
+	deaf chan struct{}
+}
+
+func (s *hangingStore) wait(ctx context.Context) error {
+	s.calls.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *hangingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+	if s.hang.Load() {
+		return 0, s.wait(ctx)
+	}
+	return s.Store.MarkDone(ctx, owner, ids)
+}
+
+func (s *hangingStore) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
+	if s.hang.Load() {
+		return s.wait(ctx)
+	}
+	return s.Store.Release(ctx, owner, ids, delay)
+}
+
+func (s *hangingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
+	if s.hang.Load() && s.deaf != nil {
+		s.calls.Add(1)
+		<-s.deaf
+		return nil, errors.New("connection reset")
+	}
+	if s.hang.Load() {
+		return nil, s.wait(ctx)
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *hangingStore) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
+	if s.hang.Load() {
+		return 0, s.wait(ctx)
+	}
+	return s.Store.ExtendLeases(ctx, owner, ids, lease)
+}
+
+// TestCloseReturnsInTimeWhenTheDatabaseHangs: the database stops answering
+// while one event is in the handler and two are queued behind it; Close,
+// given 2 s, drains them and must then write their DONE, which hangs. It
+// returns within its context and the grace periods (not after the engine's
+// 15 s store timeout per write), and nothing is lost: the events, still
+// leased to the closed instance, go to the next one once the lease ran out.
+func TestCloseReturnsInTimeWhenTheDatabaseHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &hangingStore{Store: outboxtest.NewStore()}
+		entered, release := make(chan struct{}), make(chan struct{})
+		var first sync.Once
+		var mu sync.Mutex
+		var firstGot []string
+		ob, err := outbox.New(st, outbox.Config{InstanceID: "a", Workers: 1, Lease: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Subscribe(outbox.Subscription{Name: "proj", Handler: func(ctx context.Context, ev outbox.Event) error {
+			first.Do(func() {
+				close(entered)
+				<-release
+			})
+			mu.Lock()
+			firstGot = append(firstGot, ev.ID)
+			mu.Unlock()
+			return nil
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for i := range 3 {
+			ids = append(ids, publishKey(t, ob, st.Store, "A"+string(rune('0'+i)), i))
+		}
+		<-entered
+		synctest.Wait()
+		st.hang.Store(true)
+		close(release)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		closeErr := ob.Close(ctx)
+		took := time.Since(start)
+		if closeErr != nil {
+			t.Errorf("Close: %v", closeErr)
+		}
+		// 2 s of context, then at most a grace period (1 s) for the
+		// writes in progress and one for handler calls.
+		if took > 4*time.Second {
+			t.Errorf("Close took %v with a 2 s context while the database hung; want at most 4 s", took)
+		}
+		if st.calls.Load() == 0 {
+			t.Fatal("no write hung: the test did not reach the database while it hung")
+		}
+		mu.Lock()
+		if len(firstGot) != 3 {
+			t.Errorf("the closed instance delivered %d of 3 events before its DONE write hung", len(firstGot))
+		}
+		mu.Unlock()
+
+		// The database answers again; the events, never recorded DONE,
+		// are still leased to the closed instance: the next one gets them
+		// once the lease ran out.
+		st.hang.Store(false)
+		var got []string
+		next, err := outbox.New(st, outbox.Config{InstanceID: "b", Lease: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := next.Subscribe(outbox.Subscription{Name: "proj", Handler: func(ctx context.Context, ev outbox.Event) error {
+			mu.Lock()
+			got = append(got, ev.ID)
+			mu.Unlock()
+			return nil
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := next.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		defer next.Close(context.Background())
+		for range 30 {
+			settle(time.Second)
+			mu.Lock()
+			n := len(got)
+			mu.Unlock()
+			if n == len(ids) {
+				break
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		slices.Sort(got)
+		want := slices.Sorted(slices.Values(ids))
+		if !slices.Equal(got, want) {
+			t.Errorf("after the lease ran out, the next instance delivered %v; want %v", got, want)
+		}
+	})
+}
+
+// A database call that ignores its context (a MySQL COMMIT on a
+// connection that stopped answering cannot be cut short) holds the poller
+// during Close: Close still returns in time, with an error naming the
+// part it gave up waiting for, and that goroutine ends on its own when
+// the call returns.
+func TestCloseGivesUpOnADatabaseCallThatIgnoresItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &hangingStore{Store: outboxtest.NewStore(), deaf: make(chan struct{})}
+		ob, err := outbox.New(st, outbox.Config{InstanceID: "a", PollInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Subscribe(outbox.Subscription{Name: "proj", Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		st.hang.Store(true)
+		for st.calls.Load() == 0 {
+			settle(100 * time.Millisecond) // the poller's next claim
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		err = ob.Close(ctx)
+		if took := time.Since(start); took > 4*time.Second {
+			t.Errorf("Close took %v with a 2 s context while a database call ignored it", took)
+		}
+		if err == nil || !strings.Contains(err.Error(), "poller") {
+			t.Errorf("Close = %v; want an error naming the poller, still in its database call", err)
+		}
+		close(st.deaf) // the call returns: the poller's goroutine ends (synctest fails the test if it does not)
+		synctest.Wait()
+	})
+}
