@@ -24,7 +24,9 @@ import (
 
 // A database outage across instances keeps per-key order: three instances
 // and twelve producers reach the database through a TCP proxy, which is
-// cut for longer than the lease (3 s against 2 s) mid-run, then restored.
+// cut (connections closed and refused, as a database that went away) or
+// stalled (every byte held, as a network partition) for longer than the
+// lease (3 s against 2 s) mid-run, then restored.
 // Every committed event reaches the Ordered subscription, each key's
 // events first delivered in commit order, never two of a key at once;
 // events in flight at the cut may be delivered again. A publish whose
@@ -36,8 +38,9 @@ func TestOrderedThroughADatabaseOutage(t *testing.T) {
 		producers = 12
 		keys      = 10
 	)
-	for _, name := range []string{"mysql", "postgres"} {
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct{ name, outage string }{{"mysql", "cut"}, {"mysql", "stall"}, {"postgres", "cut"}, {"postgres", "stall"}} {
+		name := c.name
+		t.Run(name+"/"+c.outage, func(t *testing.T) {
 			st := testdb.Store(t, testdb.Open(t, name))
 			pdb, proxy := throughProxy(t, name)
 			pst, err := sqlstore.New(pdb, sqlstore.Options{Table: strings.Trim(st.Table(), "`\"")})
@@ -89,7 +92,11 @@ func TestOrderedThroughADatabaseOutage(t *testing.T) {
 			phase := func(d time.Duration) { time.Sleep(d) } // the workload's phases, not a wait for a signal
 			phase(time.Second)
 			pdb.SetMaxIdleConns(0) // the cut closes them anyway; do not hand out dead ones after
-			proxy.Cut()
+			if c.outage == "cut" {
+				proxy.Cut()
+			} else {
+				proxy.Stall()
+			}
 			phase(3 * time.Second)
 			proxy.Restore()
 			pdb.SetMaxIdleConns(40)
