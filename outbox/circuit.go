@@ -133,22 +133,31 @@ func (c *circuit) forget(id string) {
 }
 
 // failure records an attempt that failed for a reason other than an
-// outage: the destination answered, so it counts as up.
-func (c *circuit) failure(probe bool) {
+// outage: the destination answered, so it counts as up. It reports
+// whether that closed the circuit.
+func (c *circuit) failure(probe bool) (closed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.answered(probe)
+}
+
+// answered records that the destination is up; c.mu is held.
+func (c *circuit) answered(probe bool) (closed bool) {
 	c.failures = 0
+	closed = c.open
 	if probe || c.open {
 		c.open, c.probing, c.nextProbe = false, false, 0
 	}
+	return closed
 }
 
 // unavailable records that the destination refused event id as
 // unavailable. If it took another event since it last refused this one,
 // it is up, and the refusal is the event's: counted is true, the caller
-// spends an attempt, and the circuit counts it as a failure that is not
-// an outage. Else it is an outage: it returns how long to defer the event
-// and whether the circuit just opened. A failed probe is deferred a probe
+// spends an attempt, the circuit counts it as a failure that is not an
+// outage, and opened reports whether that closed the circuit. Else it is
+// an outage: it returns how long to defer the event and whether the
+// circuit just opened. A failed probe is deferred a probe
 // interval past the next probe, so that another event, if any is due,
 // probes next: an event the destination refuses cannot keep the circuit
 // open on its own while others wait.
@@ -161,11 +170,7 @@ func (c *circuit) unavailable(id string, now time.Time, retryAfter time.Duration
 	}
 	c.refused[id] = now
 	if seen && c.lastSuccess.After(last) {
-		c.failures = 0
-		if probe || c.open {
-			c.open, c.probing, c.nextProbe = false, false, 0
-		}
-		return 0, false, true
+		return 0, c.answered(probe), true
 	}
 	c.failures++
 	if probe {

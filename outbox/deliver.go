@@ -192,17 +192,7 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 	now := time.Now()
 	if err == nil {
 		if s.circuit.success(it.env.ID, now) {
-			// What waited for the circuit is due now, not at its probe time.
-			dctx, cancel := d.storeCtx()
-			n, err := d.dstore.DueNow(dctx, s.Name)
-			cancel()
-			if err != nil {
-				d.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
-			}
-			d.poller.wake()
-			d.m.Circuit(s.Name, CircuitClosed)
-			d.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
-			d.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
+			d.circuitClosed(s)
 		}
 		return r // resDone
 	}
@@ -214,7 +204,10 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 	}
 	if down, retryAfter := IsUnavailable(err); down {
 		wait, opened, counted := s.circuit.unavailable(it.env.ID, now, retryAfter, probe)
-		if !counted {
+		switch {
+		case counted && opened: // here: closed, the destination being up
+			d.circuitClosed(s)
+		case !counted:
 			if opened {
 				d.m.Circuit(s.Name, CircuitOpen)
 				d.log.Warn("destination unavailable: circuit open, events wait without spending attempts",
@@ -225,8 +218,8 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 		}
 		d.log.Warn("destination refuses this event as unavailable while it takes others: the attempt counts",
 			slog.String("subscription", s.Name), slog.String("event_id", it.env.ID), slog.String("error", errorText(err.Error())))
-	} else {
-		s.circuit.failure(probe)
+	} else if s.circuit.failure(probe) {
+		d.circuitClosed(s)
 	}
 	r.attempts = it.attempts + 1
 	r.err = errorText(err.Error())
@@ -237,6 +230,22 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 		r.kind, r.delay = resRetry, s.Retry.Delay(r.attempts)
 	}
 	return r
+}
+
+// circuitClosed reports that s's circuit closed (the destination took an
+// event, or answered about one) and makes what waited for it due now,
+// not at its probe time.
+func (d *dispatcher) circuitClosed(s *subscription) {
+	dctx, cancel := d.storeCtx()
+	n, err := d.dstore.DueNow(dctx, s.Name)
+	cancel()
+	if err != nil {
+		d.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
+	}
+	d.poller.wake()
+	d.m.Circuit(s.Name, CircuitClosed)
+	d.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
+	d.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
 }
 
 // finish records the outcomes of an item whose subscriptions have all
