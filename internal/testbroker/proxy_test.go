@@ -10,21 +10,7 @@ import (
 // The proxy forwards bytes both ways, Cut breaks open connections and
 // refuses new ones, Restore lets them through again.
 func TestProxyCutAndRestore(t *testing.T) {
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); bufio.NewReader(c).WriteTo(c) }()
-		}
-	}()
-	p := NewProxy(t, echo.Addr().String())
+	p := NewProxy(t, echoServer(t))
 	roundTrip := func() error {
 		c, err := net.Dial("tcp", p.Addr())
 		if err != nil {
@@ -63,21 +49,7 @@ func TestProxyCutAndRestore(t *testing.T) {
 // Stall holds every byte, on open connections, until Restore, which
 // delivers what was held back.
 func TestProxyStallAndRestore(t *testing.T) {
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); bufio.NewReader(c).WriteTo(c) }()
-		}
-	}()
-	p := NewProxy(t, echo.Addr().String())
+	p := NewProxy(t, echoServer(t))
 	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -99,4 +71,25 @@ func TestProxyStallAndRestore(t *testing.T) {
 	if s, err := r.ReadString('\n'); err != nil || s != "held\n" {
 		t.Fatalf("after Restore: %q, %v; want what was held back", s, err)
 	}
+}
+
+// echoServer starts a TCP server that sends back what it reads, until the
+// test ends, and returns its address.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); bufio.NewReader(c).WriteTo(c) }()
+		}
+	}()
+	return echo.Addr().String()
 }
