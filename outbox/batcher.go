@@ -23,19 +23,38 @@ type batcher struct {
 	in  chan task
 	wg  sync.WaitGroup
 	ctx context.Context
+
+	mu     sync.RWMutex // held for reading by add, for writing by close
+	closed bool
 }
 
 func newBatcher(d *dispatcher, s *subscription) *batcher {
 	return &batcher{d: d, s: s, in: make(chan task, 2*s.BatchSize)}
 }
 
-// add queues t; it reports false if ctx ended first.
+// add queues t; it reports false if ctx ended first, or the batcher was
+// closed (by a Close that stopped waiting for the worker calling add).
 func (b *batcher) add(ctx context.Context, t task) bool {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return false
+	}
 	select {
 	case b.in <- t:
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// close ends the input: run flushes what it holds and returns.
+func (b *batcher) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.closed = true
+		close(b.in)
 	}
 }
 

@@ -25,9 +25,31 @@ type hangingStore struct {
 	hang  atomic.Bool
 	calls atomic.Int32 // writes that hung
 
-	// deaf, if set, makes Claim ignore its context: it returns once deaf
-	// is closed, as a MySQL COMMIT on a connection that stopped answering.
-	deaf chan struct{}
+	// deaf, if set, makes the call named deafOn ignore its context: it
+	// returns once deaf is closed, as a MySQL COMMIT on a connection that
+	// stopped answering.
+	deaf    chan struct{}
+	deafOn  string
+	deafNow atomic.Bool // the deaf call is waiting
+}
+
+// deafCall waits for deaf if the call named is the deaf one and the store
+// hangs; it reports whether it did.
+func (s *hangingStore) deafCall(name string) bool {
+	if !s.hang.Load() || s.deaf == nil || s.deafOn != name {
+		return false
+	}
+	s.calls.Add(1)
+	s.deafNow.Store(true)
+	<-s.deaf
+	return true
+}
+
+func (s *hangingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
+	if s.deafCall("Split") {
+		return false, errors.New("connection reset")
+	}
+	return s.Store.Split(ctx, owner, id, ws)
 }
 
 func (s *hangingStore) wait(ctx context.Context) error {
@@ -51,9 +73,7 @@ func (s *hangingStore) Release(ctx context.Context, owner string, ids []string, 
 }
 
 func (s *hangingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
-	if s.hang.Load() && s.deaf != nil {
-		s.calls.Add(1)
-		<-s.deaf
+	if s.deafCall("Claim") {
 		return nil, errors.New("connection reset")
 	}
 	if s.hang.Load() {
@@ -173,38 +193,49 @@ func TestCloseReturnsInTimeWhenTheDatabaseHangs(t *testing.T) {
 }
 
 // A database call that ignores its context (a MySQL COMMIT on a
-// connection that stopped answering cannot be cut short) holds the poller
-// during Close: Close still returns in time, with an error naming the
-// part it gave up waiting for, and that goroutine ends on its own when
-// the call returns.
+// connection that stopped answering cannot be cut short) holds a part of
+// the engine during Close (the poller in its claim, a worker recording a
+// failure): Close still returns in time, with an error naming the part it
+// gave up waiting for, and that goroutine ends on its own when the call
+// returns, without writing to what Close has closed.
 func TestCloseGivesUpOnADatabaseCallThatIgnoresItsContext(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st := &hangingStore{Store: outboxtest.NewStore(), deaf: make(chan struct{})}
-		ob, err := outbox.New(st, outbox.Config{InstanceID: "a", PollInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ob.Subscribe(outbox.Subscription{Name: "proj", Handler: func(context.Context, outbox.Event) error { return nil }}); err != nil {
-			t.Fatal(err)
-		}
-		if err := ob.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		st.hang.Store(true)
-		for st.calls.Load() == 0 {
-			settle(100 * time.Millisecond) // the poller's next claim
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		start := time.Now()
-		err = ob.Close(ctx)
-		if took := time.Since(start); took > 4*time.Second {
-			t.Errorf("Close took %v with a 2 s context while a database call ignored it", took)
-		}
-		if err == nil || !strings.Contains(err.Error(), "poller") {
-			t.Errorf("Close = %v; want an error naming the poller, still in its database call", err)
-		}
-		close(st.deaf) // the call returns: the poller's goroutine ends (synctest fails the test if it does not)
-		synctest.Wait()
-	})
+	for _, c := range []struct{ call, part string }{{"Claim", "poller"}, {"Split", "workers"}} {
+		t.Run(c.part, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := &hangingStore{Store: outboxtest.NewStore(), deaf: make(chan struct{}), deafOn: c.call}
+				ob, err := outbox.New(st, outbox.Config{InstanceID: "a", PollInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "proj", Handler: func(context.Context, outbox.Event) error {
+					return errors.New("projection store down")
+				}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				st.hang.Store(true)
+				if c.call == "Split" {
+					publishKey(t, ob, st.Store, "A", 1) // fails; recording it hangs
+					publishKey(t, ob, st.Store, "B", 2)
+				}
+				for st.calls.Load() == 0 || (c.call == "Split" && !st.deafNow.Load()) {
+					settle(100 * time.Millisecond)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				start := time.Now()
+				err = ob.Close(ctx)
+				if took := time.Since(start); took > 4*time.Second {
+					t.Errorf("Close took %v with a 2 s context while a database call ignored it", took)
+				}
+				if err == nil || !strings.Contains(err.Error(), c.part) {
+					t.Errorf("Close = %v; want an error naming the %s, still in its database call", err, c.part)
+				}
+				close(st.deaf) // the call returns: the goroutine ends (synctest fails the test if it does not)
+				synctest.Wait()
+			})
+		})
+	}
 }

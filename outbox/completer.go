@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -26,6 +27,9 @@ type completer struct {
 
 	in   chan *item
 	done chan struct{} // closed when run has returned
+
+	mu   sync.RWMutex  // held for reading by add, for writing by stop to close in
+	quit chan struct{} // closed by stop first
 }
 
 func newCompleter(d *deps, inflight *inflightSet) *completer {
@@ -33,7 +37,7 @@ func newCompleter(d *deps, inflight *inflightSet) *completer {
 		store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID,
 		batchSize: d.cfg.CompletionBatchSize, linger: d.cfg.CompletionLinger,
 		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx,
-		in: make(chan *item, 4*d.cfg.CompletionBatchSize),
+		in: make(chan *item, 4*d.cfg.CompletionBatchSize), quit: make(chan struct{}),
 	}
 }
 
@@ -46,14 +50,34 @@ func (c *completer) start() {
 }
 
 // add hands over a delivered item; the completer releases it from the
-// in-flight set once its DONE is written.
-func (c *completer) add(it *item) { c.in <- it }
+// in-flight set once its DONE is written. After stop (a worker Close
+// stopped waiting for), the item is left as it is: its lease runs out and
+// it is delivered again.
+func (c *completer) add(it *item) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	select {
+	case <-c.quit:
+	default:
+		select {
+		case c.in <- it:
+			return
+		case <-c.quit:
+		}
+	}
+	c.log.Warn("delivered after Close stopped waiting: the event will be delivered again once its lease runs out", slog.String("event_id", it.env.ID))
+}
 
 // stop writes what is left and waits for the goroutine, or for life to
 // end (see runner.stop); it reports whether the goroutine returned.
 // Nothing may be added after.
 func (c *completer) stop(life context.Context) bool {
+	// No add may send on in once it is closed: quit releases those
+	// waiting for room, the lock waits for them to be gone.
+	close(c.quit)
+	c.mu.Lock()
 	close(c.in)
+	c.mu.Unlock()
 	if c.done == nil {
 		return true
 	}

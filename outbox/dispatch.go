@@ -74,31 +74,49 @@ func (d *dispatcher) start(ctx context.Context, subs []*subscription) {
 // ends (then the handlers' contexts are cancelled), the batchers flush
 // what they hold, and whatever is left in the queues is handed back to the
 // database.
-func (d *dispatcher) drain(ctx context.Context, subs []*subscription) {
+//
+// It reports which of them it stopped waiting for once the engine's life
+// had ended (see runner.stop): a worker inside a database call that
+// ignores its context. Such a worker finds the completer and the batchers
+// closed when it comes back, and what it finished is delivered again once
+// its lease runs out.
+func (d *dispatcher) drain(ctx context.Context, subs []*subscription) (stuck []string) {
 	close(d.draining)
-	d.wait(ctx, &d.workers)
+	if !d.wait(ctx, &d.workers) {
+		stuck = append(stuck, "workers")
+	}
 	// Batch subscriptions get nothing new now: flush what they hold. An
 	// outcome cut by the cancellation puts its item back in a queue,
 	// which handBack then empties.
 	for _, s := range subs {
 		if s.batch != nil {
-			close(s.batch.in)
+			s.batch.close()
 		}
 	}
-	d.wait(ctx, &d.batchers)
+	if !d.wait(ctx, &d.batchers) {
+		stuck = append(stuck, "batchers")
+	}
 	d.handBack()
+	return stuck
 }
 
 // wait waits for wg; if ctx ends first, it cancels the handlers and
-// waits for wg still.
-func (d *dispatcher) wait(ctx context.Context, wg *sync.WaitGroup) {
+// waits for wg still, until the engine's life ends. It reports whether wg
+// was done.
+func (d *dispatcher) wait(ctx context.Context, wg *sync.WaitGroup) bool {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		return true
 	case <-ctx.Done():
 		d.cancel()
-		<-done
+	}
+	select {
+	case <-done:
+		return true
+	case <-d.life.Done():
+		return waitBriefly(done)
 	}
 }
 

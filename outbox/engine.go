@@ -137,7 +137,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	}
 	stop("poller", o.poller.stop(o.life))
 	stop("sequencer", o.seq.stop(o.life))
-	o.disp.drain(ctx, o.reg.load().local)
+	stuck = append(stuck, o.disp.drain(ctx, o.reg.load().local)...)
 	// Events given back to the poller's list of leases to release after
 	// its last cycle (behind one of their key that failed, or dropped from
 	// a full queue) would stay leased to this instance, and their keys
