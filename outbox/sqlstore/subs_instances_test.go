@@ -162,6 +162,23 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 			deadline := time.Now().Add(60 * time.Second)
 			for m := missing(); len(m) > 0; m = missing() {
 				if time.Now().After(deadline) {
+					// What the table says of a few of them, to tell a lost
+					// event from one waiting on a lease or a pause.
+					shown := 0
+					ids.Range(func(k, v any) bool {
+						id := k.(string)
+						mu.Lock()
+						lost := got["batch"][id] == 0 || got["all"][id] == 0 || got["tx"][id] == 0
+						mu.Unlock()
+						if lost && shown < 5 {
+							shown++
+							rec, err := st.Inspect(context.Background(), id)
+							t.Logf("undelivered %s: %+v (%v)", id, rec, err)
+						}
+						return shown < 5
+					})
+					subs, err := st.Subscriptions(context.Background())
+					t.Logf("subscriptions: %+v (%v)", subs, err)
 					t.Fatalf("after 60s, events not delivered, by subscription: %v", m)
 				}
 				time.Sleep(10 * time.Millisecond)
