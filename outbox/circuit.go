@@ -18,11 +18,11 @@ func (e *unavailableError) Unwrap() error { return e.err }
 // Unavailable marks err as an outage of the destination rather than a
 // problem of the event: the attempt is not counted, the event is tried
 // again later, and after CircuitThreshold such failures in a row the
-// subscription's circuit opens (see Subscription). An event refused again
-// after the destination took other events since its last refusal is
-// taken for the problem: from then on its refusals count as attempts (as
-// remembered by this instance: another instance's first refusal of it is
-// not counted). retryAfter, if
+// subscription's circuit opens (see Subscription). An event refused
+// right after the destination took others, more than CircuitThreshold
+// times, is taken for the problem: from then on its refusals count as
+// attempts, and it goes DEAD after its max attempts (as remembered by
+// this instance: another instance starts its count again). retryAfter, if
 // positive, is when the destination said to come back (an HTTP 429 or 503
 // Retry-After); otherwise the circuit's own probe interval applies.
 func Unavailable(err error, retryAfter time.Duration) error {
@@ -64,10 +64,18 @@ type circuit struct {
 
 	// An event the destination refuses as unavailable while it takes
 	// others is the event's problem, not an outage: lastSuccess is the
-	// last delivery the destination took, refused when each event it
-	// last refused was refused (at most maxRefused, then forgotten).
+	// last delivery the destination took, refused the events it refused
+	// lately (at most maxRefused, then forgotten).
 	lastSuccess time.Time
-	refused     map[string]time.Time
+	refused     map[string]refusal
+}
+
+// refusal is what a circuit remembers of an event the destination
+// refused: when it last did, and how many of its refusals came right
+// after the destination took another event (strikes).
+type refusal struct {
+	at      time.Time
+	strikes int
 }
 
 // maxRefused bounds a circuit's memory of refused events; past it, the
@@ -152,24 +160,32 @@ func (c *circuit) answered(probe bool) (closed bool) {
 }
 
 // unavailable records that the destination refused event id as
-// unavailable. If it took another event since it last refused this one,
-// it is up, and the refusal is the event's: counted is true, the caller
-// spends an attempt, the circuit counts it as a failure that is not an
-// outage, and opened reports whether that closed the circuit. Else it is
-// an outage: it returns how long to defer the event and whether the
-// circuit just opened. A failed probe is deferred a probe
-// interval past the next probe, so that another event, if any is due,
-// probes next: an event the destination refuses cannot keep the circuit
-// open on its own while others wait.
+// unavailable. A refusal that comes right after the destination took
+// another event (it took one since it last refused this event, and
+// refused nothing since) is a strike against the event; past
+// CircuitThreshold strikes the destination is taken to be up and the
+// event to be the problem: counted is true, the caller spends an attempt,
+// the circuit counts it as an answered failure, and opened reports
+// whether that closed the circuit. A destination that is down, or
+// overloaded and refusing at random, refuses the others too, and rarely
+// strikes one event that often. Otherwise it is an outage: wait is how
+// long to defer the event and opened whether the circuit just opened. A
+// failed probe is deferred a probe interval past the next probe, so that
+// another event, if any is due, probes next: an event the destination
+// refuses cannot keep the circuit open on its own while others wait.
 func (c *circuit) unavailable(id string, now time.Time, retryAfter time.Duration, probe bool) (wait time.Duration, opened, counted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	last, seen := c.refused[id]
+	r, seen := c.refused[id]
 	if c.refused == nil || len(c.refused) >= maxRefused {
-		c.refused = map[string]time.Time{}
+		c.refused = map[string]refusal{}
 	}
-	c.refused[id] = now
-	if seen && c.lastSuccess.After(last) {
+	if seen && c.lastSuccess.After(r.at) && c.failures == 0 {
+		r.strikes++
+	}
+	r.at = now
+	c.refused[id] = r
+	if r.strikes > c.cfg.CircuitThreshold {
 		return 0, c.answered(probe), true
 	}
 	c.failures++

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -86,4 +88,71 @@ func TestAnEventAlwaysUnavailableStallsNothing(t *testing.T) {
 			t.Errorf("the event the destination always refuses is not DEAD after %d calls; want DEAD once its attempts (5) are spent", poisonCalls)
 		}
 	})
+}
+
+// A destination that is down now and then, under steady publishing for
+// ten minutes: flapping (down 10 s, up 10 s), or overloaded (refusing 60 %
+// of calls at random). Its refusals are outages, never the events' fault,
+// however often an event meets one: no event goes DEAD, and every one is
+// delivered once the destination stays up.
+func TestAnUnsteadyDestinationKillsNoEvent(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		down func(since time.Duration, rnd *rand.Rand) bool
+	}{
+		{"flapping", func(since time.Duration, _ *rand.Rand) bool { return (since/(10*time.Second))%2 == 1 }},
+		{"overloaded", func(_ time.Duration, rnd *rand.Rand) bool { return rnd.Float64() < 0.6 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := outboxtest.NewStore()
+				start := time.Now()
+				rnd := rand.New(rand.NewPCG(1, 2))
+				var mu sync.Mutex
+				delivered := map[string]bool{}
+				ob, err := outbox.New(st, outbox.Config{InstanceID: "a", Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "hook", MaxAttempts: 3,
+					Retry: outbox.RetryFunc(func(int) time.Duration { return time.Second }),
+					Handler: func(ctx context.Context, ev outbox.Event) error {
+						mu.Lock()
+						defer mu.Unlock()
+						if since := time.Since(start); since < 10*time.Minute && c.down(since, rnd) {
+							return outbox.Unavailable(errors.New("503 Service Unavailable"), 0)
+						}
+						delivered[ev.ID] = true
+						return nil
+					}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				defer ob.Close(context.Background())
+				var ids []string
+				for i := 0; time.Since(start) < 10*time.Minute; i++ {
+					ids = append(ids, publishKey(t, ob, st, "k"+strconv.Itoa(i%7), i))
+					settle(700 * time.Millisecond)
+				}
+				settle(2 * time.Minute)
+				mu.Lock()
+				defer mu.Unlock()
+				missing, dead := 0, 0
+				for _, id := range ids {
+					if delivered[id] {
+						continue
+					}
+					missing++
+					if deadFor(t, st, id, "hook") {
+						dead++
+					}
+				}
+				if missing > 0 {
+					t.Errorf("of %d events published while the destination was unsteady, %d not delivered after it stayed up (%d DEAD)", len(ids), missing, dead)
+				}
+			})
+		})
+	}
 }
