@@ -142,9 +142,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	// its last cycle (behind one of their key that failed, or dropped from
 	// a full queue) would stay leased to this instance, and their keys
 	// stalled, until the lease ran out: release them now.
-	rctx, cancel := o.storeCtx()
-	o.poller.releaseDropped(rctx)
-	cancel()
+	o.poller.releaseDropped()
 	stop("completer", o.comp.stop(o.life))
 	stop("lease keeper", o.leases.stop(o.life))
 	stop("registrar", o.reg.stop(o.life))

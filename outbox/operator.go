@@ -165,7 +165,7 @@ func (o *Outbox) pollAndSettle(ctx context.Context, most int) (int, error) {
 	case !started:
 		return 0, errors.New("outbox: DeliverOne/Drain: the outbox is not started; call Start first (its workers deliver)")
 	}
-	o.poller.releaseDropped(ctx)
+	o.poller.releaseDropped()
 	n, _, err := o.poller.poll(ctx, most, o.cfg.SkipRecent)
 	if err != nil {
 		return n, err

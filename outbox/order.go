@@ -274,7 +274,8 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		return 0
 	}
 	reg := s.reg.load()
-	// As the poll's: a claim that started runs to its end.
+	// As the poll's: a claim that started runs to its end (or to the
+	// engine's life's).
 	ctx, cancel := s.storeCtx()
 	defer cancel()
 	start := time.Now()

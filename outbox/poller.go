@@ -98,7 +98,7 @@ func (o *Outbox) Poll(ctx context.Context) (int, error) {
 	if closed {
 		return 0, ErrClosed
 	}
-	o.poller.releaseDropped(ctx)
+	o.poller.releaseDropped()
 	n, _, err := o.poller.poll(ctx, o.cfg.PollBatchSize, o.cfg.SkipRecent)
 	return n, err
 }
@@ -164,7 +164,7 @@ func (p *poller) run(ctx context.Context) {
 		released := 0
 		for cap(p.disp.cold)-len(p.disp.cold) < min(p.cfg.PollBatchSize, cap(p.disp.cold))/2+1 {
 			p.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
-			released += p.releaseDropped(ctx)
+			released += p.releaseDropped()
 			roomy := time.NewTimer(p.cfg.PollInterval)
 			select {
 			case <-ctx.Done():
@@ -175,7 +175,7 @@ func (p *poller) run(ctx context.Context) {
 			}
 			roomy.Stop()
 		}
-		released += p.releaseDropped(ctx)
+		released += p.releaseDropped()
 		// Events dropped from a full hot queue are claimed at once, not
 		// after SkipRecent: nothing else is about to deliver them (the
 		// window only spares claims of rows a hot path has in hand, and
@@ -237,7 +237,8 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		// what it claimed back, for NoListenerDelay, and so delay it.
 		return 0, limit, nil
 	}
-	// A claim that has started runs to its end even if Close cancels ctx:
+	// A claim that has started runs to its end even if Close cancels ctx
+	// (until the engine's life ends, a grace period after Close's own):
 	// a COMMIT cancelled on the way may still have succeeded on the
 	// server, and rows leased to this instance but in none of its queues
 	// would wait out a whole lease. What it took goes to the cold queue,
@@ -367,7 +368,7 @@ func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row
 // take them. It takes every id waiting, so that none is still listed when
 // its lease has run out and this instance's own claim may have taken the
 // event; an event being delivered here is never released.
-func (p *poller) releaseDropped(ctx context.Context) int {
+func (p *poller) releaseDropped() int {
 	var ids []string
 	for {
 		select {
@@ -383,8 +384,10 @@ func (p *poller) releaseDropped(ctx context.Context) int {
 	if len(ids) == 0 {
 		return 0
 	}
-	// Taken off the list, they must be released even if Close cancels ctx
-	// meanwhile: else they stay leased here until the lease runs out.
+	// Taken off the list, they must be released even if the caller's
+	// context ends meanwhile (Close's, the poll loop's): else they stay
+	// leased here until the lease runs out. Only the engine's life, a
+	// grace period after Close's context, cuts the release short.
 	ctx, cancel := p.storeCtx()
 	defer cancel()
 	p.leases.releaseLeases(ctx, ids, "release events dropped from the hot queue")
