@@ -65,10 +65,11 @@
 // [Metrics].Circuit). A probe that fails goes behind the next one, so that
 // one event the destination refuses does not keep the circuit open while
 // others wait; and an event it keeps refusing right after taking others
-// (more than CircuitThreshold times: the destination is up, the event is
-// the problem) spends an attempt on each refusal from then on, and goes
-// DEAD after its max attempts like any other failure. A [BatchHandler] takes up to BatchSize events per
-// call and may fail some of them ([BatchError]). A [TxHandler] writes
+// (more than 4 × CircuitThreshold times: the destination is up, the event
+// is the problem) spends an attempt on each refusal from then on, and
+// goes DEAD after its max attempts like any other failure. A
+// [BatchHandler] takes up to BatchSize events per call and may fail some
+// of them ([BatchError]). A [TxHandler] writes
 // through a transaction on the outbox's own database in which the
 // delivery's done mark commits too: its effect happens exactly once.
 // [Outbox.Pause] and [Outbox.Resume] act on every instance; [Outbox.Lag]

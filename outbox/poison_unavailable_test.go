@@ -50,7 +50,7 @@ func TestAnEventAlwaysUnavailableStallsNothing(t *testing.T) {
 		defer ob.Close(context.Background())
 
 		// The poison event alone, long enough to open the circuit, then
-		// an event a minute for ten minutes.
+		// an event every 10 s for ten minutes.
 		mu.Lock()
 		poison = "pending"
 		mu.Unlock()
@@ -67,9 +67,9 @@ func TestAnEventAlwaysUnavailableStallsNothing(t *testing.T) {
 		}
 		settle(20 * time.Second)
 		published := map[string]time.Time{}
-		for i := range 10 {
+		for i := range 60 {
 			published[publishKey(t, ob, st, "other", i)] = time.Now()
-			settle(time.Minute)
+			settle(10 * time.Second)
 		}
 		settle(10 * time.Minute)
 
