@@ -19,8 +19,9 @@ import (
 // events are delivered during Close, whose DONE write then waits on a
 // database that does not answer (MySQL, PostgreSQL: a proxy that holds
 // every byte; SQLite: another connection holding the write lock). Close,
-// given 2 s, returns well before the engine's 15 s store timeout, and
-// nothing is lost: the events, still leased to the closed instance, go to
+// given 2 s, returns well before the engine's 15 s store timeout (on
+// MySQL, with an error if it left a part inside a COMMIT the driver cannot
+// cut short), and nothing is lost: the events, still leased to the closed instance, go to
 // the next instance once the lease has run out.
 func TestCloseReturnsInTimeWhenTheDatabaseStalls(t *testing.T) {
 	for _, name := range testdb.Names {
@@ -97,7 +98,11 @@ func TestCloseReturnsInTimeWhenTheDatabaseStalls(t *testing.T) {
 			start := time.Now()
 			err = ob.Close(ctx)
 			took := time.Since(start)
-			if err != nil {
+			// On MySQL the stall may catch a COMMIT (the poller's claim,
+			// say), which the driver cannot cut short: Close then says
+			// which part it left inside it, and returns in time all the
+			// same. Any other error is a failure.
+			if err != nil && !(name == "mysql" && strings.Contains(err.Error(), "did not return: blocked in a database call")) {
 				t.Errorf("Close: %v", err)
 			}
 			// 2 s of context, a grace period of 1 s for the writes, and
