@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
+	"syscall"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -101,7 +104,8 @@ func (p *Publisher) Message(ev *outbox.Event) *nats.Msg {
 //   - bigger than the server's max_payload, or than the stream's
 //     max_msg_size: outbox.Permanent (DEAD at once);
 //   - not connected, no responders (no stream, or JetStream down),
-//     timeouts, a server error 503, a lost connection while waiting:
+//     timeouts, a server error 503, a connection lost or reset under the
+//     call or while waiting:
 //     outbox.Unavailable (no attempt spent; the circuit opens);
 //   - any other error of the server: an ordinary failure, retried.
 func (p *Publisher) Handler() outbox.BatchHandler { return p.publish }
@@ -198,8 +202,17 @@ func classify(id, subject string, err error) error {
 		errors.Is(err, jetstream.ErrTooManyStalledMsgs),
 		errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, nats.ErrStaleConnection),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		// The connection broke under the call (a write or read reset, a
+		// closed socket): the client reconnects on its own.
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNABORTED),
+		errors.Is(err, syscall.ECONNREFUSED):
 		return outbox.Unavailable(wrapped, 0)
+	}
+	if nerr := net.Error(nil); errors.As(err, &nerr) {
+		return outbox.Unavailable(wrapped, 0) // a dial, read or write error, timeouts included
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.Code == 503 {
