@@ -105,6 +105,9 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 			var ids sync.Map
 			var next sync.Mutex
 			left := events
+			// Resume waits for Pause: the producer that pauses may be
+			// scheduled after the one that resumes.
+			paused := make(chan struct{})
 			var wg sync.WaitGroup
 			for p := range producers {
 				wg.Go(func() {
@@ -122,6 +125,7 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 							if err := obs[2].Pause(context.Background(), "batch"); err != nil {
 								t.Error("pause", err)
 							}
+							close(paused)
 						case events / 2:
 							omu.Lock()
 							old := obs[1]
@@ -129,6 +133,7 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 							obs[1] = startOrdered(t, st, instance(3), subsOf(1)...)
 							omu.Unlock()
 						case events / 4:
+							<-paused
 							if err := obs[0].Resume(context.Background(), "batch"); err != nil {
 								t.Error("resume", err)
 							}
