@@ -334,10 +334,16 @@ func TestOrderedDeadBlocksAcrossInstancesUntilReplayed(t *testing.T) {
 				defer mu.Unlock()
 				return len(dead) == len(blocked)
 			})
-			bk, err := obs[2].BlockedKeys(context.Background(), "", 100)
-			if err != nil {
-				t.Fatal(err)
-			}
+			// The handler's last failure comes before the engine writes the
+			// event DEAD: the keys show as blocked once that write is in.
+			var bk []outbox.BlockedKey
+			waitUntil(t, 10*time.Second, fmt.Sprintf("BlockedKeys lists the %d keys of the dead events", len(blocked)), func() bool {
+				var err error
+				if bk, err = obs[2].BlockedKeys(context.Background(), "", 100); err != nil {
+					t.Fatal(err)
+				}
+				return len(bk) >= len(blocked)
+			})
 			if len(bk) != len(blocked) {
 				t.Errorf("BlockedKeys: %d keys; want %d", len(bk), len(blocked))
 			}
