@@ -81,8 +81,12 @@ type Subscription struct {
 	// engine opens a transaction there, the handler writes through it (a
 	// projection, a read model, an inbox row), and the subscription's done
 	// mark commits in the same transaction, so that the effect happens
-	// exactly once, across crashes and lease takeovers. The store must
-	// implement driver.TxDeliveryStore (sqlstore does).
+	// exactly once, across crashes and lease takeovers. The handler itself
+	// may run more than once for an event (two instances holding it at
+	// once, after a lease ran out): only one of those transactions
+	// commits, the others are rolled back, so what it does outside tx
+	// (calls, memory) is not exactly once. The store must implement
+	// driver.TxDeliveryStore (sqlstore does).
 	Tx TxHandler
 
 	// Order makes the subscription receive the events of one ordering key
