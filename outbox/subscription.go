@@ -82,10 +82,11 @@ type Subscription struct {
 	// projection, a read model, an inbox row), and the subscription's done
 	// mark commits in the same transaction, so that the effect happens
 	// exactly once, across crashes and lease takeovers. The handler itself
-	// may run more than once for an event (two instances holding it at
-	// once, after a lease ran out): only one of those transactions
-	// commits, the others are rolled back, so what it does outside tx
-	// (calls, memory) is not exactly once. The store must implement
+	// may run more than once for an event (its transaction failed, a
+	// deadlock or a lost connection, and is tried again; or two instances
+	// held the event at once after a lease ran out): only one of those
+	// transactions commits, so what it does outside tx (calls, memory) is
+	// not exactly once. The store must implement
 	// driver.TxDeliveryStore (sqlstore does).
 	Tx TxHandler
 
