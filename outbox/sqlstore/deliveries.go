@@ -464,8 +464,21 @@ var _ driver.TxDeliveryStore = (*Store)(nil)
 // guard: it is inserted DONE (or updated to DONE) in f's transaction, so
 // of two instances running the same delivery at once, the second waits on
 // the first's row lock and then finds it DONE, and rolls back its own
-// effects.
+// effects. A transaction the database gives up on (a deadlock, a lock
+// wait timeout, a serialization failure), which under load happens to the
+// record's INSERT after f succeeded, is run again from the start, f
+// included, a few times: the database's failure is not the handler's, and
+// must not spend one of its attempts.
 func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
+	err = s.retry(ctx, func() error {
+		var err error
+		already, err = s.deliverInTx(ctx, eventID, sub, f)
+		return err
+	})
+	return already, err
+}
+
+func (s *Store) deliverInTx(ctx context.Context, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
 	opts := &sql.TxOptions{}
 	if s.d.readCommitted {
 		opts.Isolation = sql.LevelReadCommitted

@@ -8,9 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
@@ -328,4 +330,81 @@ func TestTxCrashChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {}
+}
+
+// sqlState and sqliteBusy stand for the errors PostgreSQL and SQLite
+// return when they give up on a transaction (the classification reads
+// only their codes).
+type sqlState string
+
+func (s sqlState) Error() string    { return "database gave up on the transaction: SQLSTATE " + string(s) }
+func (s sqlState) SQLState() string { return string(s) }
+
+type sqliteBusy struct{}
+
+func (sqliteBusy) Error() string { return "database is locked (5) (SQLITE_BUSY)" }
+func (sqliteBusy) Code() int     { return 5 }
+
+// deadlockOf returns the error the database name reports for a deadlock
+// (SQLite: a busy database).
+func deadlockOf(name string) error {
+	switch name {
+	case "mysql":
+		return &mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock; try restarting transaction"}
+	case "postgres":
+		return sqlState("40P01")
+	}
+	return sqliteBusy{}
+}
+
+// A Tx subscription's transaction that the database gives up on (a
+// deadlock: under load MySQL picks the record's INSERT after the handler
+// succeeded) is run again, handler included, without spending an attempt:
+// with MaxAttempts 1 the event is delivered, once, and never dead.
+func TestTxSubscriptionRunsADeadlockedTransactionAgain(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			effects := effectsTable(t, db)
+			var mu sync.Mutex
+			runs := map[string]int{}
+			handler := project(effects, "i", nil)
+			ob := startOrdered(t, st, outbox.Config{}, outbox.Subscription{Name: "projection", MaxAttempts: 1, Tx: func(ctx context.Context, tx outbox.DBTx, ev outbox.Event) error {
+				mu.Lock()
+				runs[ev.ID]++
+				first := runs[ev.ID] == 1
+				mu.Unlock()
+				if first {
+					// Its effect is written, then the transaction dies.
+					if _, err := tx.ExecContext(ctx, `INSERT INTO `+effects+` (event_id, instance) VALUES ('`+ev.ID+`', 'deadlocked')`); err != nil {
+						return err
+					}
+					return fmt.Errorf("project %s: %w", ev.ID, deadlockOf(name))
+				}
+				return handler(ctx, tx, ev)
+			}})
+			id := publishInTx(t, ob, st, outbox.Envelope{Type: "Changed", JSON: []byte(`{}`)})
+			waitUntil(t, 30*time.Second, "the event recorded delivered", func() bool {
+				rec, err := st.Inspect(context.Background(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range rec.Deliveries {
+					if d.Status == outbox.StatusDead {
+						t.Fatalf("the delivery is dead (%s): the deadlock spent its only attempt", d.LastError)
+					}
+				}
+				return rec.Status == outbox.StatusDone
+			})
+			if n := effectCount(t, db, effects, id); n != 1 {
+				t.Errorf("%d effects committed; want 1 (the deadlocked transaction's rolled back)", n)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if runs[id] != 2 {
+				t.Errorf("the handler ran %d times; want 2", runs[id])
+			}
+		})
+	}
 }
