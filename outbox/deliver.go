@@ -236,6 +236,8 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 // event, or answered about one) and makes what waited for it due now,
 // not at its probe time.
 func (d *dispatcher) circuitClosed(s *subscription) {
+	// Reported first: what is due now starts at once.
+	d.m.Circuit(s.Name, CircuitClosed)
 	dctx, cancel := d.storeCtx()
 	n, err := d.dstore.DueNow(dctx, s.Name)
 	cancel()
@@ -243,7 +245,6 @@ func (d *dispatcher) circuitClosed(s *subscription) {
 		d.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
 	}
 	d.poller.wake()
-	d.m.Circuit(s.Name, CircuitClosed)
 	d.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
 	d.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
 }
