@@ -195,6 +195,10 @@ type TxDeliveryStore interface {
 	// last delivery left). If the delivery was recorded already (by this
 	// instance before a crash, or by another that took the event over), it
 	// does not call f, or rolls back what f did, and reports already. An
-	// error of f rolls everything back and is returned as is.
+	// error of f rolls everything back and is returned as is, unless the
+	// database gave up on the transaction (a deadlock, a serialization
+	// failure: f's own statement or the record's): the store should then
+	// run the transaction again from the start, f included, a few times,
+	// since the engine counts a returned error as a failed attempt.
 	DeliverInTx(ctx context.Context, eventID, sub string, f func(tx DBTx) error) (already bool, err error)
 }
