@@ -53,15 +53,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txoutbox/txoutbox/adapters/internal/conn"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/meta"
 )
@@ -418,7 +416,6 @@ func keyAndHeaders(r *kgo.Record) int {
 // timeout or retry limit, or a closed client. Such errors are outages.
 // UNKNOWN_TOPIC_OR_PARTITION is not one: Kafka answered.
 func Unreachable(err error) bool {
-	var ne net.Error
 	var ke *kerr.Error
 	switch {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
@@ -437,9 +434,7 @@ func Unreachable(err error) bool {
 		return true
 	case errors.As(err, &ke):
 		return ke.Retriable
-	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EPIPE):
+	case conn.Broken(err):
 		return true
 	}
 	return false

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"strings"
-	"syscall"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/txoutbox/txoutbox/adapters/internal/conn"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/meta"
 )
@@ -205,14 +203,8 @@ func classify(id, subject string, err error) error {
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
 		// The connection broke under the call (a write or read reset, a
 		// closed socket): the client reconnects on its own.
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNABORTED),
-		errors.Is(err, syscall.ECONNREFUSED):
+		conn.Broken(err):
 		return outbox.Unavailable(wrapped, 0)
-	}
-	if nerr := net.Error(nil); errors.As(err, &nerr) {
-		return outbox.Unavailable(wrapped, 0) // a dial, read or write error, timeouts included
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.Code == 503 {

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/txoutbox/txoutbox/adapters/internal/conn"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/meta"
 )
@@ -377,11 +375,9 @@ func Unreachable(err error) bool {
 		return false
 	}
 	switch {
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, redis.ErrClosed),
-		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNABORTED):
+		conn.Broken(err):
 		return true
 	}
 	var rerr redis.Error
@@ -393,6 +389,5 @@ func Unreachable(err error) bool {
 		}
 		return strings.HasPrefix(rerr.Error(), "ERR max number of clients reached")
 	}
-	var nerr net.Error
-	return errors.As(err, &nerr) // a dial, read or write error, timeouts included
+	return false
 }
