@@ -118,7 +118,7 @@ func (c *completer) run() {
 		done = done[:0]
 		for _, it := range batch {
 			if recordsKey(it) {
-				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true})
+				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true, Next: it.handedOn})
 			}
 		}
 		var later map[string]bool // nil: every key may have events waiting

@@ -109,7 +109,14 @@
 //     process has not seen yet gets its row first, outside the
 //     transaction, on a spare connection of the pool: a new key's row
 //     that a rolled-back transaction inserted would leave the key's
-//     waiting publishers deadlocked.
+//     waiting publishers deadlocked. On PostgreSQL an instance that
+//     committed one of a key's events less than 5 seconds ago numbers the
+//     key's next event itself, after its own last number, without the
+//     key's row (one INSERT, as for an unordered event): a unique index
+//     on the key's numbers refuses a number another publisher took first,
+//     and the event is then numbered from the key's row after the key's
+//     highest number. A number is held by its index entry until its
+//     transaction ends, so the sequence is still commit order.
 //   - One event of a key at a time. An event of a key is leased only once
 //     every event before it is delivered, dead, or handed to its
 //     subscriptions one by one; a subscription's delivery of it only once

@@ -49,7 +49,19 @@ const maxRecentKeys = 1 << 16
 type keySeen struct {
 	leased    int64 // highest number leased here
 	delivered int64 // highest number delivered here
+	// committed is the highest number this instance's own publishing
+	// transactions committed, at committedAt (monotonic): Publish passes
+	// it as Row.KeyLast for keyLastFor.
+	committed   int64
+	committedAt time.Time
 }
+
+// keyLastFor is how long after its commit a key's number is passed as
+// Row.KeyLast, for the store to number the key's next event without
+// reading the key's row. It must stay well below the time the store keeps
+// an ordered event before deleting it (sqlstore: 10 minutes): a number
+// above it whose row was deleted could be taken a second time.
+const keyLastFor = 5 * time.Second
 
 // keyChain is a key's events in this instance's hands.
 type keyChain struct {
@@ -87,6 +99,36 @@ func (t *keyTable) after(key string) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.seen(key).leased
+}
+
+// last returns the number Publish passes as Row.KeyLast for key: the
+// highest number of it committed by this instance's transactions, if that
+// was less than keyLastFor ago (0: none).
+func (t *keyTable) last(key string, now time.Time) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.seen(key)
+	if s.committed == 0 || now.Sub(s.committedAt) >= keyLastFor {
+		return 0
+	}
+	return s.committed
+}
+
+// committedNumbers records numbers of keys, committed at now by one of
+// this instance's transactions. Only these may become Row.KeyLast: a
+// number leased or delivered here may be an old one (a replayed event),
+// and one not yet committed may still be rolled back.
+func (t *keyTable) committedNumbers(nums map[string]int64, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, seq := range nums {
+		t.note(key, func(s *keySeen) {
+			if seq > s.committed {
+				s.committed = seq
+			}
+			s.committedAt = now
+		})
+	}
 }
 
 // leased records that the event numbered seq of key was leased here.

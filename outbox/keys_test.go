@@ -3,6 +3,7 @@ package outbox
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 func orderedItem(key string, seq int64) *item {
@@ -86,5 +87,31 @@ func TestKeyTableForgetsOldKeys(t *testing.T) {
 	kt.leased(last, 4)
 	if got := kt.after(last); got != 4 {
 		t.Fatalf("after = %d, want the highest number leased, 4", got)
+	}
+}
+
+// Row.KeyLast is the highest number of a key this instance's own
+// transactions committed, for keyLastFor after the last commit, and only
+// that: numbers leased or delivered here (which may be old, replayed
+// events) do not count.
+func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
+	kt := newKeyTable()
+	start := time.Now()
+	kt.leased("k", 7)
+	kt.claimed(orderedItem("k", 9))
+	if got := kt.last("k", start); got != 0 {
+		t.Fatalf("KeyLast of a key only leased and claimed here: %d; want 0", got)
+	}
+	kt.committedNumbers(map[string]int64{"k": 4, "j": 2}, start)
+	kt.committedNumbers(map[string]int64{"k": 3}, start) // a slower transaction's commit reported later
+	if got := kt.last("k", start.Add(keyLastFor-time.Millisecond)); got != 4 {
+		t.Fatalf("KeyLast just before it expires: %d; want 4", got)
+	}
+	if got := kt.last("k", start.Add(keyLastFor)); got != 0 {
+		t.Fatalf("KeyLast %v after the commit: %d; want 0 (expired)", keyLastFor, got)
+	}
+	kt.committedNumbers(map[string]int64{"k": 5}, start.Add(time.Minute))
+	if got := kt.last("k", start.Add(time.Minute+time.Second)); got != 5 {
+		t.Fatalf("KeyLast after a new commit: %d; want 5", got)
 	}
 }

@@ -258,8 +258,20 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	for _, env := range envs {
 		o.m.Published(env.Type)
 	}
-	if len(mine) > 0 || len(mineOrdered) > 0 || len(named) > 0 {
+	var numbers map[string]int64 // the ordered events' keys and numbers
+	for _, i := range ordered {
+		if rows[i].KeySeq > 0 {
+			if numbers == nil {
+				numbers = map[string]int64{}
+			}
+			numbers[rows[i].OrderingKey] = max(numbers[rows[i].OrderingKey], rows[i].KeySeq)
+		}
+	}
+	if len(mine) > 0 || len(mineOrdered) > 0 || len(named) > 0 || len(numbers) > 0 {
 		tx.AfterCommit(func() {
+			if len(numbers) > 0 {
+				o.disp.keys.committedNumbers(numbers, time.Now())
+			}
 			for _, env := range mine {
 				o.enqueueHot(env, written)
 			}
@@ -298,11 +310,18 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 	keys := o.disp.keys
 	var mine []leasedOrdered
 	var named []string
-	for _, i := range ordered {
+	now := time.Now()
+	for n, i := range ordered {
 		owner := ""
 		if hot && reg.has(envs[i].Type) {
 			owner = o.cfg.InstanceID
 			rows[i].KeyAfter = keys.after(rows[i].OrderingKey)
+		}
+		if p := n - 1; p >= 0 && rows[ordered[p]].OrderingKey == rows[i].OrderingKey && rows[ordered[p]].KeySeq > 0 {
+			// The event before it in this transaction holds the number.
+			rows[i].KeyLast = rows[ordered[p]].KeySeq
+		} else {
+			rows[i].KeyLast = keys.last(rows[i].OrderingKey, now)
 		}
 		head, leased, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
 		if err != nil {

@@ -85,6 +85,16 @@ type Row struct {
 	// written leased to the owner even when it is not the key's head,
 	// for the owner to deliver once the event before it is delivered.
 	KeyAfter int64
+	// KeyLast is set by the caller of OrderedStore.InsertOrdered, never
+	// stored: the highest number of the key that the caller's own
+	// transactions committed a moment ago, or that an earlier event of the
+	// same transaction took (0: none known). A store may number the event
+	// KeyLast+1 without reading the key's row, provided it has a unique
+	// (key, number) index that refuses the number if another publisher
+	// took it first (and then numbers it the usual way), and keeps every
+	// event it deletes for longer than the caller keeps KeyLast: a number
+	// above KeyLast whose row is gone could be taken twice.
+	KeyLast int64
 
 	// Set by Claim.
 	Status    Status

@@ -61,6 +61,9 @@ type KeyDone struct {
 	// Done says the caller knows it is delivered (marked DONE): the store
 	// need not look (with Seq known).
 	Done bool
+	// Next says the caller holds the key's next event already (it passed
+	// it on in memory): the store need not look for it.
+	Next bool
 }
 
 // BlockedKey is an ordering key whose earliest event pending for a
@@ -91,7 +94,8 @@ type OrderedStore interface {
 	// caller's transaction, numbered next in its key's sequence (setting
 	// row.KeySeq where the database reports it). Doing so locks the key
 	// until the transaction ends, so that transactions publishing one key
-	// commit in sequence order.
+	// commit in sequence order; or, numbered row.KeyLast+1 (see Row), it
+	// holds the number itself (a unique index entry) until then.
 	//
 	// head reports that the key's previous event is known to be delivered
 	// (KeysDone). If owner is set and the event is the head, or is

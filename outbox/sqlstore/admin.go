@@ -255,13 +255,26 @@ WHERE status = 3 AND ` + keysIn(k))
 // its deliveries, a dead delivery alone, and then its split event if none
 // of its deliveries is left pending or dead (with the done ones). Letters
 // no longer dead are left alone. It returns how many dead letters it
-// deleted.
+// deleted. An ordered event written less than 10 minutes ago is not
+// deleted but made DONE (it is never delivered, and no longer holds its
+// key back), for Cleanup to delete later: see orderedKeep.
 func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int, error) {
 	ids, keys := splitLetters(dls)
 	total := 0
+	kept, keep := s.keptSQL()
 	for len(ids) > 0 {
 		k := min(len(ids), 500)
-		n, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+` WHERE status = 3 AND id IN `+in(k)), stringArgs(ids[:k])...)
+		// An ordered event written less than s.keep ago is kept, DONE
+		// (never delivered): see orderedKeep.
+		n, err := s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL WHERE status = 3 AND id IN `+in(k)+` AND `+kept), append(stringArgs(ids[:k]), keep)...)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("sqlstore: purge: %w", err)
+		}
+		if err := s.raiseKeys(ctx, ids[:k]); err != nil {
+			return total, fmt.Errorf("sqlstore: purge: %w", err)
+		}
+		n, err = s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+` WHERE status = 3 AND id IN `+in(k)), stringArgs(ids[:k])...)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
@@ -279,8 +292,15 @@ func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int,
 			return total, fmt.Errorf("sqlstore: purge: %w", s.explainSubs(err))
 		}
 		events := eventIDs(keys[:k])
-		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE status = 4 AND id IN ` + in(len(events)) + ` AND id NOT IN (SELECT event_id FROM ` + s.DeliveriesTable() + ` WHERE status IN (0, 2, 3) AND event_id IN ` + in(len(events)) + `)`)
-		if _, err := s.execCount(ctx, q, append(stringArgs(events), stringArgs(events)...)...); err != nil {
+		finished := ` WHERE status = 4 AND id IN ` + in(len(events)) + ` AND id NOT IN (SELECT event_id FROM ` + s.DeliveriesTable() + ` WHERE status IN (0, 2, 3) AND event_id IN ` + in(len(events)) + `)`
+		args := append(stringArgs(events), stringArgs(events)...)
+		if _, err := s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL`+finished+` AND `+kept), append(args, keep)...); err != nil {
+			return total, fmt.Errorf("sqlstore: purge: %w", err)
+		}
+		if err := s.raiseKeys(ctx, events); err != nil {
+			return total, fmt.Errorf("sqlstore: purge: %w", err)
+		}
+		if _, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+finished), args...); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
 		if err := s.dropOrphanDeliveries(ctx, events); err != nil {

@@ -1,5 +1,10 @@
 package sqlstore
 
+import (
+	"context"
+	"time"
+)
+
 // ByIDStatement is one of the engine's writes that name rows by id, with
 // arguments for n ids, for the plan test.
 type ByIDStatement struct {
@@ -19,3 +24,16 @@ func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 		{"replay", s.replaySQL(n), s.idArgs(ids)},
 	}
 }
+
+// SetKeep sets how long the store keeps ordered events after their
+// writing (orderedKeep), and lets the next completion sweep at once.
+func SetKeep(s *Store, d time.Duration) {
+	s.keep = d
+	s.swept.Store(0)
+}
+
+// Fenced reports whether the store numbers events from Row.KeyLast.
+func Fenced(s *Store) bool { return s.fenced(context.Background()) }
+
+// SplitStatements splits a migration's SQL as Migrate does.
+func SplitStatements(src string) []string { return splitStatements(src) }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -113,4 +114,71 @@ func onlyComments(stmt string) bool {
 		}
 	}
 	return true
+}
+
+// Migration 004 (PostgreSQL and SQLite: the unique index on a key's
+// numbers) applies to a table that version 003 filled with ordered and
+// unordered events, and the numbering goes on after the highest number
+// stored, also from a stale Row.KeyLast.
+func TestMigrate004OnPopulated003Table(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			ctx := context.Background()
+			st, err := sqlstore.New(db, sqlstore.Options{Table: testdb.TableName("outbox")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				testdb.DropTable(t, db, st.Tables()...)
+			})
+			steps, err := st.Migrations()
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.MustExec(`CREATE TABLE ` + st.SchemaTable() + ` (version INTEGER NOT NULL PRIMARY KEY, name VARCHAR(200) NOT NULL)`)
+			for _, m := range steps {
+				if m.Version > 3 {
+					continue
+				}
+				for _, stmt := range sqlstore.SplitStatements(m.SQL) {
+					if _, err := db.Exec(stmt); err != nil {
+						t.Fatalf("apply %s: %v", m.Name, err)
+					}
+				}
+				db.MustExec(db.Rebind(`INSERT INTO `+st.SchemaTable()+` (version, name) VALUES (?, ?)`), m.Version, m.Name)
+			}
+			// Ordered events of two keys, numbered as version 003 did, and
+			// unordered ones.
+			for _, key := range []string{"a", "b"} {
+				for seq := 1; seq <= 3; seq++ {
+					r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
+					if _, _, err := st.InsertOrdered(ctx, db, &r, "", 0, driver.OrderFilter{}); err != nil {
+						t.Fatalf("InsertOrdered before 004: %v", err)
+					}
+				}
+			}
+			for range 3 {
+				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+				if err := st.Insert(ctx, db, &r, "", 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := st.Migrate(ctx); err != nil {
+				t.Fatalf("Migrate over a populated 003 table: %v", err)
+			}
+			var rows int
+			if err := db.QueryRowx(`SELECT COUNT(*) FROM ` + st.Table()).Scan(&rows); err != nil || rows != 9 {
+				t.Fatalf("rows after the migration: %d, %v; want 9", rows, err)
+			}
+			// A stale KeyLast (1) on key a: 2 and 3 are taken.
+			r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "a", KeyLast: 1}
+			if _, _, err := st.InsertOrdered(ctx, db, &r, "", 0, driver.OrderFilter{}); err != nil {
+				t.Fatalf("InsertOrdered after 004: %v", err)
+			}
+			if r.KeySeq != 4 {
+				t.Fatalf("the next event of a key numbered 1–3 before the migration got number %d; want 4", r.KeySeq)
+			}
+		})
+	}
 }

@@ -47,6 +47,75 @@ func (s *Store) Tables() []string {
 	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable()}
 }
 
+// orderedKeep is the least time an ordered event stays stored after it
+// was written on PostgreSQL, whatever deletes it (Cleanup, DeleteDelivered,
+// PurgeLetters): an instance numbers a key's next event from the last
+// number it committed, for a few seconds (Row.KeyLast, insertNext), and
+// the unique index fences that number only while the rows above it
+// exist. Ten minutes leave room for a publishing statement that waits
+// for locks and for the clocks of the instances to drift. MySQL and
+// SQLite number from the key's row only, and keep nothing longer.
+const orderedKeep = 10 * time.Minute
+
+// keptSQL returns the condition that a row must still be kept, an
+// ordered event written less than s.keep ago (never, with keep 0), and
+// its parameter.
+func (s *Store) keptSQL() (string, any) {
+	return `(key_seq IS NOT NULL AND created_at > ` + s.d.nowMinus + `)`, s.keep.Microseconds()
+}
+
+// raiseKeys takes the key rows of the ordered events among ids, about to
+// be deleted, to their numbers at least (PostgreSQL, where a key's row
+// may lag behind its numbers: insertNext): a publisher numbering from a
+// key's row must never take a number that a deleted event had.
+func (s *Store) raiseKeys(ctx context.Context, ids []string) error {
+	if s.d.name != "postgres" {
+		return nil // the key's row holds its highest number already
+	}
+	k := s.KeysTable()
+	q := s.rebind(`UPDATE ` + k + ` SET seq = GREATEST(seq, (SELECT MAX(o.key_seq) FROM ` + s.table + ` o WHERE o.ordering_key = ` + k + `.ordering_key AND o.id IN ` + in(len(ids)) + `))
+WHERE ordering_key IN (SELECT ordering_key FROM ` + s.table + ` WHERE id IN ` + in(len(ids)) + ` AND key_seq IS NOT NULL)`)
+	_, err := s.execCount(ctx, q, append(stringArgs(ids), stringArgs(ids)...)...)
+	return err
+}
+
+// fenced reports whether the outbox table has the unique (ordering_key,
+// key_seq) index of migration 004 (PostgreSQL), which lets an instance
+// number a key's next event itself (insertNext). Looked up at first use
+// and again a minute after each answer, by one caller at a time, on a
+// connection of the pool; until an answer comes (the pool full, an
+// error, another caller looking), it says no: the event is then numbered
+// from the key's row, which is always sound.
+func (s *Store) fenced(ctx context.Context) bool {
+	if s.d.name != "postgres" {
+		return false
+	}
+	now := time.Now().UnixNano()
+	f := s.fence.Load()
+	if f != 0 && now-f&^1 < int64(time.Minute) {
+		return f&1 == 1
+	}
+	if !s.fenceMu.TryLock() {
+		return f&1 == 1
+	}
+	defer s.fenceMu.Unlock()
+	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		// Every connection may be held by a publishing transaction:
+		// waiting for one could wait forever (see createKey).
+		return f&1 == 1
+	}
+	var n int
+	if err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM pg_indexes WHERE indexname = ?`), s.name+"_key_num").Scan(&n); err != nil {
+		return f&1 == 1
+	}
+	f = now &^ 1
+	if n > 0 {
+		f |= 1
+	}
+	s.fence.Store(f)
+	return f&1 == 1
+}
+
 // MaxOrderingKeyLen is the longest ordering key the table holds, in
 // bytes.
 const MaxOrderingKeyLen = 255
@@ -183,15 +252,18 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 	var later []string
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		later = later[:0]
-		res, err := tx.ExecContext(ctx, s.markDoneSQL(len(ids)), s.idArgs(ids, owner)...)
+		m, err := s.markDoneIn(ctx, func(ctx context.Context, q string, args ...any) (int, error) {
+			res, err := tx.ExecContext(ctx, q, args...)
+			if err != nil {
+				return 0, err
+			}
+			n, err := res.RowsAffected()
+			return int(n), err
+		}, owner, ids)
 		if err != nil {
 			return err
 		}
-		m, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		if n = int(m); n != len(ids) || len(done) == 0 {
+		if n = m; n != len(ids) || len(done) == 0 {
 			// A lease lost: which events are done is not known here.
 			for k := range done {
 				later = append(later, k)
@@ -201,8 +273,59 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 		later, err = s.advanceKeys(ctx, tx, done)
 		return err
 	})
+	if err == nil {
+		later = s.successors(ctx, evs, done, later)
+		s.sweepKept(ctx)
+	}
 	slices.Sort(later)
 	return n, later, s.explain(err)
+}
+
+// successors adds to later the keys of done whose next event exists
+// although their key row does not know it: an event numbered by an
+// instance from its own last number (Row.KeyLast) leaves the key's row
+// behind. Keys whose next event the caller holds (KeyDone.Next) are not
+// looked up. One read by the (ordering_key, key_seq) index; if it fails,
+// every key looked up is reported.
+func (s *Store) successors(ctx context.Context, evs []driver.KeyDone, done map[string]int64, later []string) []string {
+	if s.d.name != "postgres" {
+		return later // its publishers number from the key's row only
+	}
+	skip := make(map[string]bool, len(later))
+	for _, k := range later {
+		skip[k] = true
+	}
+	for _, ev := range evs {
+		if ev.Next {
+			skip[ev.Key] = true
+		}
+	}
+	var conds []string
+	var args []any
+	for _, k := range slices.Sorted(maps.Keys(done)) {
+		if !skip[k] {
+			conds = append(conds, `(ordering_key = ? AND key_seq = ?)`)
+			args = append(args, k, done[k]+1)
+		}
+	}
+	if len(conds) == 0 {
+		return later
+	}
+	rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT ordering_key FROM `+s.table+` WHERE `+strings.Join(conds, ` OR `)), args...)
+	if err != nil {
+		for i := 0; i < len(args); i += 2 {
+			later = append(later, args[i].(string))
+		}
+		return later
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var k string
+		if rs.Scan(&k) == nil {
+			later = append(later, k)
+		}
+	}
+	return later
 }
 
 // advanceKeys raises the done_seq of the keys in done that no transaction
@@ -392,9 +515,21 @@ func checkKey(r *driver.Row) error {
 // key); the event is then written free and claimed right after commit,
 // unless r.KeyAfter says the owner holds its predecessor.
 // One statement on PostgreSQL, two on MySQL, three on SQLite.
+//
+// On MySQL and PostgreSQL, an event with r.KeyLast set is first written
+// numbered r.KeyLast+1 with no key row at all (one INSERT, the cost of an
+// unordered event; see insertNext). The key's row then lags behind the
+// key's numbers, so a publisher numbering from it may find its number
+// taken: it takes the key's highest number plus one instead (renumber).
 func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
 	if err := checkKey(r); err != nil {
 		return false, false, err
+	}
+	if r.KeyLast > 0 && s.fenced(ctx) {
+		ok, leased, err := s.insertNext(ctx, exec, r, owner, lease)
+		if err != nil || ok {
+			return false, leased, err
+		}
 	}
 	keys := s.KeysTable()
 	switch s.d.name {
@@ -419,38 +554,15 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 			r.KeySeq, head = packed/2, packed%2 == 0
 			s.known.add(r.OrderingKey)
 		}
-		leased, err = s.insertNumbered(ctx, exec, r, owner, lease, head)
+		leased = owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
+		_, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
 		return head, leased, err
 	case "postgres":
 		// The upsert's RETURNING gives the row as updated, after the lock
 		// was granted; the INSERT reads it from there, not from the
 		// statement's snapshot.
-		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
-		if owner != "" {
-			ownerSQL, untilSQL = `(SELECT CASE WHEN lease THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN lease THEN `+untilSQL+` END FROM k)`
-		}
-		qr, queries := exec.(rowQuerier)
-		after := int64(0)
-		if queries {
-			after = r.KeyAfter // else leased must equal head: nothing else is reported
-		}
-		q := `WITH k AS (INSERT INTO ` + keys + ` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
-ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1
-RETURNING seq, done_seq >= seq - 1 AS head, (done_seq >= seq - 1 OR (CAST(? AS BIGINT) > 0 AND seq = CAST(? AS BIGINT) + 1)) AS lease),
-ins AS (` + s.insertOrderedSQL(`(SELECT seq FROM k)`, ownerSQL, untilSQL) + ` RETURNING locked_by, key_seq)
-`
-		args := append([]any{r.OrderingKey, after, after}, s.insertOrderedArgs(r, lock...)...)
-		if queries {
-			// The transaction can answer a query: learn the number too.
-			err := qr.QueryRowContext(ctx, s.rebind(q+`SELECT ins.key_seq, k.head, ins.locked_by IS NOT NULL FROM ins, k`), args...).Scan(&r.KeySeq, &head, &leased)
-			return head, leased, s.explain(err)
-		}
-		res, err := exec.ExecContext(ctx, s.rebind(q+`SELECT key_seq FROM ins WHERE locked_by IS NOT NULL`), args...)
-		if err != nil {
-			return false, false, s.explain(err)
-		}
-		n, err := res.RowsAffected()
-		return n == 1, n == 1, err
+		return s.insertPostgres(ctx, exec, r, owner, lease, `INSERT INTO `+keys+` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1`, r.OrderingKey)
 	default:
 		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err != nil {
@@ -464,7 +576,8 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 				return false, false, s.explain(err)
 			}
 			head = h == 1
-			leased, err = s.insertNumbered(ctx, exec, r, owner, lease, head)
+			leased = owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
+			_, err := s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
 			return head, leased, err
 		}
 		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND done_seq >= seq - 1`), r.OrderingKey)
@@ -477,14 +590,155 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 		}
 		head = n == 1
 		leased = owner != "" && head
-		if !leased {
-			owner = ""
-		}
-		ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+		ownerSQL, untilSQL, lock := s.lockSQL(ownerIf(leased, owner), lease)
 		seq := `(SELECT seq FROM ` + keys + ` WHERE ordering_key = ?)`
 		_, err = exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL(seq, ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.OrderingKey}, lock...)...)...)
 		return head, leased, s.explain(err)
 	}
+}
+
+// insertNext writes r numbered r.KeyLast+1, the number after the last one
+// this instance's own transactions committed for the key a moment ago,
+// without touching the key's row: leased to owner if the owner holds the
+// event before it (r.KeyAfter), free otherwise. It reports false, having
+// written nothing, if another publisher took the number (the unique
+// (ordering_key, key_seq) index refuses it; a publisher still in its
+// transaction is waited for).
+//
+// That is sound because the number's row cannot have been deleted since:
+// every event numbered above KeyLast was written after KeyLast's commit
+// (its publisher saw KeyLast's row, or the key's row it left), the
+// engine passes KeyLast for seconds only (outbox's keyLastFor), and no
+// ordered event is deleted within s.keep (10 minutes) of its writing
+// (keptSQL). Nor can the number come before an event of the key still
+// to commit: a publisher numbering from the key's row finds the number
+// taken and goes past it (insertPostgres).
+func (s *Store) insertNext(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (ok, leased bool, err error) {
+	r.KeySeq = r.KeyLast + 1
+	leased = owner != "" && r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1
+	ok, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
+	if !ok {
+		r.KeySeq, leased = 0, false
+	}
+	return ok, leased, err
+}
+
+// ownerIf returns owner if leased, else "" (a free row).
+func ownerIf(leased bool, owner string) string {
+	if leased {
+		return owner
+	}
+	return ""
+}
+
+// insertAt writes r with its number r.KeySeq, leased to owner ("": free).
+// On PostgreSQL it reports false, having written nothing, if the key's
+// number is taken (ON CONFLICT DO NOTHING, which does not abort the
+// transaction); elsewhere a number taken is an error, as it cannot happen
+// (their publishers number from the key's row only).
+func (s *Store) insertAt(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (bool, error) {
+	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+	q := s.insertOrderedSQL("?", ownerSQL, untilSQL) + s.numberTakenSQL()
+	res, err := exec.ExecContext(ctx, s.rebind(q), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
+	if err != nil {
+		return false, s.explain(err)
+	}
+	if s.d.name != "postgres" {
+		return true, nil
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// numberTakenSQL ends the INSERT of an ordered row on PostgreSQL: a
+// number taken (migration 004's unique index) writes nothing. With no
+// conflict target it is valid with or without the index; a duplicate
+// event id writes nothing too, which idTaken tells apart.
+func (s *Store) numberTakenSQL() string {
+	if s.d.name != "postgres" {
+		return ``
+	}
+	return ` ON CONFLICT DO NOTHING`
+}
+
+// idTaken returns an error if an event with r's id is stored: an INSERT
+// that wrote nothing was refused for its id, not its number.
+func (s *Store) idTaken(ctx context.Context, qr rowQuerier, r *driver.Row) error {
+	var n int
+	if err := qr.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM `+s.table+` WHERE id = ?`), r.ID).Scan(&n); err != nil {
+		return s.explain(err)
+	}
+	if n > 0 {
+		return fmt.Errorf("sqlstore: event %s: an event with this id is stored already; ids must be unique (leave Envelope.ID empty for a new ULID)", r.ID)
+	}
+	return nil
+}
+
+// maxRenumber bounds the numbers a publisher tries after its first was
+// taken: each one taken is an event another publisher committed (or is
+// committing) in the meantime.
+const maxRenumber = 1000
+
+func errRenumber(r *driver.Row) error {
+	return fmt.Errorf("sqlstore: event %s: ordering key %q: %d numbers in a row were taken by other publishers of the key; nothing was written, retry the transaction", r.ID, r.OrderingKey, maxRenumber)
+}
+
+// insertPostgres writes r numbered by the key's row, which keySQL (with
+// its parameters) locks and updates, RETURNING its seq (the number) and
+// done_seq, in one statement; if the number is taken (insertNext), it
+// writes r after the key's highest number and takes the row there, one
+// statement a try. At READ COMMITTED each try sees the numbers committed
+// before it started and waits for those being written; at REPEATABLE
+// READ a number committed after the transaction's snapshot fails the
+// INSERT with a serialization error, for the application to retry.
+func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, keySQL string, keyArgs ...any) (head, leased bool, err error) {
+	qr, queries := exec.(rowQuerier)
+	after := int64(0)
+	if queries {
+		after = r.KeyAfter // else leased must equal head: nothing else is reported
+	}
+	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+	if owner != "" {
+		ownerSQL, untilSQL = `(SELECT CASE WHEN lease THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN lease THEN `+untilSQL+` END FROM k)`
+	}
+	renumber := `WITH m AS (SELECT MAX(key_seq) AS m FROM ` + s.table + ` WHERE ordering_key = ? AND key_seq IS NOT NULL),
+k0 AS (UPDATE ` + s.KeysTable() + ` AS k SET seq = GREATEST(k.seq + 1, COALESCE((SELECT m FROM m), 0) + 1) WHERE k.ordering_key = ? RETURNING seq, done_seq)`
+	for try := 0; try <= maxRenumber; try++ {
+		q := `WITH k0 AS (` + keySQL + ` RETURNING seq, done_seq)`
+		args := append([]any{}, keyArgs...)
+		if try > 0 {
+			q, args = renumber, []any{r.OrderingKey, r.OrderingKey}
+		}
+		q += `,
+k AS (SELECT seq, done_seq >= seq - 1 AS head, (done_seq >= seq - 1 OR (CAST(? AS BIGINT) > 0 AND seq = CAST(? AS BIGINT) + 1)) AS lease FROM k0),
+ins AS (` + s.insertOrderedSQL(`(SELECT seq FROM k)`, ownerSQL, untilSQL) + s.numberTakenSQL() + ` RETURNING locked_by, key_seq)
+`
+		args = append(args, after, after)
+		args = append(args, s.insertOrderedArgs(r, lock...)...)
+		if queries {
+			// The transaction can answer a query: learn the number too.
+			var inserted bool
+			err := qr.QueryRowContext(ctx, s.rebind(q+`SELECT k.seq, k.head, ins.locked_by IS NOT NULL, ins.key_seq IS NOT NULL FROM k LEFT JOIN ins ON true`), args...).Scan(&r.KeySeq, &head, &leased, &inserted)
+			if err != nil || inserted {
+				return head, leased, s.explain(err)
+			}
+			if err := s.idTaken(ctx, qr, r); err != nil {
+				return false, false, err
+			}
+			continue
+		}
+		// One row for an event written, two for one written leased.
+		res, err := exec.ExecContext(ctx, s.rebind(q+`SELECT 1 FROM ins UNION ALL SELECT 1 FROM ins WHERE locked_by IS NOT NULL`), args...)
+		if err != nil {
+			return false, false, s.explain(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil || n > 0 {
+			return n == 2, n == 2, err
+		}
+	}
+	r.KeySeq = 0
+	return false, false, errRenumber(r)
 }
 
 // createKeyWait bounds createKey's statement: past it, the publishing
@@ -557,19 +811,6 @@ func (k *knownKeys) add(key string) {
 		k.old, k.new = k.new, map[string]struct{}{}
 	}
 	k.new[key] = struct{}{}
-}
-
-// insertNumbered writes r, whose number is known, leased to owner if it
-// is the head or follows the event owner holds (r.KeyAfter), and reports
-// whether it was.
-func (s *Store) insertNumbered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, head bool) (bool, error) {
-	leased := owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
-	if !leased {
-		owner = ""
-	}
-	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
-	_, err := exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
-	return leased, s.explain(err)
 }
 
 // rowQuerier is a transaction that can answer a query (*sql.Tx, sqlx.Tx,

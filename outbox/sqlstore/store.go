@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -37,7 +38,9 @@ type Options struct {
 	// price is the history: Inspect (and the admin's event page) no longer
 	// finds a delivered event, and Stats counts no DONE rows. Dead letters,
 	// retries and the per-subscription rows of events that failed somewhere
-	// are kept as before.
+	// are kept as before. On PostgreSQL an ordered event is marked DONE
+	// instead and deleted by a later completion once it was written 10
+	// minutes ago (see orderedKeep).
 	DeleteDelivered bool
 }
 
@@ -55,6 +58,17 @@ type Store struct {
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
 
 	known knownKeys // MySQL: ordering keys whose row is committed; see createKey
+
+	// keep is the least time an ordered event stays stored after it was
+	// written (orderedKeep); see keptSQL.
+	keep time.Duration
+	// swept is when DeleteDelivered last deleted the ordered events it
+	// kept (unix nanoseconds); see sweepKept.
+	swept atomic.Int64
+	// fence caches fenced's answer: when it was looked up (unix
+	// nanoseconds, low bit cleared) and, in the low bit, the answer.
+	fence   atomic.Int64
+	fenceMu sync.Mutex // one lookup at a time
 }
 
 var (
@@ -100,6 +114,9 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 	}
 	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
 		cursors: make(map[string]claimCursor)}
+	if d.name == "postgres" {
+		s.keep = orderedKeep
+	}
 	s.q = s.buildQueries()
 	return s, nil
 }
@@ -149,6 +166,7 @@ func (s *Store) buildQueries() queries {
 VALUES `
 	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `, ?)`
 	update := `UPDATE ` + t + d.byID
+	kept, _ := s.keptSQL()
 	return queries{
 		update:       update,
 		inspect:      s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
@@ -183,7 +201,7 @@ WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		stats:    `SELECT status, COUNT(*) FROM ` + t + ` GROUP BY status`,
 		listDead: s.rebind(`SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, attempts, COALESCE(last_error, ''), created_at FROM ` + t + ` WHERE status = 3 AND id > ? ORDER BY id LIMIT ?`),
-		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` ORDER BY available_at LIMIT ?`),
+		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` AND NOT ` + kept + ` ORDER BY available_at LIMIT ?`),
 	}
 }
 
@@ -206,15 +224,56 @@ func (s *Store) leaseSQL(n int) string {
 	return s.rebind(s.q.update + ` SET locked_by = ?, locked_until = ` + s.d.nowPlus + ` WHERE id` + s.idIn(n))
 }
 
+// markDoneSQL is the write of MarkDone: an UPDATE to DONE, or with
+// DeleteDelivered a DELETE of the events that are not ordered (an ordered
+// event is kept DONE for s.keep, see orderedKeep: markDoneIn).
 func (s *Store) markDoneSQL(n int) string {
 	if s.del {
 		// No index hint: MySQL's single-table DELETE takes none. It runs
 		// at READ COMMITTED (execCount), so a plan that scans the primary
 		// key keeps no locks on the rows it passes.
-		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n))
+		kept := ``
+		if s.keep > 0 {
+			kept = ` AND key_seq IS NULL`
+		}
+		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n) + kept)
 	}
+	return s.markDoneUpdateSQL(n)
+}
+
+func (s *Store) markDoneUpdateSQL(n int) string {
 	return s.rebind(s.q.update + ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL
 WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n))
+}
+
+// markDoneIn writes ids, leased to owner, DONE through exec (with
+// DeleteDelivered: deletes them, but for the ordered ones) and returns
+// how many it changed.
+func (s *Store) markDoneIn(ctx context.Context, exec func(ctx context.Context, q string, args ...any) (int, error), owner string, ids []string) (int, error) {
+	args := s.idArgs(ids, owner)
+	n, err := exec(ctx, s.markDoneSQL(len(ids)), args...)
+	if err != nil || !s.del || s.keep == 0 || n == len(ids) {
+		return n, err
+	}
+	m, err := exec(ctx, s.markDoneUpdateSQL(len(ids)), args...)
+	return n + m, err
+}
+
+// sweepKept deletes, with DeleteDelivered, the ordered events kept DONE
+// past s.keep (see orderedKeep). The completion path calls it; it runs at
+// most once a second, in batches of 1,000 while a batch comes back full
+// (at most 10).
+func (s *Store) sweepKept(ctx context.Context) {
+	now := time.Now().UnixNano()
+	last := s.swept.Load()
+	if !s.del || now-last < int64(time.Second) || !s.swept.CompareAndSwap(last, now) {
+		return
+	}
+	for range 10 {
+		if n, err := s.Cleanup(ctx, s.keep, 1000, false); err != nil || n < 1000 {
+			return
+		}
+	}
 }
 
 func (s *Store) extendSQL(n int) string {
@@ -350,8 +409,11 @@ func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, 
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	q := s.markDoneSQL(len(ids))
-	return s.execCount(ctx, q, s.idArgs(ids, owner)...)
+	n, err := s.markDoneIn(ctx, s.execCount, owner, ids)
+	if err == nil {
+		s.sweepKept(ctx)
+	}
+	return n, err
 }
 
 // MarkRetry implements driver.Store.
