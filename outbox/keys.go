@@ -54,6 +54,10 @@ type keySeen struct {
 	// it as Row.KeyLast for keyLastFor.
 	committed   int64
 	committedAt time.Time
+	// takenAt is when another instance had taken the number after
+	// committed: the key's events change instance, and Publish passes no
+	// KeyLast for keyLastFor (each try would cost a statement in vain).
+	takenAt time.Time
 }
 
 // keyLastFor is how long after its commit a key's number is passed as
@@ -108,10 +112,18 @@ func (t *keyTable) last(key string, now time.Time) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.seen(key)
-	if s.committed == 0 || now.Sub(s.committedAt) >= keyLastFor {
+	if s.committed == 0 || now.Sub(s.committedAt) >= keyLastFor || (!s.takenAt.IsZero() && now.Sub(s.takenAt) < keyLastFor) {
 		return 0
 	}
 	return s.committed
+}
+
+// taken records that the number after the KeyLast Publish passed for key
+// was taken by another publisher.
+func (t *keyTable) taken(key string, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.note(key, func(s *keySeen) { s.takenAt = now })
 }
 
 // committedNumbers records numbers of keys, committed at now by one of

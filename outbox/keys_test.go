@@ -114,4 +114,13 @@ func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
 	if got := kt.last("k", start.Add(time.Minute+time.Second)); got != 5 {
 		t.Fatalf("KeyLast after a new commit: %d; want 5", got)
 	}
+	// Another instance took 6: no KeyLast for keyLastFor.
+	kt.taken("k", start.Add(time.Minute+time.Second))
+	kt.committedNumbers(map[string]int64{"k": 7}, start.Add(time.Minute+2*time.Second))
+	if got := kt.last("k", start.Add(time.Minute+3*time.Second)); got != 0 {
+		t.Fatalf("KeyLast of a key whose next number another instance took a moment ago: %d; want 0", got)
+	}
+	if got := kt.last("k", start.Add(time.Minute+time.Second+keyLastFor)); got != 7 {
+		t.Fatalf("KeyLast %v after the number was taken: %d; want 7", keyLastFor, got)
+	}
 }

@@ -327,6 +327,9 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 		if err != nil {
 			return nil, nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
 		}
+		if last := rows[i].KeyLast; last > 0 && rows[i].KeySeq > 0 && rows[i].KeySeq != last+1 {
+			keys.taken(rows[i].OrderingKey, now)
+		}
 		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
 		if leased && owner != "" {
 			if rows[i].KeySeq > 0 {

@@ -525,11 +525,15 @@ func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver
 	if err := checkKey(r); err != nil {
 		return false, false, err
 	}
+	taken := false
 	if r.KeyLast > 0 && s.fenced(ctx) {
 		ok, leased, err := s.insertNext(ctx, exec, r, owner, lease)
 		if err != nil || ok {
 			return false, leased, err
 		}
+		// Another publisher went past KeyLast: the key's row (which
+		// exists: KeyLast was taken after it) lags too.
+		taken = true
 	}
 	keys := s.KeysTable()
 	switch s.d.name {
@@ -561,8 +565,7 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 		// The upsert's RETURNING gives the row as updated, after the lock
 		// was granted; the INSERT reads it from there, not from the
 		// statement's snapshot.
-		return s.insertPostgres(ctx, exec, r, owner, lease, `INSERT INTO `+keys+` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
-ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1`, r.OrderingKey)
+		return s.insertPostgres(ctx, exec, r, owner, lease, taken)
 	default:
 		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err != nil {
@@ -683,15 +686,16 @@ func errRenumber(r *driver.Row) error {
 	return fmt.Errorf("sqlstore: event %s: ordering key %q: %d numbers in a row were taken by other publishers of the key; nothing was written, retry the transaction", r.ID, r.OrderingKey, maxRenumber)
 }
 
-// insertPostgres writes r numbered by the key's row, which keySQL (with
-// its parameters) locks and updates, RETURNING its seq (the number) and
-// done_seq, in one statement; if the number is taken (insertNext), it
-// writes r after the key's highest number and takes the row there, one
-// statement a try. At READ COMMITTED each try sees the numbers committed
-// before it started and waits for those being written; at REPEATABLE
-// READ a number committed after the transaction's snapshot fails the
-// INSERT with a serialization error, for the application to retry.
-func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, keySQL string, keyArgs ...any) (head, leased bool, err error) {
+// insertPostgres writes r numbered by the key's row, which one statement
+// locks and updates (upserts), and inserts r with; if the number is taken
+// (insertNext), or taken is set (the key's row lags behind the key's
+// numbers), it writes r after the key's highest number and takes the
+// row there, one statement a try. At READ COMMITTED each try sees the
+// numbers committed before it started and waits for those being written;
+// at REPEATABLE READ a number committed after the transaction's snapshot
+// fails the INSERT with a serialization error, for the application to
+// retry.
+func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, taken bool) (head, leased bool, err error) {
 	qr, queries := exec.(rowQuerier)
 	after := int64(0)
 	if queries {
@@ -702,11 +706,13 @@ func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *drive
 		ownerSQL, untilSQL = `(SELECT CASE WHEN lease THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN lease THEN `+untilSQL+` END FROM k)`
 	}
 	renumber := `WITH m AS (SELECT MAX(key_seq) AS m FROM ` + s.table + ` WHERE ordering_key = ? AND key_seq IS NOT NULL),
-k0 AS (UPDATE ` + s.KeysTable() + ` AS k SET seq = GREATEST(k.seq + 1, COALESCE((SELECT m FROM m), 0) + 1) WHERE k.ordering_key = ? RETURNING seq, done_seq)`
+k0 AS (INSERT INTO ` + s.KeysTable() + ` AS k (ordering_key, seq, done_seq) VALUES (?, COALESCE((SELECT m FROM m), 0) + 1, 0)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = GREATEST(k.seq + 1, EXCLUDED.seq) RETURNING seq, done_seq)`
 	for try := 0; try <= maxRenumber; try++ {
-		q := `WITH k0 AS (` + keySQL + ` RETURNING seq, done_seq)`
-		args := append([]any{}, keyArgs...)
-		if try > 0 {
+		q := `WITH k0 AS (INSERT INTO ` + s.KeysTable() + ` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING seq, done_seq)`
+		args := []any{r.OrderingKey}
+		if try > 0 || taken {
 			q, args = renumber, []any{r.OrderingKey, r.OrderingKey}
 		}
 		q += `,
