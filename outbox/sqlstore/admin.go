@@ -271,10 +271,10 @@ func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int,
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
-		if err := s.raiseKeys(ctx, ids[:k]); err != nil {
+		if err := s.raiseKeys(ctx, ids[:k], true); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
-		n, err = s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+` WHERE status = 3 AND id IN `+in(k)), stringArgs(ids[:k])...)
+		n, err = s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+` WHERE status = 3 AND id IN `+in(k)+s.raisedSQL()), stringArgs(ids[:k])...)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
@@ -297,10 +297,10 @@ func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int,
 		if _, err := s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL`+finished+` AND `+kept), append(args, keep)...); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
-		if err := s.raiseKeys(ctx, events); err != nil {
+		if err := s.raiseKeys(ctx, events, true); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
-		if _, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+finished), args...); err != nil {
+		if _, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+finished+s.raisedSQL()), args...); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
 		if err := s.dropOrphanDeliveries(ctx, events); err != nil {

@@ -185,10 +185,10 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 		if includeDead {
 			split = int(outbox.StatusSplit) // selected only when finished
 		}
-		if err := s.raiseKeys(ctx, ids[:k]); err != nil {
+		if err := s.raiseKeys(ctx, ids[:k], false); err != nil {
 			return total, fmt.Errorf("sqlstore: cleanup: %w", err)
 		}
-		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE ` + s.d.statusByID() + ` IN (?, ?, ?) AND id IN ` + in(k))
+		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE ` + s.d.statusByID() + ` IN (?, ?, ?) AND id IN ` + in(k) + s.raisedSQL())
 		n, err := s.execCount(ctx, q, stringArgs(ids[:k], int(outbox.StatusDone), dead, split)...)
 		total += int64(n)
 		if err != nil {

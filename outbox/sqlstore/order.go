@@ -66,17 +66,35 @@ func (s *Store) keptSQL() (string, any) {
 
 // raiseKeys takes the key rows of the ordered events among ids, about to
 // be deleted, to their numbers at least (PostgreSQL, where a key's row
-// may lag behind its numbers: insertNext): a publisher numbering from a
-// key's row must never take a number that a deleted event had.
-func (s *Store) raiseKeys(ctx context.Context, ids []string) error {
+// may lag behind its numbers: insertNext), so that a publisher numbering
+// from a key's row never takes a number a deleted event had. Unless wait,
+// it passes over the key rows a publishing transaction holds (SKIP
+// LOCKED): the DELETE that follows then keeps their events (raisedSQL),
+// for a later cleanup.
+func (s *Store) raiseKeys(ctx context.Context, ids []string, wait bool) error {
 	if s.d.name != "postgres" {
 		return nil // the key's row holds its highest number already
 	}
+	skip := ` SKIP LOCKED`
+	if wait {
+		skip = ``
+	}
 	k := s.KeysTable()
-	q := s.rebind(`UPDATE ` + k + ` SET seq = GREATEST(seq, (SELECT MAX(o.key_seq) FROM ` + s.table + ` o WHERE o.ordering_key = ` + k + `.ordering_key AND o.id IN ` + in(len(ids)) + `))
-WHERE ordering_key IN (SELECT ordering_key FROM ` + s.table + ` WHERE id IN ` + in(len(ids)) + ` AND key_seq IS NOT NULL)`)
-	_, err := s.execCount(ctx, q, append(stringArgs(ids), stringArgs(ids)...)...)
+	q := s.rebind(`WITH x AS (SELECT ordering_key, MAX(key_seq) AS m FROM ` + s.table + ` WHERE id IN ` + in(len(ids)) + ` AND key_seq IS NOT NULL GROUP BY ordering_key),
+l AS (SELECT k.ordering_key FROM ` + k + ` k JOIN x ON x.ordering_key = k.ordering_key WHERE k.seq < x.m FOR UPDATE OF k` + skip + `)
+UPDATE ` + k + ` AS k SET seq = GREATEST(k.seq, x.m) FROM x, l WHERE k.ordering_key = x.ordering_key AND k.ordering_key = l.ordering_key`)
+	_, err := s.execCount(ctx, q, stringArgs(ids)...)
 	return err
+}
+
+// raisedSQL is the condition (starting with AND) that a row of the outbox
+// table may be deleted as far as its number goes: its key's row has
+// reached it (raiseKeys). "" where key rows never lag.
+func (s *Store) raisedSQL() string {
+	if s.d.name != "postgres" {
+		return ``
+	}
+	return ` AND (key_seq IS NULL OR key_seq <= (SELECT k.seq FROM ` + s.KeysTable() + ` k WHERE k.ordering_key = ` + s.table + `.ordering_key))`
 }
 
 // fenced reports whether the outbox table has the unique (ordering_key,

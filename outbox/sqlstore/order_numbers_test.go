@@ -361,3 +361,45 @@ func TestMarkDoneKeysFindsANextEventTheKeyRowMissed(t *testing.T) {
 		})
 	}
 }
+
+// The cleanup never waits for a publishing transaction that holds a key's
+// row (PostgreSQL, where a key's row may lag behind its numbers): it
+// deletes the events the key's row already covers, keeps the others, and
+// deletes them once that transaction has ended.
+func TestCleanupPassesOverAKeyRowAPublisherHolds(t *testing.T) {
+	n := newNumbers(t, "postgres", sqlstore.Options{})
+	ctx := context.Background()
+	e1, s1 := n.pub(0, 0, "me")
+	e2, s2 := n.pub(s1, s1, "me")
+	e3, _ := n.pub(s2, s2, "me")
+	if got, err := n.st.MarkDone(ctx, "me", []string{e1, e2, e3}); err != nil || got != 3 {
+		t.Fatalf("MarkDone: %d, %v; want 3", got, err)
+	}
+	sqlstore.SetKeep(n.st, 0)
+	tx, err := n.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	r := n.row(0, 0) // numbered from the key's row, which tx now holds
+	if _, _, err := n.st.InsertOrdered(ctx, tx, &r, "", time.Minute, blockA); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got, err := n.st.Cleanup(cctx, -time.Minute, 100, false)
+	if err != nil || got != 1 {
+		t.Fatalf("Cleanup while a publisher holds the key's row: %d deleted, %v; want 1 (number 1, which the key's row covers), at once", got, err)
+	}
+	for _, id := range []string{e2, e3} {
+		if _, _, ok := n.stored(id); !ok {
+			t.Fatalf("event %s, numbered past the key's row, was deleted while a publisher held the row", id)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := n.st.Cleanup(ctx, -time.Minute, 100, false); err != nil || got != 2 {
+		t.Fatalf("Cleanup after the publisher committed: %d deleted, %v; want 2", got, err)
+	}
+}
