@@ -7,11 +7,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
+
+// unmigrated returns a store over a fresh table name that nothing has
+// created yet; its tables are dropped at the end of the test.
+func unmigrated(t *testing.T, name string) (*sqlx.DB, *sqlstore.Store) {
+	db := testdb.Open(t, name)
+	st, err := sqlstore.New(db, sqlstore.Options{Table: testdb.TableName("outbox")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		testdb.DropTable(t, db, st.Tables()...)
+	})
+	return db, st
+}
 
 // Migrations 002 and 003 apply to a table created and filled by version 001:
 // Migrate adds the subscription and ordering tables and columns, the rows
@@ -21,15 +37,8 @@ import (
 func TestMigrate002OnPopulated001Table(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
-			db := testdb.Open(t, name)
+			db, st := unmigrated(t, name)
 			ctx := context.Background()
-			st, err := sqlstore.New(db, sqlstore.Options{Table: testdb.TableName("outbox")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				testdb.DropTable(t, db, st.Tables()...)
-			})
 			steps, err := st.Migrations()
 			if err != nil || len(steps) < 2 || steps[0].Version != 1 || steps[1].Version != 2 {
 				t.Fatalf("Migrations() = %d steps, %v; want 001 and 002", len(steps), err)
@@ -123,15 +132,8 @@ func onlyComments(stmt string) bool {
 func TestMigrate004OnPopulated003Table(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
-			db := testdb.Open(t, name)
+			db, st := unmigrated(t, name)
 			ctx := context.Background()
-			st, err := sqlstore.New(db, sqlstore.Options{Table: testdb.TableName("outbox")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				testdb.DropTable(t, db, st.Tables()...)
-			})
 			steps, err := st.Migrations()
 			if err != nil {
 				t.Fatal(err)

@@ -701,7 +701,7 @@ func (s *Store) idTaken(ctx context.Context, qr rowQuerier, r *driver.Row) error
 const maxRenumber = 1000
 
 func errRenumber(r *driver.Row) error {
-	return fmt.Errorf("sqlstore: event %s: ordering key %q: %d numbers in a row were taken by other publishers of the key; nothing was written, retry the transaction", r.ID, r.OrderingKey, maxRenumber)
+	return fmt.Errorf("sqlstore: event %s: ordering key %q: nothing was written in %d tries: the numbers were taken by other publishers of the key (retry the transaction), or an event with this id is stored already (ids must be unique)", r.ID, r.OrderingKey, maxRenumber)
 }
 
 // insertPostgres writes r numbered by the key's row, which one statement

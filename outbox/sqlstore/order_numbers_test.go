@@ -58,6 +58,23 @@ func (n *numbers) row(last, after int64) driver.Row {
 	return driver.Row{ID: outbox.NewID(), Type: "order.placed", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: n.key, KeyLast: last, KeyAfter: after}
 }
 
+// threeDelivered writes three events of the key, numbered 1 from the
+// key's row, then 2 and 3 from KeyLast, and marks them DONE; it returns
+// their ids and the last number.
+func (n *numbers) threeDelivered() ([]string, int64) {
+	n.t.Helper()
+	var ids []string
+	var last int64
+	for range 3 {
+		id, seq := n.pub(last, last, "me")
+		ids, last = append(ids, id), seq
+	}
+	if got, err := n.st.MarkDone(context.Background(), "me", ids); err != nil || got != 3 {
+		n.t.Fatalf("MarkDone: %d, %v; want 3", got, err)
+	}
+	return ids, last
+}
+
 // keyRow returns the key's row: its number and its delivered number.
 func (n *numbers) keyRow() (seq, done int64) {
 	n.t.Helper()
@@ -231,12 +248,7 @@ func TestDeletedNumbersAreNotGivenAgain(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			n := newNumbers(t, name, sqlstore.Options{})
 			ctx := context.Background()
-			e1, s1 := n.pub(0, 0, "me")
-			e2, s2 := n.pub(s1, s1, "me")
-			e3, s3 := n.pub(s2, s2, "me")
-			if got, err := n.st.MarkDone(ctx, "me", []string{e1, e2, e3}); err != nil || got != 3 {
-				t.Fatalf("MarkDone: %d, %v; want 3", got, err)
-			}
+			_, s3 := n.threeDelivered()
 			sqlstore.SetKeep(n.st, 0)
 			// A negative age takes every delivered row, however recent
 			// (SQLite's clock has milliseconds).
@@ -369,12 +381,8 @@ func TestMarkDoneKeysFindsANextEventTheKeyRowMissed(t *testing.T) {
 func TestCleanupPassesOverAKeyRowAPublisherHolds(t *testing.T) {
 	n := newNumbers(t, "postgres", sqlstore.Options{})
 	ctx := context.Background()
-	e1, s1 := n.pub(0, 0, "me")
-	e2, s2 := n.pub(s1, s1, "me")
-	e3, _ := n.pub(s2, s2, "me")
-	if got, err := n.st.MarkDone(ctx, "me", []string{e1, e2, e3}); err != nil || got != 3 {
-		t.Fatalf("MarkDone: %d, %v; want 3", got, err)
-	}
+	ids, _ := n.threeDelivered()
+	e2, e3 := ids[1], ids[2]
 	sqlstore.SetKeep(n.st, 0)
 	tx, err := n.db.BeginTxx(ctx, nil)
 	if err != nil {

@@ -1,0 +1,7 @@
+-- Nothing to change on MySQL and MariaDB. On PostgreSQL this version adds
+-- a unique (ordering_key, key_seq) index, which lets an instance number a
+-- key's next event itself; on InnoDB a publisher refused by such an index
+-- inside the application's transaction keeps gap locks that deadlock
+-- other publishers, so MySQL numbers every ordered event from its key's
+-- row in <table>_keys. The version is recorded so that the schema's
+-- versions mean the same on every database.
