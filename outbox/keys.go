@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // keyTable is what this instance knows of the ordering keys it delivers,
@@ -126,20 +128,21 @@ func (t *keyTable) taken(key string, now time.Time) {
 	t.note(key, func(s *keySeen) { s.takenAt = now })
 }
 
-// committedNumbers records numbers of keys, committed at now by one of
-// this instance's transactions. Only these may become Row.KeyLast: a
-// number leased or delivered here may be an old one (a replayed event),
-// and one not yet committed may still be rolled back.
-func (t *keyTable) committedNumbers(nums map[string]int64, now time.Time) {
+// committedNumbers records the numbers of rows[i] for i in ordered,
+// committed at now by one of this instance's transactions (a row whose
+// number the store did not report is passed over). Only these may become
+// Row.KeyLast: a number leased or delivered here may be an old one (a
+// replayed event), and one not yet committed may still be rolled back.
+func (t *keyTable) committedNumbers(rows []driver.Row, ordered []int, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for key, seq := range nums {
-		t.note(key, func(s *keySeen) {
-			if seq > s.committed {
-				s.committed = seq
-			}
-			s.committedAt = now
-		})
+	for _, i := range ordered {
+		if seq := rows[i].KeySeq; seq > 0 {
+			t.note(rows[i].OrderingKey, func(s *keySeen) {
+				s.committed = max(s.committed, seq)
+				s.committedAt = now
+			})
+		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 func orderedItem(key string, seq int64) *item {
@@ -102,21 +104,30 @@ func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
 	if got := kt.last("k", start); got != 0 {
 		t.Fatalf("KeyLast of a key only leased and claimed here: %d; want 0", got)
 	}
-	kt.committedNumbers(map[string]int64{"k": 4, "j": 2}, start)
-	kt.committedNumbers(map[string]int64{"k": 3}, start) // a slower transaction's commit reported later
+	committed := func(at time.Time, keySeqs ...any) {
+		var rows []driver.Row
+		var idx []int
+		for i := 0; i < len(keySeqs); i += 2 {
+			rows = append(rows, driver.Row{OrderingKey: keySeqs[i].(string), KeySeq: int64(keySeqs[i+1].(int))})
+			idx = append(idx, len(rows)-1)
+		}
+		kt.committedNumbers(rows, idx, at)
+	}
+	committed(start, "k", 4, "j", 2, "k", 3)
+	committed(start, "k", 3) // a slower transaction's commit reported later
 	if got := kt.last("k", start.Add(keyLastFor-time.Millisecond)); got != 4 {
 		t.Fatalf("KeyLast just before it expires: %d; want 4", got)
 	}
 	if got := kt.last("k", start.Add(keyLastFor)); got != 0 {
 		t.Fatalf("KeyLast %v after the commit: %d; want 0 (expired)", keyLastFor, got)
 	}
-	kt.committedNumbers(map[string]int64{"k": 5}, start.Add(time.Minute))
+	committed(start.Add(time.Minute), "k", 5)
 	if got := kt.last("k", start.Add(time.Minute+time.Second)); got != 5 {
 		t.Fatalf("KeyLast after a new commit: %d; want 5", got)
 	}
 	// Another instance took 6: no KeyLast for keyLastFor.
 	kt.taken("k", start.Add(time.Minute+time.Second))
-	kt.committedNumbers(map[string]int64{"k": 7}, start.Add(time.Minute+2*time.Second))
+	committed(start.Add(time.Minute+2*time.Second), "k", 7)
 	if got := kt.last("k", start.Add(time.Minute+3*time.Second)); got != 0 {
 		t.Fatalf("KeyLast of a key whose next number another instance took a moment ago: %d; want 0", got)
 	}

@@ -258,19 +258,10 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	for _, env := range envs {
 		o.m.Published(env.Type)
 	}
-	var numbers map[string]int64 // the ordered events' keys and numbers
-	for _, i := range ordered {
-		if rows[i].KeySeq > 0 {
-			if numbers == nil {
-				numbers = map[string]int64{}
-			}
-			numbers[rows[i].OrderingKey] = max(numbers[rows[i].OrderingKey], rows[i].KeySeq)
-		}
-	}
-	if len(mine) > 0 || len(mineOrdered) > 0 || len(named) > 0 || len(numbers) > 0 {
+	if len(mine) > 0 || len(ordered) > 0 || len(named) > 0 {
 		tx.AfterCommit(func() {
-			if len(numbers) > 0 {
-				o.disp.keys.committedNumbers(numbers, time.Now())
+			if len(ordered) > 0 {
+				o.disp.keys.committedNumbers(rows, ordered, time.Now())
 			}
 			for _, env := range mine {
 				o.enqueueHot(env, written)

@@ -261,12 +261,18 @@ WHERE status = 3 AND ` + keysIn(k))
 func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int, error) {
 	ids, keys := splitLetters(dls)
 	total := 0
+	// An ordered event written less than s.keep ago is kept, DONE (never
+	// delivered): see orderedKeep.
 	kept, keep := s.keptSQL()
+	retire := func(where string, args []any) (int, error) {
+		if s.keep == 0 {
+			return 0, nil
+		}
+		return s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL`+where+` AND `+kept), append(args, keep)...)
+	}
 	for len(ids) > 0 {
 		k := min(len(ids), 500)
-		// An ordered event written less than s.keep ago is kept, DONE
-		// (never delivered): see orderedKeep.
-		n, err := s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL WHERE status = 3 AND id IN `+in(k)+` AND `+kept), append(stringArgs(ids[:k]), keep)...)
+		n, err := retire(` WHERE status = 3 AND id IN `+in(k), stringArgs(ids[:k]))
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
@@ -294,7 +300,7 @@ func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int,
 		events := eventIDs(keys[:k])
 		finished := ` WHERE status = 4 AND id IN ` + in(len(events)) + ` AND id NOT IN (SELECT event_id FROM ` + s.DeliveriesTable() + ` WHERE status IN (0, 2, 3) AND event_id IN ` + in(len(events)) + `)`
 		args := append(stringArgs(events), stringArgs(events)...)
-		if _, err := s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL`+finished+` AND `+kept), append(args, keep)...); err != nil {
+		if _, err := retire(finished, args); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
 		if err := s.raiseKeys(ctx, events, true); err != nil {

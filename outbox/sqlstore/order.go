@@ -534,11 +534,12 @@ func checkKey(r *driver.Row) error {
 // unless r.KeyAfter says the owner holds its predecessor.
 // One statement on PostgreSQL, two on MySQL, three on SQLite.
 //
-// On MySQL and PostgreSQL, an event with r.KeyLast set is first written
-// numbered r.KeyLast+1 with no key row at all (one INSERT, the cost of an
+// On PostgreSQL, an event with r.KeyLast set is first written numbered
+// r.KeyLast+1 with no key row at all (one INSERT, the cost of an
 // unordered event; see insertNext). The key's row then lags behind the
 // key's numbers, so a publisher numbering from it may find its number
-// taken: it takes the key's highest number plus one instead (renumber).
+// taken: it takes the key's highest number plus one instead
+// (insertPostgres).
 func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
 	if err := checkKey(r); err != nil {
 		return false, false, err
