@@ -45,6 +45,20 @@ type Dialect struct {
 	watermill func(msgs, offs func(topic string) string, batch int) (wsql.SchemaAdapter, wsql.OffsetsAdapter)
 	// WatermillAdapters names them for the report.
 	WatermillAdapters string
+	// logPos reads the server's write-ahead log position in bytes (the
+	// redo log's LSN on MariaDB, the WAL insert position on PostgreSQL):
+	// the difference over a run is the log the server wrote in it.
+	logPos string
+}
+
+// LogPos returns the server's write-ahead log position in bytes, or -1
+// if it cannot be read (no privilege, another server).
+func (d *Dialect) LogPos(ctx context.Context, db *sqlx.DB) int64 {
+	var n int64
+	if d.logPos == "" || db.QueryRowContext(ctx, d.logPos).Scan(&n) != nil {
+		return -1
+	}
+	return n
 }
 
 // Quote quotes an identifier.
@@ -52,6 +66,7 @@ func (d *Dialect) Quote(name string) string { return d.quote(name) }
 
 // MariaDB is MariaDB 10.6+ / MySQL 8 through go-sql-driver/mysql.
 var MariaDB = &Dialect{
+	logPos:         "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_LSN_CURRENT'",
 	Name:           "MariaDB",
 	Key:            "mariadb",
 	Driver:         "mysql",
@@ -97,6 +112,7 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 
 // PostgreSQL is PostgreSQL 13+ through pgx's database/sql driver.
 var PostgreSQL = &Dialect{
+	logPos:         "SELECT CAST(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0') AS BIGINT)",
 	Name:           "PostgreSQL",
 	Key:            "postgres",
 	Driver:         "pgx",

@@ -238,6 +238,44 @@ func (r *DBReport) orderedRatios() stat {
 	return statOf(v)
 }
 
+// logBytesPerTx is the database's write-ahead log written per committed
+// transaction, or -1 if it was not read.
+func logBytesPerTx(c CellResult) float64 {
+	if c.LogBytes < 0 || c.Committed == 0 {
+		return -1
+	}
+	return float64(c.LogBytes) / float64(c.Committed)
+}
+
+// logPerTx renders the median log bytes per transaction of cs, "—" if
+// any was not read.
+func logPerTx(cs []CellResult) string {
+	for _, c := range cs {
+		if logBytesPerTx(c) < 0 {
+			return "—"
+		}
+	}
+	return collect(cs, logBytesPerTx).f(func(v float64) string { return num(v) + " B" })
+}
+
+// orderedLogRatios is ordered ÷ unordered log bytes per transaction, per
+// repeat (repeats where either was not read are left out).
+func (r *DBReport) orderedLogRatios() (stat, int) {
+	by := map[int]float64{}
+	for _, o := range r.Ordered {
+		if o.Order == outbox.Unordered.String() && o.Instances <= 1 {
+			by[o.Repeat] = logBytesPerTx(o.CellResult)
+		}
+	}
+	var v []float64
+	for _, o := range r.Ordered {
+		if u, l := by[o.Repeat], logBytesPerTx(o.CellResult); o.Order == outbox.Ordered.String() && o.Instances <= 1 && u > 0 && l >= 0 {
+			v = append(v, l/u)
+		}
+	}
+	return statOf(v), len(v)
+}
+
 // OrderedTargets evaluates issue 13's targets on one database.
 func (r *DBReport) OrderedTargets() []Target {
 	ord := r.ordered(outbox.Ordered.String())
@@ -277,7 +315,7 @@ func (r *Report) WriteOrdered(w io.Writer) {
 	p("")
 	p("Issue 13: an ordered subscription at %d producers over %s keys keeps commit→handler p50 ≤ 0.1 ms and p99 ≤ 1 ms, and ≥ 0.9 of the unordered throughput, in the same run.", OrderedProducers, num(float64(OrderedKeys)))
 	p("")
-	p("Workload: the hot-path producer workload above (txmw.Transact: INSERT order, `outbox.Publish`, COMMIT; default Config), %d producers for %v, each event with `OrderingKey` one of %s keys at random, one subscription. The two rows differ only in `Subscription.Order` (Unordered, Ordered); each repeat runs the unordered row, then the ordered one, on fresh tables. The row **ordered, 2 instances** (when run; no target of its own) is the ordered row on two outbox instances in the process (InstanceIDs of their own, one table), each event published on one of them by the parity of its number: about half of a key's consecutive events change instance, and such an event, published behind one the other instance holds, waits in the table until that instance has delivered its predecessor, recorded it and claimed it (the cross-instance path). The producers of one key are serialised by a per-key mutex held across the transaction and number the key's events 1, 2, 3… under it; the handler counts an **order violation** when an event's number is below the last one it saw for its key. The same check runs on the unordered row, where nothing promises it. **ordered ÷ unordered** is the commit rate of the ordered row ÷ that of the unordered row of the same repeat. **paths**: events through the hot queue / queued by the poller or the sequencer (the sequencer's claims of a key's next head and the poller's sweeps).",
+	p("Workload: the hot-path producer workload above (txmw.Transact: INSERT order, `outbox.Publish`, COMMIT; default Config), %d producers for %v, each event with `OrderingKey` one of %s keys at random, one subscription. The two rows differ only in `Subscription.Order` (Unordered, Ordered); each repeat runs the unordered row, then the ordered one, on fresh tables. The row **ordered, 2 instances** (when run; no target of its own) is the ordered row on two outbox instances in the process (InstanceIDs of their own, one table), each event published on one of them by the parity of its number: about half of a key's consecutive events change instance, and such an event, published behind one the other instance holds, waits in the table until that instance has delivered its predecessor, recorded it and claimed it (the cross-instance path). The producers of one key are serialised by a per-key mutex held across the transaction and number the key's events 1, 2, 3… under it; the handler counts an **order violation** when an event's number is below the last one it saw for its key. The same check runs on the unordered row, where nothing promises it. **ordered ÷ unordered** is the commit rate of the ordered row ÷ that of the unordered row of the same repeat. **paths**: events through the hot queue / queued by the poller or the sequencer (the sequencer's claims of a key's next head and the poller's sweeps). **DB log/tx**: the bytes the database server wrote to its write-ahead log during production (MariaDB's redo LSN, PostgreSQL's WAL insert position) ÷ committed transactions, the completions' writes included: it moves little with the machine's noise, so a design's extra writes show in it where the commit rates of two runs cannot be told apart.",
 		OrderedProducers, r.Duration, num(float64(OrderedKeys)))
 	if r.OrderedHeader != "" {
 		p("")
@@ -309,8 +347,8 @@ func (r *Report) WriteOrdered(w io.Writer) {
 		p("")
 		p("### %s: ordered subscriptions", d.Name)
 		p("")
-		p("| row | commit tx/s | delivered/s | commit→handler p50 | p99 | max | failed tx | delivered | lost | dups | order violations | paths hot / cold |")
-		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		p("| row | commit tx/s | delivered/s | commit→handler p50 | p99 | max | failed tx | delivered | lost | dups | order violations | paths hot / cold | DB log/tx |")
+		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 		if len(d.OrderedRaw) > 0 {
 			for _, name := range []string{RawKeyedName, RawKeyRowName} {
 				var cs []CellResult
@@ -322,10 +360,10 @@ func (r *Report) WriteOrdered(w io.Writer) {
 					}
 				}
 				if len(cs) > 0 {
-					p("| %s | %s | — | — | — | — | %d | — | — | — | — | — |", name, collect(cs, commitTPS).f(num), errs)
+					p("| %s | %s | — | — | — | — | %d | — | — | — | — | — | %s |", name, collect(cs, commitTPS).f(num), errs, logPerTx(cs))
 				}
 			}
-			p("| raw floor: key row ÷ no key row (same run) | **%s** | — | — | — | — | — | — | — | — | — | — |", d.rawFloor().f(ratio))
+			p("| raw floor: key row ÷ no key row (same run) | **%s** | — | — | — | — | — | — | — | — | — | — | — |", d.rawFloor().f(ratio))
 		}
 		for _, row := range d.orderedRows() {
 			var cs []CellResult
@@ -339,16 +377,20 @@ func (r *Report) WriteOrdered(w io.Writer) {
 			if len(cs) == 0 {
 				continue
 			}
-			p("| %s | %s | %s | %s | %s | %s | %d | %s | %d | %d | %d | %s / %s |", row,
+			p("| %s | %s | %s | %s | %s | %s | %d | %s | %d | %d | %d | %s / %s | %s |", row,
 				collect(cs, commitTPS).f(num), collect(cs, deliveredPS).f(num),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatP50) }).f(dur),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatP99) }).f(dur),
 				collect(cs, func(c CellResult) float64 { return float64(c.LatMax) }).f(dur), errs,
-				num(float64(delivered)), lost, dups, viol, num(float64(hot)), num(float64(cold)))
+				num(float64(delivered)), lost, dups, viol, num(float64(hot)), num(float64(cold)), logPerTx(cs))
 		}
 		p("")
 		p("ordered ÷ unordered commit tx/s: **%s**; per repeat: %s. Counts (failed transactions, delivered, lost, dups, violations, paths) are totals over %d repeat(s).",
 			d.orderedRatios().f(ratio), d.orderedPerRepeat(), len(d.ordered(outbox.Ordered.String())))
+		if lr, n := d.orderedLogRatios(); n > 0 {
+			p("")
+			p("DB log/tx ordered ÷ unordered (same run): **%s**.", lr.f(ratio))
+		}
 		if len(d.OrderedRaw) > 0 {
 			p("")
 			p("raw floor: key row ÷ no key row (same run): **%s**; per repeat: %s.", d.rawFloor().f(ratio), d.rawFloorPerRepeat())

@@ -44,9 +44,15 @@ type CellResult struct {
 	// CPU is the user+sys CPU time of the whole process (producers,
 	// system and consumer; HTTP clients and server for the HTTP systems)
 	// during production.
-	CPU   time.Duration
-	Early int // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
-	Note  string
+	CPU time.Duration
+	// LogBytes is what the database server wrote to its write-ahead log
+	// during production (MariaDB's redo, PostgreSQL's WAL; the whole
+	// server's, so the run's own if nothing else writes); -1 if it could
+	// not be read. Unlike the commit rate it hardly depends on the
+	// machine's noise: work a design adds per transaction shows in it.
+	LogBytes int64
+	Early    int // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
+	Note     string
 }
 
 // CellOptions tune one run.
@@ -84,6 +90,7 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	}
 
 	// Producers.
+	log0 := d.LogPos(ctx, db)
 	cpu0 := processCPU()
 	start := rec.Since()
 	deadline := time.Now().Add(o.Duration)
@@ -114,6 +121,10 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	wg.Wait()
 	end := rec.Since()
 	res.CPU = processCPU() - cpu0
+	res.LogBytes = -1
+	if log1 := d.LogPos(ctx, db); log0 >= 0 && log1 >= log0 {
+		res.LogBytes = log1 - log0
+	}
 	res.Duration = end - start
 	var all []time.Duration
 	for w := range o.Concurrency {

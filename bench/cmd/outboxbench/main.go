@@ -361,9 +361,9 @@ func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harnes
 					fatal("%s: ordered rows, %s: %v", d.Name, res.System, err)
 				}
 				res.Repeat = r
-				logf("%s rep %d, %2d producers, %s: commit %6.0f tx/s (p50 %v p99 %v), errors %d, key rows %d, seq sum %d, CPU %v/tx %s",
+				logf("%s rep %d, %2d producers, %s: commit %6.0f tx/s (p50 %v p99 %v), errors %d, key rows %d, seq sum %d, CPU %v/tx, DB log %d B/tx %s",
 					d.Name, r+1, res.Concurrency, res.System, res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
-					res.Errors, res.KeyRows, res.SeqSum, (res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.Note)
+					res.Errors, res.KeyRows, res.SeqSum, (res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.LogBytes/max(1, res.Committed), res.Note)
 				dr.OrderedRaw = append(dr.OrderedRaw, res)
 			}
 		}
@@ -394,11 +394,11 @@ func runOrdered(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harnes
 				fatal("%s: ordered rows, %s: %v", d.Name, o, err)
 			}
 			res.Repeat = r
-			logf("%s rep %d, %2d producers, %d keys, %d instance(s), %-9s commit %6.0f tx/s (p50 %v p99 %v), delivered %6.0f/s, e2e p50 %v p99 %v max %v, errors %d, lost %d, dups %d, violations %d, paths hot %d cold %d, %d claims, tail %v, CPU %v/tx %s",
+			logf("%s rep %d, %2d producers, %d keys, %d instance(s), %-9s commit %6.0f tx/s (p50 %v p99 %v), delivered %6.0f/s, e2e p50 %v p99 %v max %v, errors %d, lost %d, dups %d, violations %d, paths hot %d cold %d, %d claims, tail %v, CPU %v/tx, DB log %d B/tx %s",
 				d.Name, r+1, res.Concurrency, res.Keys, res.Instances, res.Order, res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
 				res.DeliveredPS, res.LatP50.Round(time.Microsecond), res.LatP99.Round(time.Microsecond), res.LatMax.Round(time.Microsecond),
 				res.Errors, res.Lost, res.Duplicates, res.Violations, res.Hot, res.Cold, res.Claims, res.DrainTail.Round(time.Millisecond),
-				(res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.Note)
+				(res.CPU / time.Duration(max(1, res.Committed))).Round(time.Microsecond), res.LogBytes/max(1, res.Committed), res.Note)
 			dr.Ordered = append(dr.Ordered, res)
 		}
 	}
