@@ -234,6 +234,23 @@ func (t *keyTable) delivered(it *item) *item {
 	return next
 }
 
+// holdsAfter reports whether an event of key numbered after seq is in this
+// instance's hands (its key's chain reaches past seq) or was delivered here:
+// then nobody needs to look for the key's next event in the table when
+// seq's outcome is recorded. A later event given back to the table is
+// neither (its chain ended), and is looked for.
+func (t *keyTable) holdsAfter(key string, seq int64) bool {
+	if seq <= 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.chains[key]; c != nil && c.tail > seq {
+		return true
+	}
+	return t.seen(key).delivered > seq
+}
+
 // failed ends the chain of it, an ordered event not delivered here (a
 // failure, a shutdown, no subscription), and returns the events that
 // waited behind it: they must be given back.

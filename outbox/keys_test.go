@@ -135,3 +135,42 @@ func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
 		t.Fatalf("KeyLast %v after the number was taken: %d; want 7", keyLastFor, got)
 	}
 }
+
+// holdsAfter: an event of the key numbered past seq is in this
+// instance's hands (its chain runs past seq) or was delivered here; one
+// given back to the table is neither.
+func TestKeyTableHoldsAfter(t *testing.T) {
+	kt := newKeyTable()
+	if kt.holdsAfter("k", 1) {
+		t.Fatal("a key never seen holds an event after 1")
+	}
+	kt.committed(orderedItem("k", 1), true)
+	e2 := orderedItem("k", 2)
+	kt.committed(e2, false) // waits behind 1
+	if !kt.holdsAfter("k", 1) {
+		t.Fatal("2 waits here behind 1: holdsAfter(1) = false")
+	}
+	kt.delivered(orderedItem("k", 1)) // 2 runs
+	if !kt.holdsAfter("k", 1) {
+		t.Fatal("2 runs here after 1: holdsAfter(1) = false")
+	}
+	if kt.holdsAfter("k", 2) {
+		t.Fatal("nothing after 2 here: holdsAfter(2) = true")
+	}
+	kt.delivered(e2)
+	if !kt.holdsAfter("k", 1) {
+		t.Fatal("2 was delivered here: holdsAfter(1) = false")
+	}
+	// A chain that failed gives its events back: they are not held.
+	kt.committed(orderedItem("j", 1), true)
+	j2 := orderedItem("j", 2)
+	kt.committed(j2, false)
+	kt.delivered(orderedItem("j", 1)) // j:2 runs
+	kt.failed(j2)
+	if kt.holdsAfter("j", 1) {
+		t.Fatal("j:2 failed and went back to the table: holdsAfter(1) = true")
+	}
+	if kt.holdsAfter("k", 0) {
+		t.Fatal("holdsAfter of an unknown number")
+	}
+}

@@ -720,3 +720,62 @@ func wantFree(t *testing.T, st *outboxtest.Store, ids ...string) {
 		}
 	}
 }
+
+// holdDone is an in-memory store whose first MarkDoneKeys waits until
+// release is closed, having closed entered.
+type holdDone struct {
+	*outboxtest.Store
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (s *holdDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+	s.once.Do(func() {
+		close(s.entered)
+		<-s.release
+	})
+	return s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+}
+
+// claimCount counts the sequencer's claims of keys' heads.
+type claimCount struct {
+	outbox.NopMetrics
+	n atomic.Int64
+}
+
+func (m *claimCount) Statement(name string, rows int, took time.Duration) {
+	if name == "claim_heads" {
+		m.n.Add(1)
+	}
+}
+
+// An event whose key's next event is already in this instance's hands
+// when its DONE is written (published after it was delivered, leased
+// here, delivered on the hot path) does not send its key to the
+// sequencer: nothing of the key waits in the table. On a busy key every
+// event is such a one, and each look cost a claim of the key's head.
+func TestOrderedNextEventHereIsNotLookedFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &holdDone{Store: outboxtest.NewStore(), entered: make(chan struct{}), release: make(chan struct{})}
+		l := newOrderLog(t)
+		l.callTime = 0
+		m := &claimCount{}
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, Metrics: m},
+			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle})
+		a1 := publishKey(t, ob, st.Store, "A", 1)
+		<-st.entered // A1 delivered, its DONE being written
+		a2 := publishKey(t, ob, st.Store, "A", 2)
+		settle(time.Millisecond)
+		wantOrder(t, "key A while A1's DONE is written", l.delivered("Order:A"), a1, a2)
+		close(st.release)
+		settle(time.Second)
+		if n := m.n.Load(); n != 0 {
+			t.Errorf("the sequencer claimed heads %d times; A2 was in this instance's hands when A1's DONE was written", n)
+		}
+		for _, id := range []string{a1, a2} {
+			if rec, err := st.Inspect(context.Background(), id); err != nil || rec.Status != outbox.StatusDone {
+				t.Errorf("event %s: %+v, %v; want DONE", id, rec, err)
+			}
+		}
+	})
+}

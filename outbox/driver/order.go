@@ -62,7 +62,9 @@ type KeyDone struct {
 	// need not look (with Seq known).
 	Done bool
 	// Next says the caller holds the key's next event already (it passed
-	// it on in memory): the store need not look for it.
+	// it on in memory, or the event was published behind this one and
+	// leased to the caller) or delivered it: the store need not look for
+	// it.
 	Next bool
 }
 
