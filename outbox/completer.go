@@ -24,7 +24,10 @@ type completer struct {
 	m         Metrics
 	seq       *sequencer
 	keys      *keyTable // the dispatcher's
-	storeCtx  func() (context.Context, context.CancelFunc)
+	// own says this instance leases the ordered events it publishes (the
+	// hot path is on): see the use of keyTable.lastCommitted.
+	own      bool
+	storeCtx func() (context.Context, context.CancelFunc)
 
 	in   chan *item
 	done chan struct{} // closed when run has returned
@@ -37,7 +40,7 @@ func newCompleter(d *deps, inflight *inflightSet) *completer {
 	return &completer{
 		store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID,
 		batchSize: d.cfg.CompletionBatchSize, linger: d.cfg.CompletionLinger,
-		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx,
+		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx, own: !d.cfg.DisableHotPath,
 		in: make(chan *item, 4*d.cfg.CompletionBatchSize), quit: make(chan struct{}),
 	}
 }
@@ -118,14 +121,20 @@ func (c *completer) run() {
 		// their way to a Publish, take the hot path.
 		// Next: the key's next event is in this instance's hands, passed
 		// on in memory or published behind it and leased here (or
-		// delivered already): the store need not look for it, nor the
-		// sequencer (on a busy key that is nearly every event, and each
-		// look was a claim of the key's head: 0.08 of PostgreSQL's
-		// ordered commit rate, BENCHMARKS.md item 17).
+		// delivered already), or this instance committed the event and
+		// nothing after it and leases what it publishes (then its next,
+		// if any, is numbered by the key's row, or here and leased here):
+		// the store need not look for it (PostgreSQL's read of the
+		// successors by the unique index, once per batch, cost 0.09 of
+		// the ordered commit rate; BENCHMARKS.md item 17). The sequencer
+		// need not look either if the next event is in this instance's
+		// hands (on a busy key, nearly every event: each look was a
+		// claim of the key's head, another 0.08).
 		done = done[:0]
 		for _, it := range batch {
 			if recordsKey(it) {
-				next := it.handedOn || c.keys.holdsAfter(it.env.OrderingKey, it.env.seq)
+				k, seq := it.env.OrderingKey, it.env.seq
+				next := it.handedOn || c.keys.holdsAfter(k, seq) || (c.own && c.keys.lastCommitted(k, seq))
 				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true, Next: next})
 			}
 		}

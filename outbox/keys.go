@@ -251,6 +251,24 @@ func (t *keyTable) holdsAfter(key string, seq int64) bool {
 	return t.seen(key).delivered > seq
 }
 
+// lastCommitted reports whether seq is the highest number of key that
+// this instance's own transactions committed (as far as the table
+// remembers). Then nobody else can have numbered the key's next event
+// from seq without the key's row (Row.KeyLast is the publisher's own last
+// number, and a number is committed once), and an event this instance
+// numbers next is leased here (Row.KeyAfter: seq is in this instance's
+// hands) if the hot path is on, or, for a type no subscription here
+// takes, left to the instances that take it: the store need not look for
+// it when seq's outcome is recorded.
+func (t *keyTable) lastCommitted(key string, seq int64) bool {
+	if seq <= 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.seen(key).committed == seq
+}
+
 // failed ends the chain of it, an ordered event not delivered here (a
 // failure, a shutdown, no subscription), and returns the events that
 // waited behind it: they must be given back.

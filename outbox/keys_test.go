@@ -174,3 +174,21 @@ func TestKeyTableHoldsAfter(t *testing.T) {
 		t.Fatal("holdsAfter of an unknown number")
 	}
 }
+
+// lastCommitted: the highest number this instance committed for the key,
+// and only that one.
+func TestKeyTableLastCommitted(t *testing.T) {
+	kt := newKeyTable()
+	now := time.Now()
+	if kt.lastCommitted("k", 1) {
+		t.Fatal("nothing committed, yet 1 is the last")
+	}
+	kt.committedNumbers([]driver.Row{{OrderingKey: "k", KeySeq: 1}, {OrderingKey: "k", KeySeq: 2}}, []int{0, 1}, now)
+	if !kt.lastCommitted("k", 2) || kt.lastCommitted("k", 1) || kt.lastCommitted("k", 3) {
+		t.Fatalf("after committing 1 and 2: last 1 %v, 2 %v, 3 %v; want only 2", kt.lastCommitted("k", 1), kt.lastCommitted("k", 2), kt.lastCommitted("k", 3))
+	}
+	kt.leased("j", 4) // leased or claimed here, not committed here
+	if kt.lastCommitted("j", 4) {
+		t.Fatal("a number leased here counts as committed here")
+	}
+}

@@ -779,3 +779,47 @@ func TestOrderedNextEventHereIsNotLookedFor(t *testing.T) {
 		}
 	})
 }
+
+// recordDone is an in-memory store that keeps what MarkDoneKeys was told.
+type recordDone struct {
+	*outboxtest.Store
+	mu  sync.Mutex
+	evs []driver.KeyDone
+}
+
+func (s *recordDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+	s.mu.Lock()
+	s.evs = append(s.evs, evs...)
+	s.mu.Unlock()
+	return s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+}
+
+// An ordered event this instance published, leased and delivered, and
+// nothing after it, is recorded with KeyDone.Next: its next event, if
+// one comes, can only be numbered by the key's row or by this instance,
+// which leases it, so the store need not look for it. Without the hot
+// path this instance leases nothing it publishes, and the store looks.
+func TestOrderedLastEventPublishedHereIsNotLookedFor(t *testing.T) {
+	for _, disable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisableHotPath=%v", disable), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := &recordDone{Store: outboxtest.NewStore()}
+				l := newOrderLog(t)
+				l.callTime = 0
+				ob := startedOutbox(t, st, outbox.Config{PollInterval: 100 * time.Millisecond, PollMaxInterval: 100 * time.Millisecond, DisableHotPath: disable},
+					outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle})
+				a1 := publishKey(t, ob, st.Store, "A", 1)
+				settle(time.Second)
+				wantOrder(t, "key A", l.delivered("Order:A"), a1)
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				if len(st.evs) != 1 || st.evs[0].EventID != a1 {
+					t.Fatalf("MarkDoneKeys was told %+v; want A1 once", st.evs)
+				}
+				if st.evs[0].Next == disable {
+					t.Errorf("A1 recorded with Next %v; want %v", st.evs[0].Next, !disable)
+				}
+			})
+		})
+	}
+}

@@ -61,10 +61,12 @@ type KeyDone struct {
 	// Done says the caller knows it is delivered (marked DONE): the store
 	// need not look (with Seq known).
 	Done bool
-	// Next says the caller holds the key's next event already (it passed
-	// it on in memory, or the event was published behind this one and
-	// leased to the caller) or delivered it: the store need not look for
-	// it.
+	// Next says the store need not look for the key's next event: the
+	// caller holds it already (it passed it on in memory, or the event
+	// was published behind this one and leased to the caller), delivered
+	// it, or itself committed this event and none after it (then the
+	// next, if any, was numbered by the key's row, which the store reads
+	// anyway, or by the caller, who looks after it).
 	Next bool
 }
 
