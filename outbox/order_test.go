@@ -823,3 +823,65 @@ func TestOrderedLastEventPublishedHereIsNotLookedFor(t *testing.T) {
 		})
 	}
 }
+
+// recordInsert is an in-memory store that keeps the rows InsertOrdered
+// wrote, as numbered.
+type recordInsert struct {
+	*outboxtest.Store
+	mu   sync.Mutex
+	rows []driver.Row
+}
+
+func (s *recordInsert) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (bool, bool, error) {
+	head, leased, err := s.Store.InsertOrdered(ctx, exec, r, owner, lease, f)
+	s.mu.Lock()
+	s.rows = append(s.rows, *r)
+	s.mu.Unlock()
+	return head, leased, err
+}
+
+// A key published twice in one transaction, through two calls: the
+// second event is numbered from the first's number (Row.KeyLast, marked
+// KeyLastOpen: not committed), not from the instance's last committed
+// number, which the first took; and after the commit the key's next
+// event is numbered from the second's.
+func TestPublishTwiceInOneTransactionNumbersFromTheFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &recordInsert{Store: outboxtest.NewStore()}
+		l := newOrderLog(t)
+		l.callTime = 0
+		ob := startedOutbox(t, st, outbox.Config{}, outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle})
+		ctx := context.Background()
+		a0 := publishKey(t, ob, st.Store, "A", 0)
+		tx := st.Begin(ctx)
+		var ids []string
+		for i := 1; i <= 2; i++ {
+			id, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", AggregateType: "Order", AggregateID: "A", JSON: fmt.Appendf(nil, `{"i":%d}`, i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		a3 := publishKey(t, ob, st.Store, "A", 3)
+		settle(time.Second)
+		wantOrder(t, "key A", l.delivered("Order:A"), a0, ids[0], ids[1], a3)
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if len(st.rows) != 4 {
+			t.Fatalf("%d rows written; want 4", len(st.rows))
+		}
+		r := st.rows
+		if r[1].KeyLast != r[0].KeySeq || r[1].KeyLastOpen {
+			t.Errorf("first event of the transaction: KeyLast %d open %v; want %d (committed), not open", r[1].KeyLast, r[1].KeyLastOpen, r[0].KeySeq)
+		}
+		if r[2].KeyLast != r[1].KeySeq || !r[2].KeyLastOpen {
+			t.Errorf("second event of the transaction: KeyLast %d open %v; want %d, open", r[2].KeyLast, r[2].KeyLastOpen, r[1].KeySeq)
+		}
+		if r[3].KeyLast != r[2].KeySeq || r[3].KeyLastOpen {
+			t.Errorf("next transaction: KeyLast %d open %v; want %d (committed), not open", r[3].KeyLast, r[3].KeyLastOpen, r[2].KeySeq)
+		}
+	})
+}

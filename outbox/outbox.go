@@ -58,6 +58,7 @@ type Outbox struct {
 	sampler *sampler
 	cleaner *cleaner
 	seq     *sequencer
+	open    openNumbers // numbers keys took in open transactions
 
 	warnedUnstarted atomic.Bool // "published before Start" was logged
 
@@ -310,8 +311,13 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 			rows[i].KeyAfter = keys.after(rows[i].OrderingKey)
 		}
 		if p := n - 1; p >= 0 && rows[ordered[p]].OrderingKey == rows[i].OrderingKey && rows[ordered[p]].KeySeq > 0 {
-			// The event before it in this transaction holds the number.
+			// The event before it in this call holds the number.
 			rows[i].KeyLast = rows[ordered[p]].KeySeq
+		} else if m := o.open.get(tx, rows[i].OrderingKey, now); m > 0 {
+			// An earlier Publish in this transaction holds the number
+			// (unless a rollback to a savepoint took it back: the store
+			// checks).
+			rows[i].KeyLast, rows[i].KeyLastOpen = m, true
 		} else {
 			rows[i].KeyLast = keys.last(rows[i].OrderingKey, now)
 		}
@@ -319,9 +325,10 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 		if err != nil {
 			return nil, nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
 		}
-		if last := rows[i].KeyLast; last > 0 && rows[i].KeySeq > 0 && rows[i].KeySeq != last+1 {
+		if last := rows[i].KeyLast; last > 0 && !rows[i].KeyLastOpen && rows[i].KeySeq > 0 && rows[i].KeySeq != last+1 {
 			keys.taken(rows[i].OrderingKey, now)
 		}
+		o.open.set(tx, rows[i].OrderingKey, rows[i].KeySeq, now)
 		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
 		if leased && owner != "" {
 			if rows[i].KeySeq > 0 {

@@ -95,6 +95,12 @@ type Row struct {
 	// event it deletes for longer than the caller keeps KeyLast: a number
 	// above KeyLast whose row is gone could be taken twice.
 	KeyLast int64
+	// KeyLastOpen says KeyLast is the number an earlier event of the key
+	// took in the same transaction, through an earlier call: not
+	// committed, and taken back if the transaction rolled back to a
+	// savepoint since. A store numbering from it must check that the
+	// event numbered KeyLast is still there (its transaction sees it).
+	KeyLastOpen bool
 
 	// Set by Claim.
 	Status    Status

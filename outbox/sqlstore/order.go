@@ -635,10 +635,19 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 // (keptSQL). Nor can the number come before an event of the key still
 // to commit: a publisher numbering from the key's row finds the number
 // taken and goes past it (insertPostgres).
+//
+// With r.KeyLastOpen, KeyLast is the number an earlier Publish of the same
+// transaction took: the event is written only if that event is still
+// there (a rollback to a savepoint takes it back, and the number after it
+// would leave a gap that nothing fills).
 func (s *Store) insertNext(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (ok, leased bool, err error) {
 	r.KeySeq = r.KeyLast + 1
 	leased = owner != "" && r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1
-	ok, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
+	if r.KeyLastOpen {
+		ok, err = s.insertAfter(ctx, exec, r, ownerIf(leased, owner), lease)
+	} else {
+		ok, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
+	}
 	if !ok {
 		r.KeySeq, leased = 0, false
 	}
@@ -667,6 +676,29 @@ func (s *Store) insertAt(ctx context.Context, exec driver.Execer, r *driver.Row,
 	}
 	if s.d.name != "postgres" {
 		return true, nil
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// insertAfter is insertAt (PostgreSQL only) for an event numbered right
+// after an event of its key that the same transaction wrote: it writes
+// nothing, and reports false, if that event is not there. The values go
+// through a SELECT, which needs their types spelt out.
+func (s *Store) insertAfter(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (bool, error) {
+	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
+	if owner == "" {
+		ownerSQL, untilSQL = `CAST(NULL AS TEXT)`, `CAST(NULL AS TIMESTAMPTZ)`
+	} else {
+		ownerSQL = `CAST(? AS TEXT)`
+	}
+	q := `INSERT INTO ` + s.table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)
+SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BYTEA), CAST(? AS BOOLEAN), CAST(? AS TIMESTAMPTZ), 0, 0, ` + s.d.now + `, ` + s.d.now + `, CAST(? AS TEXT), CAST(? AS BIGINT), ` + ownerSQL + `, ` + untilSQL + `
+WHERE EXISTS (SELECT 1 FROM ` + s.table + ` WHERE ordering_key = ? AND key_seq = ?)` + s.numberTakenSQL()
+	args := s.insertOrderedArgs(r, append(append([]any{r.KeySeq}, lock...), r.OrderingKey, r.KeyLast)...)
+	res, err := exec.ExecContext(ctx, s.rebind(q), args...)
+	if err != nil {
+		return false, s.explain(err)
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err

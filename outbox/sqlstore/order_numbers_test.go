@@ -411,3 +411,73 @@ func TestCleanupPassesOverAKeyRowAPublisherHolds(t *testing.T) {
 		t.Fatalf("Cleanup after the publisher committed: %d deleted, %v; want 2", got, err)
 	}
 }
+
+// A transaction that publishes a key twice, through two calls, numbers
+// the second event after its own first one (Row.KeyLastOpen), without
+// the key's row on PostgreSQL; if it rolled back to a savepoint that
+// took the first one back, the second takes the first's number instead
+// of leaving a gap. The numbers are the same on every database.
+func TestKeyLastOpenNumbersAfterTheTransactionsOwnEvent(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			n := newNumbers(t, name, sqlstore.Options{})
+			fast := name == "postgres"
+			ctx := context.Background()
+			begin := func() *sqlx.Tx {
+				t.Helper()
+				tx, err := n.db.BeginTxx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { tx.Rollback() })
+				return tx
+			}
+			insert := func(tx *sqlx.Tx, last int64, open bool) int64 {
+				t.Helper()
+				r := n.row(last, 0)
+				r.KeyLastOpen = open
+				if _, _, err := n.st.InsertOrdered(ctx, tx, &r, "", time.Minute, blockA); err != nil {
+					t.Fatalf("InsertOrdered (KeyLast %d, open %v): %v", last, open, err)
+				}
+				return r.KeySeq
+			}
+			_, s1 := n.pub(0, 0, "me")
+			rowBefore, _ := n.keyRow()
+			tx := begin()
+			s2 := insert(tx, s1, false)
+			s3 := insert(tx, s2, true)
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if s2 != s1+1 || s3 != s2+1 {
+				t.Fatalf("numbers %d, %d after %d; want %d, %d", s2, s3, s1, s1+1, s1+2)
+			}
+			if seq, _ := n.keyRow(); fast && seq != rowBefore {
+				t.Fatalf("the key's row is at %d after a transaction numbered %d and %d from KeyLast; want %d (not written)", seq, s2, s3, rowBefore)
+			}
+			tx = begin()
+			s4 := insert(tx, s3, false)
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT sp`); err != nil {
+				t.Fatal(err)
+			}
+			s5 := insert(tx, s4, true)
+			if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT sp`); err != nil {
+				t.Fatal(err)
+			}
+			s6 := insert(tx, s5, true) // s5 is gone
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if s4 != s3+1 || s5 != s4+1 || s6 != s5 {
+				t.Fatalf("numbers %d, %d, then %d after a rollback to a savepoint took %d back; want %d, %d, %d (no gap)", s4, s5, s6, s5, s3+1, s3+2, s3+2)
+			}
+			var got []int64
+			if err := n.db.SelectContext(ctx, &got, n.db.Rebind(`SELECT key_seq FROM `+n.st.Tables()[0]+` WHERE ordering_key = ? ORDER BY key_seq`), n.key); err != nil {
+				t.Fatal(err)
+			}
+			if want := []int64{s1, s1 + 1, s1 + 2, s1 + 3, s1 + 4}; !slices.Equal(got, want) {
+				t.Fatalf("the key's numbers: %v; want %v", got, want)
+			}
+		})
+	}
+}
