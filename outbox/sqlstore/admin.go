@@ -268,7 +268,7 @@ func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int,
 		if s.keep == 0 {
 			return 0, nil
 		}
-		return s.execCount(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL`+where+` AND `+kept), append(args, keep)...)
+		return s.execCount(ctx, s.rebind(s.q.update+s.setDone()+where+` AND `+kept), append(args, keep)...)
 	}
 	for len(ids) > 0 {
 		k := min(len(ids), 500)

@@ -377,7 +377,7 @@ func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []dri
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
-		res, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL
+		res, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+s.setDone()+`
 WHERE locked_by = ? AND status IN (0, 2) AND `+keysIn(len(keys))), keyArgs(keys, owner)...)
 		if err != nil {
 			return err
@@ -514,7 +514,7 @@ ON CONFLICT (event_id, subscription) DO NOTHING`
 	if n, _ := res.RowsAffected(); n != 1 {
 		// The row exists: a split event's delivery (RETRY, NEW), or one
 		// another instance recorded meanwhile.
-		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL
+		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+s.setDone()+`
 WHERE event_id = ? AND subscription = ? AND status <> 1`), eventID, sub)
 		if err != nil {
 			return false, fmt.Errorf("sqlstore: deliver in a transaction: record: %w", err)

@@ -577,7 +577,7 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 			r.KeySeq, head = packed/2, packed%2 == 0
 			s.known.add(r.OrderingKey)
 		}
-		leased = owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
+		leased = leases(owner, head, r)
 		_, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
 		return head, leased, err
 	case "postgres":
@@ -598,7 +598,7 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 				return false, false, s.explain(err)
 			}
 			head = h == 1
-			leased = owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
+			leased = leases(owner, head, r)
 			_, err := s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
 			return head, leased, err
 		}
@@ -642,7 +642,7 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 // would leave a gap that nothing fills).
 func (s *Store) insertNext(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (ok, leased bool, err error) {
 	r.KeySeq = r.KeyLast + 1
-	leased = owner != "" && r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1
+	leased = leases(owner, false, r)
 	if r.KeyLastOpen {
 		ok, err = s.insertAfter(ctx, exec, r, ownerIf(leased, owner), lease)
 	} else {
@@ -652,6 +652,12 @@ func (s *Store) insertNext(ctx context.Context, exec driver.Execer, r *driver.Ro
 		r.KeySeq, leased = 0, false
 	}
 	return ok, leased, err
+}
+
+// leases reports whether r, numbered, is written leased to owner: it is
+// its key's head, or the owner holds the event before it (r.KeyAfter).
+func leases(owner string, head bool, r *driver.Row) bool {
+	return owner != "" && (head || (r.KeyAfter > 0 && r.KeySeq == r.KeyAfter+1))
 }
 
 // ownerIf returns owner if leased, else "" (a free row).
@@ -692,7 +698,7 @@ func (s *Store) insertAfter(ctx context.Context, exec driver.Execer, r *driver.R
 	} else {
 		ownerSQL = `CAST(? AS TEXT)`
 	}
-	q := `INSERT INTO ` + s.table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)
+	q := `INSERT INTO ` + s.table + ` ` + orderedColumns + `
 SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BYTEA), CAST(? AS BOOLEAN), CAST(? AS TIMESTAMPTZ), 0, 0, ` + s.d.now + `, ` + s.d.now + `, CAST(? AS TEXT), CAST(? AS BIGINT), ` + ownerSQL + `, ` + untilSQL + `
 WHERE EXISTS (SELECT 1 FROM ` + s.table + ` WHERE ordering_key = ? AND key_seq = ?)` + s.numberTakenSQL()
 	args := s.insertOrderedArgs(r, append(append([]any{r.KeySeq}, lock...), r.OrderingKey, r.KeyLast)...)
@@ -885,10 +891,14 @@ func (s *Store) lockSQL(owner string, lease time.Duration) (ownerSQL, untilSQL s
 	return "?", s.d.nowPlus, []any{owner, lease.Microseconds()}
 }
 
+// orderedColumns are the columns an ordered row is written with, in the
+// order insertOrderedArgs binds them (insertOrderedSQL, insertAfter).
+const orderedColumns = `(id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)`
+
 // insertOrderedSQL is the INSERT of an ordered row, with the SQL of its
 // number, its owner and its lease's end; unbound.
 func (s *Store) insertOrderedSQL(seq, owner, until string) string {
-	return `INSERT INTO ` + s.table + ` (id, event_type, aggregate_type, aggregate_id, tenant_id, headers, payload, payload_json, occurred_at, status, attempts, available_at, created_at, ordering_key, key_seq, locked_by, locked_until)
+	return `INSERT INTO ` + s.table + ` ` + orderedColumns + `
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + s.d.now + `, ` + s.d.now + `, ?, ` + seq + `, ` + owner + `, ` + until + `)`
 }
 
@@ -1200,13 +1210,13 @@ func (s *Store) SkipDead(ctx context.Context, ids []string) (int, error) {
 	total := 0
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		total = 0
-		res, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL WHERE status = 3 AND id IN `+in(len(ids))), stringArgs(ids)...)
+		res, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.table+s.setDone()+` WHERE status = 3 AND id IN `+in(len(ids))), stringArgs(ids)...)
 		if err != nil {
 			return err
 		}
 		n, _ := res.RowsAffected()
 		total += int(n)
-		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+` SET status = 1, done_at = `+s.d.now+`, locked_by = NULL, locked_until = NULL WHERE status = 3 AND event_id IN `+in(len(ids))), stringArgs(ids)...)
+		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.setDone()+` WHERE status = 3 AND event_id IN `+in(len(ids))), stringArgs(ids)...)
 		if err != nil {
 			return err
 		}

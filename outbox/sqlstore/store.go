@@ -242,8 +242,14 @@ func (s *Store) markDoneSQL(n int) string {
 }
 
 func (s *Store) markDoneUpdateSQL(n int) string {
-	return s.rebind(s.q.update + ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL
+	return s.rebind(s.q.update + s.setDone() + `
 WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n))
+}
+
+// setDone is the SET clause that makes a row (an event or a delivery)
+// DONE now and free.
+func (s *Store) setDone() string {
+	return ` SET status = 1, done_at = ` + s.d.now + `, locked_by = NULL, locked_until = NULL`
 }
 
 // markDoneIn writes ids, leased to owner, DONE through exec (with
