@@ -56,10 +56,13 @@ type keySeen struct {
 	// it as Row.KeyLast for keyLastFor.
 	committed   int64
 	committedAt time.Time
-	// takenAt is when another instance had taken the number after
-	// committed: the key's events change instance, and Publish passes no
-	// KeyLast for keyLastFor (each try would cost a statement in vain).
-	takenAt time.Time
+	// streak counts this instance's last publishes of the key that were
+	// numbered right after its own previous number (nobody else's event
+	// came between): Publish passes KeyLast only from tryStreak on. A key
+	// whose events change instance has it at 0, and its publishers go
+	// straight to the key's row: a try from KeyLast would find the number
+	// taken, a statement in vain and a second to follow.
+	streak int32
 }
 
 // keyLastFor is how long after its commit a key's number is passed as
@@ -107,25 +110,49 @@ func (t *keyTable) after(key string) int64 {
 	return t.seen(key).leased
 }
 
-// last returns the number Publish passes as Row.KeyLast for key: the
-// highest number of it committed by this instance's transactions, if that
-// was less than keyLastFor ago (0: none).
-func (t *keyTable) last(key string, now time.Time) int64 {
+// last returns the highest number of key committed by this instance's
+// transactions (0: none known), and whether Publish passes it as
+// Row.KeyLast: if it was committed less than keyLastFor ago and the
+// key's events keep to this instance (streak).
+func (t *keyTable) last(key string, now time.Time) (prev int64, try bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.seen(key)
-	if s.committed == 0 || now.Sub(s.committedAt) >= keyLastFor || (!s.takenAt.IsZero() && now.Sub(s.takenAt) < keyLastFor) {
-		return 0
-	}
-	return s.committed
+	return s.committed, s.committed > 0 && now.Sub(s.committedAt) < keyLastFor && s.streak >= tryStreak
 }
 
-// taken records that the number after the KeyLast Publish passed for key
-// was taken by another publisher.
-func (t *keyTable) taken(key string, now time.Time) {
+// tryStreak is the streak from which Publish passes KeyLast. A try that
+// finds its number taken costs a statement in vain, and one that does
+// not leaves the key's row behind, which the next publisher of the key
+// on another instance pays for (its number taken, a read, a second
+// try): with the key's events spread over instances the fast way does
+// not pay even at even odds. The streak tells a key that keeps to this
+// instance from one spread at random over n instances, which makes a
+// streak of 4 with odds 1/n⁴.
+const tryStreak = 4
+
+// numbered records the number seq the store gave an event of key that
+// Publish wrote after prev, the instance's last committed number as last
+// returned (0: none known): right after it, the key's events keep to
+// this instance; past it, another publisher numbered in between (the
+// try from KeyLast found the number taken, or the key's row was ahead).
+// A key's first event starts it at tryStreak: nobody else published it.
+func (t *keyTable) numbered(key string, prev, seq int64) {
+	if seq <= 0 {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.note(key, func(s *keySeen) { s.takenAt = now })
+	t.note(key, func(s *keySeen) {
+		switch {
+		case seq == 1:
+			s.streak = tryStreak
+		case prev > 0 && seq == prev+1:
+			s.streak = min(s.streak+1, 1<<30)
+		default:
+			s.streak = 0
+		}
+	})
 }
 
 // committedNumbers records the numbers of rows[i] for i in ordered,

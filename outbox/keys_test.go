@@ -101,8 +101,8 @@ func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
 	start := time.Now()
 	kt.leased("k", 7)
 	kt.claimed(orderedItem("k", 9))
-	if got := kt.last("k", start); got != 0 {
-		t.Fatalf("KeyLast of a key only leased and claimed here: %d; want 0", got)
+	if got, try := kt.last("k", start); got != 0 || try {
+		t.Fatalf("KeyLast of a key only leased and claimed here: %d (passed: %v); want 0, not passed", got, try)
 	}
 	committed := func(at time.Time, keySeqs ...any) {
 		var rows []driver.Row
@@ -113,26 +113,74 @@ func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
 		}
 		kt.committedNumbers(rows, idx, at)
 	}
+	kt.numbered("k", 0, 1) // the key's first event was published here
 	committed(start, "k", 4, "j", 2, "k", 3)
 	committed(start, "k", 3) // a slower transaction's commit reported later
-	if got := kt.last("k", start.Add(keyLastFor-time.Millisecond)); got != 4 {
-		t.Fatalf("KeyLast just before it expires: %d; want 4", got)
+	if got, try := kt.last("k", start.Add(keyLastFor-time.Millisecond)); got != 4 || !try {
+		t.Fatalf("KeyLast just before it expires: %d (passed: %v); want 4, passed", got, try)
 	}
-	if got := kt.last("k", start.Add(keyLastFor)); got != 0 {
-		t.Fatalf("KeyLast %v after the commit: %d; want 0 (expired)", keyLastFor, got)
+	if got, try := kt.last("k", start.Add(keyLastFor)); got != 4 || try {
+		t.Fatalf("KeyLast %v after the commit: %d (passed: %v); want 4, not passed (expired)", keyLastFor, got, try)
 	}
 	committed(start.Add(time.Minute), "k", 5)
-	if got := kt.last("k", start.Add(time.Minute+time.Second)); got != 5 {
-		t.Fatalf("KeyLast after a new commit: %d; want 5", got)
+	if got, try := kt.last("k", start.Add(time.Minute+time.Second)); got != 5 || !try {
+		t.Fatalf("KeyLast after a new commit: %d (passed: %v); want 5, passed", got, try)
 	}
-	// Another instance took 6: no KeyLast for keyLastFor.
-	kt.taken("k", start.Add(time.Minute+time.Second))
-	committed(start.Add(time.Minute+2*time.Second), "k", 7)
-	if got := kt.last("k", start.Add(time.Minute+3*time.Second)); got != 0 {
-		t.Fatalf("KeyLast of a key whose next number another instance took a moment ago: %d; want 0", got)
+}
+
+// KeyLast is passed only while the key's events keep to this instance:
+// once a number comes out past the instance's own last one (another
+// instance numbered in between, whether the try from KeyLast found its
+// number taken or the key's row was ahead), Publish goes to the key's row
+// until tryStreak numbers in a row right after its own show the key is
+// back.
+func TestKeyTableLastOnlyWhileTheKeyKeepsToThisInstance(t *testing.T) {
+	kt := newKeyTable()
+	now := time.Now()
+	publish := func(key string, seq int64) (passed bool) {
+		prev, try := kt.last(key, now)
+		kt.numbered(key, prev, seq)
+		kt.committedNumbers([]driver.Row{{OrderingKey: key, KeySeq: seq}}, []int{0}, now)
+		return try
 	}
-	if got := kt.last("k", start.Add(time.Minute+time.Second+keyLastFor)); got != 7 {
-		t.Fatalf("KeyLast %v after the number was taken: %d; want 7", keyLastFor, got)
+	// The key's first event, published here: nothing known, nothing
+	// passed; then the key is taken to keep to this instance.
+	if publish("k", 1) {
+		t.Fatal("KeyLast passed for a key with no number committed here")
+	}
+	if !publish("k", 2) || !publish("k", 3) {
+		t.Fatal("KeyLast not passed while every number follows this instance's own")
+	}
+	// Another instance took 4 (the try from 3 was refused): 5.
+	if !publish("k", 5) {
+		t.Fatal("the try that found 4 taken was passed KeyLast 3; want passed")
+	}
+	// Its events change instance: no more tries, even when one number
+	// happens to follow (what a key spread over two instances does every
+	// other time).
+	for _, seq := range []int64{7, 9, 10, 12} {
+		if publish("k", seq) {
+			t.Fatalf("KeyLast passed for event %d of a key whose events change instance", seq)
+		}
+	}
+	// tryStreak numbers in a row right after this instance's own: back.
+	for seq := int64(13); seq < 13+tryStreak; seq++ {
+		if publish("k", seq) {
+			t.Fatalf("KeyLast passed for event %d, before %d numbers in a row followed this instance's own", seq, tryStreak)
+		}
+	}
+	if !publish("k", 13+tryStreak) {
+		t.Fatalf("KeyLast not passed after %d numbers in a row followed this instance's own", tryStreak)
+	}
+	// A key others published before this instance knew it (a restart):
+	// no try until it shows it keeps to this instance.
+	for seq := int64(40); seq <= 40+tryStreak; seq++ {
+		if publish("j", seq) {
+			t.Fatalf("KeyLast passed for event %d of a key others published before, %d numbers after the first known here", seq, seq-40)
+		}
+	}
+	if !publish("j", 41+tryStreak) {
+		t.Fatalf("KeyLast not passed after %d numbers in a row followed this instance's own", tryStreak)
 	}
 }
 

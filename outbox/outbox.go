@@ -306,6 +306,7 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 	now := time.Now()
 	for n, i := range ordered {
 		owner := ""
+		own, prev := false, int64(0) // numbered after this instance's last commit of the key
 		if hot && reg.has(envs[i].Type) {
 			owner = o.cfg.InstanceID
 			rows[i].KeyAfter = keys.after(rows[i].OrderingKey)
@@ -319,14 +320,20 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 			// checks).
 			rows[i].KeyLast, rows[i].KeyLastOpen = m, true
 		} else {
-			rows[i].KeyLast = keys.last(rows[i].OrderingKey, now)
+			var try bool
+			prev, try = keys.last(rows[i].OrderingKey, now)
+			if try {
+				rows[i].KeyLast = prev
+			}
+			own = true
 		}
 		head, leased, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
 		if err != nil {
 			return nil, nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
 		}
-		if last := rows[i].KeyLast; last > 0 && !rows[i].KeyLastOpen && rows[i].KeySeq > 0 && rows[i].KeySeq != last+1 {
-			keys.taken(rows[i].OrderingKey, now)
+		if own {
+			// Whether the key's events keep to this instance.
+			keys.numbered(rows[i].OrderingKey, prev, rows[i].KeySeq)
 		}
 		o.open.set(tx, rows[i].OrderingKey, rows[i].KeySeq, now)
 		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
