@@ -929,20 +929,26 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	// by id, so that the lease below looks rows up by primary key. Events
 	// of the key pending under f that are not (dead, or split with
 	// deliveries owed: typically none) say that some subscription may be
-	// behind.
+	// behind. A key none of whose events the lease below could take is
+	// passed over here: one with an event NEW or RETRY under a live lease
+	// (its head in another instance's hands, typically, and the key named
+	// by the publisher of the event behind it), or whose head is not due.
+	// A claim of such keys only would open a transaction for nothing.
 	var heads []string
 	behind := map[string]bool{} // heads with pending events before them
 	err := s.retry(ctx, func() error {
 		heads = heads[:0]
 		clear(behind)
 		cond, args := s.pending("p", f, keys...)
-		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`), args...)
+		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status,
+  CASE WHEN p.status IN (0, 2) AND p.locked_until > `+s.d.now+` THEN 1 WHEN p.available_at > `+s.d.now+` THEN 2 ELSE 0 END
+FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`), args...)
 		if err != nil {
 			return err
 		}
-		last, head, other := "", "", false
+		last, head, other, held := "", "", false, false
 		flush := func() {
-			if head != "" {
+			if head != "" && !held {
 				heads = append(heads, head)
 				if other {
 					behind[head] = true
@@ -951,20 +957,24 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		}
 		for rs.Next() {
 			var k, id string
-			var st int
-			if err := rs.Scan(&k, &id, &st); err != nil {
+			var st, busy int
+			if err := rs.Scan(&k, &id, &st, &busy); err != nil {
 				rs.Close()
 				return err
 			}
 			if k != last {
 				flush()
-				last, head, other = k, "", false
+				last, head, other, held = k, "", false, false
 			}
 			switch {
 			case head == "" && (st == 0 || st == 2):
 				head = id
+				held = held || busy != 0 // leased, or not due
 			case st != 0 && st != 2:
 				other = true // dead, or split with deliveries owed
+			}
+			if busy == 1 {
+				held = true // an event of the key in flight
 			}
 		}
 		flush()
