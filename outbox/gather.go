@@ -10,7 +10,10 @@ type gatherer[T any] struct {
 	in     <-chan T
 	max    int
 	linger time.Duration // ≤ 0: do not wait
-	timer  *time.Timer
+	// lingerNow, if set, gives the linger instead, asked when a batch's
+	// first item has come.
+	lingerNow func() time.Duration
+	timer     *time.Timer
 }
 
 func newGatherer[T any](in <-chan T, max int, linger time.Duration) *gatherer[T] {
@@ -27,9 +30,13 @@ func (g *gatherer[T]) next(buf []T) ([]T, bool) {
 		return buf[:0], false
 	}
 	batch := append(buf[:0], first)
+	linger := g.linger
+	if g.lingerNow != nil {
+		linger = g.lingerNow()
+	}
 	var lingered <-chan time.Time // nil: do not wait
-	if g.linger > 0 {
-		g.timer.Reset(g.linger)
+	if linger > 0 {
+		g.timer.Reset(linger)
 		lingered = g.timer.C
 	}
 	defer g.timer.Stop()

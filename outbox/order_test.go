@@ -885,3 +885,76 @@ func TestPublishTwiceInOneTransactionNumbersFromTheFirst(t *testing.T) {
 		}
 	})
 }
+
+// sharedKeys is an in-memory store whose first MarkDoneKeys reports the
+// key of its first event as having its next event in the table, as one
+// published on another instance would: the completion writer takes the
+// instance's keys to be shared. It records when each event's DONE was
+// written.
+type sharedKeys struct {
+	*outboxtest.Store
+	mu     sync.Mutex
+	doneAt map[string]time.Time
+}
+
+func (s *sharedKeys) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.doneAt) == 0 && len(evs) > 0 {
+		later = append(later, evs[0].Key)
+	}
+	for _, id := range ids {
+		s.doneAt[id] = time.Now()
+	}
+	return n, later, err
+}
+
+// While a key's next event waits in the table (published on another
+// instance while this one held the event before it), the completion
+// writer lingers sharedKeysLinger (2ms) instead of CompletionLinger
+// before it writes DONE, which that event waits for; once no key was
+// shared for 10s, the configured linger again.
+func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &sharedKeys{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}}
+		var mu sync.Mutex
+		deliveredAt := map[string]time.Time{}
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, CompletionLinger: 10 * time.Millisecond},
+			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(_ context.Context, ev outbox.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				deliveredAt[ev.ID] = time.Now()
+				return nil
+			}})
+		linger := func(what, id string) time.Duration {
+			t.Helper()
+			mu.Lock()
+			defer mu.Unlock()
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			d, okD := deliveredAt[id]
+			w, okW := st.doneAt[id]
+			if !okD || !okW {
+				t.Fatalf("%s: delivered %v, DONE written %v; want both", what, okD, okW)
+			}
+			return w.Sub(d)
+		}
+		a1 := publishKey(t, ob, st.Store, "A", 1)
+		settle(time.Second)
+		if got := linger("A1", a1); got != 10*time.Millisecond {
+			t.Errorf("A1's DONE written %v after its delivery; want the configured 10ms", got)
+		}
+		b1 := publishKey(t, ob, st.Store, "B", 1)
+		settle(time.Second)
+		if got := linger("B1, after A's next event was found in the table", b1); got != 2*time.Millisecond {
+			t.Errorf("B1's DONE written %v after its delivery; want 2ms while keys are shared", got)
+		}
+		settle(10 * time.Second)
+		c1 := publishKey(t, ob, st.Store, "C", 1)
+		settle(time.Second)
+		if got := linger("C1, 12s later", c1); got != 10*time.Millisecond {
+			t.Errorf("C1's DONE written %v after its delivery; want the configured 10ms once no key was shared for 10s", got)
+		}
+	})
+}
