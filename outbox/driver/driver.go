@@ -88,8 +88,10 @@ type Row struct {
 	// KeyLast is set by the caller of OrderedStore.InsertOrdered, never
 	// stored: the highest number of the key that the caller's own
 	// transactions committed a moment ago, or that an earlier event of the
-	// same transaction took (0: none known). A store may number the event
-	// KeyLast+1 without reading the key's row, provided it has a unique
+	// same transaction took (0: none known, or the key's events do not
+	// keep to the caller, so that the number after it is likely taken).
+	// A store may number the event KeyLast+1 without reading the key's
+	// row, provided it has a unique
 	// (key, number) index that refuses the number if another publisher
 	// took it first (and then numbers it the usual way), and keeps every
 	// event it deletes for longer than the caller keeps KeyLast: a number
