@@ -13,6 +13,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -700,6 +701,60 @@ func TestOrderedNextEventPublishedElsewhereIsClaimedAtOnce(t *testing.T) {
 			log.wantKey(t, "Order:A", want)
 			if p, _ := paths.Load(a2); p != outbox.PathCold {
 				t.Errorf("A2 came by path %v, want cold (claimed after A1)", p)
+			}
+		})
+	}
+}
+
+// ClaimHeads of keys whose head, or another event NEW or RETRY, is in
+// flight under a live lease (typically named by the publisher of the
+// event behind it, on another instance) claims nothing and opens no
+// transaction; a free head is claimed in one.
+func TestClaimHeadsOfKeysInFlightOpensNoTransaction(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db, begins := countedDB(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			f := driver.OrderFilter{Block: []string{"ord"}}
+			insert := func(key, owner string) string {
+				t.Helper()
+				tx, err := db.BeginTxx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
+				if _, _, err := st.InsertOrdered(ctx, tx, &r, owner, time.Minute, f); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				return r.ID
+			}
+			claim := func(keys ...string) ([]driver.Row, int64) {
+				t.Helper()
+				before := begins.Load()
+				rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute}, keys, f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return rows, begins.Load() - before
+			}
+			insert("held", "a")        // the head, in a's hands
+			insert("held", "")         // the event behind it
+			insert("behind-retry", "") // its head goes back as a retry due in an hour
+			if rows, _ := claim("behind-retry"); len(rows) != 1 {
+				t.Fatalf("ClaimHeads(behind-retry) = %d rows; want its head", len(rows))
+			} else if ok, err := st.MarkRetry(ctx, "b", rows[0].ID, time.Hour, "later"); err != nil || !ok {
+				t.Fatalf("MarkRetry = %v, %v", ok, err)
+			}
+			if rows, n := claim("held", "behind-retry"); len(rows) != 0 || n != 0 {
+				t.Errorf("ClaimHeads of a key in a's hands and one whose head is due in an hour = %d rows, %d transactions; want none, none", len(rows), n)
+			}
+			free := insert("free", "")
+			if rows, n := claim("held", "free"); len(rows) != 1 || rows[0].ID != free || n != 1 {
+				t.Errorf("ClaimHeads with a free head = %d rows, %d transactions; want the free head, in one", len(rows), n)
 			}
 		})
 	}
