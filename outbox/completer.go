@@ -26,12 +26,7 @@ type completer struct {
 	keys      *keyTable // the dispatcher's
 	// own says this instance leases the ordered events it publishes (the
 	// hot path is on): see the use of keyTable.lastCommitted.
-	own bool
-	// sharedAt is when the completer last named a key whose next event
-	// waits in the table (published on another instance, typically, while
-	// this one held the key's event before it): see lingerNow. Used by
-	// the completer's goroutine only.
-	sharedAt time.Time
+	own      bool
 	storeCtx func() (context.Context, context.CancelFunc)
 
 	in   chan *item
@@ -159,7 +154,6 @@ func (c *completer) run() {
 					// Recorded with the DONE; a later event of the key
 					// waits in the table (or may).
 					c.seq.name(it.env.OrderingKey)
-					c.sharedAt = time.Now()
 				}
 				continue
 			}
@@ -169,17 +163,19 @@ func (c *completer) run() {
 }
 
 // sharedKeysLinger is the completion writer's linger while ordering keys
-// are shared with other instances (sharedKeysFor after it last named a
-// key whose next event waits in the table), if Config.CompletionLinger
-// is longer. An event of such a key published on another instance while
-// this one holds the key's event before it (delivered, its DONE not yet
-// written) waits in the table until that DONE and the claim after it:
-// each millisecond of linger is a millisecond more of that window, and of
-// that wait. On two instances (BENCHMARKS.md, item 18) 2ms instead of
-// 10ms took the events that waited so down by a quarter to a half and
-// their p99 by 1.5–3×, at the same commit rate. With keys that keep to
-// one instance nothing waits in the table, and the linger is the
-// configured one.
+// are shared with other instances (sharedKeysFor after the sequencer last
+// queued events of ordered keys from the table), if
+// Config.CompletionLinger is longer. An event of a key published on
+// another instance while this one holds the key's event before it
+// (delivered, its DONE not yet written) waits in the table until that
+// DONE and the claim after it: each millisecond of linger is a
+// millisecond more of that window, and of that wait. On two instances
+// (BENCHMARKS.md, item 18) 2ms instead of 10ms took the events that
+// waited so down by a quarter to a half and their p99 by 1.5–3×, at the
+// same commit rate. With keys that keep to one instance nothing waits in
+// the table (a claim of a key named after its DONE finds nothing: on
+// MySQL the completion passes over key rows publishers hold and names
+// those keys, in vain), and the linger is the configured one.
 const (
 	sharedKeysLinger = 2 * time.Millisecond
 	sharedKeysFor    = 10 * time.Second
@@ -188,7 +184,10 @@ const (
 // lingerNow returns how long the next batch waits for more: the
 // configured linger, or sharedKeysLinger while keys are shared.
 func (c *completer) lingerNow(now time.Time) time.Duration {
-	if c.linger > sharedKeysLinger && !c.sharedAt.IsZero() && now.Sub(c.sharedAt) < sharedKeysFor {
+	if c.linger <= sharedKeysLinger || c.seq == nil {
+		return c.linger
+	}
+	if at := c.seq.queuedAt.Load(); at != 0 && now.Sub(time.Unix(0, at)) < sharedKeysFor {
 		return sharedKeysLinger
 	}
 	return c.linger

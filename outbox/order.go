@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -160,6 +161,12 @@ type sequencer struct {
 
 	keys chan named // keys to look at; when full, the poll finds them
 
+	// queuedAt is when a claim last queued events (unix nanoseconds; 0:
+	// never): events of ordered keys that waited in the table, typically
+	// published on another instance behind an event this one held. The
+	// completer shortens its linger while it is recent (lingerNow).
+	queuedAt atomic.Int64
+
 	mu    sync.Mutex // guards after (the poller and Outbox.Poll sweep)
 	after string     // the sweep's cursor over keys
 	runner
@@ -295,6 +302,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 	s.disp.leases.release(ctx, unhandled, s.cfg.NoListenerDelay, "hand back events with no listener here")
 	if queued > 0 {
 		s.m.ColdEnqueued(queued)
+		s.queuedAt.Store(time.Now().UnixNano())
 	}
 	return queued
 }

@@ -886,38 +886,32 @@ func TestPublishTwiceInOneTransactionNumbersFromTheFirst(t *testing.T) {
 	})
 }
 
-// sharedKeys is an in-memory store whose first MarkDoneKeys reports the
-// key of its first event as having its next event in the table, as one
-// published on another instance would: the completion writer takes the
-// instance's keys to be shared. It records when each event's DONE was
-// written.
-type sharedKeys struct {
+// doneTimes is an in-memory store that records when each event's DONE
+// was written.
+type doneTimes struct {
 	*outboxtest.Store
 	mu     sync.Mutex
 	doneAt map[string]time.Time
 }
 
-func (s *sharedKeys) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+func (s *doneTimes) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
 	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.doneAt) == 0 && len(evs) > 0 {
-		later = append(later, evs[0].Key)
-	}
 	for _, id := range ids {
 		s.doneAt[id] = time.Now()
 	}
 	return n, later, err
 }
 
-// While a key's next event waits in the table (published on another
-// instance while this one held the event before it), the completion
-// writer lingers sharedKeysLinger (2ms) instead of CompletionLinger
-// before it writes DONE, which that event waits for; once no key was
-// shared for 10s, the configured linger again.
+// While events of a key wait in the table behind an event this instance
+// held (published on another instance), the completion writer lingers
+// sharedKeysLinger (2ms) instead of CompletionLinger before it writes
+// DONE, which such an event waits for; 10s after the last of them was
+// claimed, the configured linger again.
 func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &sharedKeys{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}}
+		st := &doneTimes{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}}
 		var mu sync.Mutex
 		deliveredAt := map[string]time.Time{}
 		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, CompletionLinger: 10 * time.Millisecond},
@@ -940,21 +934,80 @@ func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
 			}
 			return w.Sub(d)
 		}
+		// A1 on the hot path; A2 published meanwhile by another instance
+		// (written free: its predecessor is held here), claimed after
+		// A1's DONE.
 		a1 := publishKey(t, ob, st.Store, "A", 1)
+		ctx := context.Background()
+		tx := st.Store.Begin(ctx)
+		a2 := driver.Row{ID: outbox.NewID(), Type: "Changed", AggregateType: "Order", AggregateID: "A", Payload: []byte(`{"i":2}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "Order:A"}
+		if _, leased, err := st.Store.InsertOrdered(ctx, tx, &a2, "", time.Minute, driver.OrderFilter{Block: []string{"proj"}}); err != nil || leased {
+			t.Fatalf("InsertOrdered(A2, another instance's) = leased %v, %v; want written free", leased, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
 		settle(time.Second)
 		if got := linger("A1", a1); got != 10*time.Millisecond {
 			t.Errorf("A1's DONE written %v after its delivery; want the configured 10ms", got)
 		}
+		if got := linger("A2", a2.ID); got != 2*time.Millisecond {
+			t.Errorf("A2's DONE written %v after its delivery; want 2ms once an event waited in the table behind one held here", got)
+		}
 		b1 := publishKey(t, ob, st.Store, "B", 1)
 		settle(time.Second)
-		if got := linger("B1, after A's next event was found in the table", b1); got != 2*time.Millisecond {
+		if got := linger("B1", b1); got != 2*time.Millisecond {
 			t.Errorf("B1's DONE written %v after its delivery; want 2ms while keys are shared", got)
 		}
 		settle(10 * time.Second)
 		c1 := publishKey(t, ob, st.Store, "C", 1)
 		settle(time.Second)
 		if got := linger("C1, 12s later", c1); got != 10*time.Millisecond {
-			t.Errorf("C1's DONE written %v after its delivery; want the configured 10ms once no key was shared for 10s", got)
+			t.Errorf("C1's DONE written %v after its delivery; want the configured 10ms once nothing waited in the table for 10s", got)
+		}
+	})
+}
+
+// vainLater is doneTimes whose MarkDoneKeys reports every key as maybe
+// having its next event in the table, as MySQL's does for a key row a
+// publisher holds (the completion passes over it).
+type vainLater struct{ doneTimes }
+
+func (s *vainLater) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+	n, later, err := s.doneTimes.MarkDoneKeys(ctx, owner, ids, evs)
+	for _, ev := range evs {
+		later = append(later, ev.Key)
+	}
+	return n, later, err
+}
+
+// A key named after its DONE whose claim finds nothing in the table (on
+// one instance, typically) does not shorten the linger.
+func TestOrderedVainNamingKeepsTheCompletionLinger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &vainLater{doneTimes{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}}}
+		var mu sync.Mutex
+		deliveredAt := map[string]time.Time{}
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, CompletionLinger: 10 * time.Millisecond},
+			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(_ context.Context, ev outbox.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				deliveredAt[ev.ID] = time.Now()
+				return nil
+			}})
+		var ids []string
+		for i, agg := range []string{"A", "B", "C"} {
+			ids = append(ids, publishKey(t, ob, st.Store, agg, i))
+			settle(time.Second)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		for i, id := range ids {
+			if got := st.doneAt[id].Sub(deliveredAt[id]); got != 10*time.Millisecond {
+				t.Errorf("DONE of event %d written %v after its delivery; want the configured 10ms (the keys named before found nothing)", i+1, got)
+			}
 		}
 	})
 }
