@@ -109,9 +109,10 @@ type Config struct {
 	// delivered events before it writes a batch that is not full. Every
 	// write is a commit of its own: without the wait, a trickle of events
 	// costs one durable commit each. Listeners are not delayed by it.
-	// While ordering keys are shared with other instances (the next event
-	// of a key this instance held was published on another), the wait is
-	// at most 2ms: such an event waits for the DONE of the one before it.
+	// While ordering keys are shared with other instances (events of
+	// ordered keys were claimed from the table in the last 10s: typically
+	// published on another instance behind an event held here), the wait
+	// is at most 2ms: such an event waits for the DONE of the one before.
 	// Negative: no wait. Defaults to 10ms.
 	CompletionLinger time.Duration
 	// StatsInterval is how often the table is sampled for
