@@ -136,7 +136,7 @@ func (c *completer) run() {
 			if recordsKey(it) {
 				k, seq := it.env.OrderingKey, it.env.seq
 				next := it.handedOn || c.keys.holdsAfter(k, seq) || (c.own && c.keys.lastCommitted(k, seq))
-				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq, Done: true, Next: next})
+				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: k, Seq: seq, Done: true, Next: next})
 			}
 		}
 		var later map[string]bool // nil: every key may have events waiting
@@ -184,7 +184,7 @@ const (
 // lingerNow returns how long the next batch waits for more: the
 // configured linger, or sharedKeysLinger while keys are shared.
 func (c *completer) lingerNow(now time.Time) time.Duration {
-	if c.linger <= sharedKeysLinger || c.seq == nil {
+	if c.linger <= sharedKeysLinger {
 		return c.linger
 	}
 	if at := c.seq.queuedAt.Load(); at != 0 && now.Sub(time.Unix(0, at)) < sharedKeysFor {

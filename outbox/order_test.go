@@ -887,11 +887,15 @@ func TestPublishTwiceInOneTransactionNumbersFromTheFirst(t *testing.T) {
 }
 
 // doneTimes is an in-memory store that records when each event's DONE
-// was written.
+// was written, and, through its handler, when each event was delivered.
 type doneTimes struct {
 	*outboxtest.Store
-	mu     sync.Mutex
-	doneAt map[string]time.Time
+	mu                  sync.Mutex
+	doneAt, deliveredAt map[string]time.Time
+}
+
+func newDoneTimes() *doneTimes {
+	return &doneTimes{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}, deliveredAt: map[string]time.Time{}}
 }
 
 func (s *doneTimes) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
@@ -904,6 +908,33 @@ func (s *doneTimes) MarkDoneKeys(ctx context.Context, owner string, ids []string
 	return n, later, err
 }
 
+func (s *doneTimes) handle(_ context.Context, ev outbox.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deliveredAt[ev.ID] = time.Now()
+	return nil
+}
+
+// linger returns how long after its delivery event id's DONE was written.
+func (s *doneTimes) linger(t *testing.T, what, id string) time.Duration {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, okD := s.deliveredAt[id]
+	w, okW := s.doneAt[id]
+	if !okD || !okW {
+		t.Fatalf("%s: delivered %v, DONE written %v; want both", what, okD, okW)
+	}
+	return w.Sub(d)
+}
+
+// lingerOutbox starts an outbox on st with CompletionLinger 10ms and an
+// ordered subscription whose handler is handle.
+func lingerOutbox(t *testing.T, st driver.Store, handle outbox.Handler) *outbox.Outbox {
+	return startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, CompletionLinger: 10 * time.Millisecond},
+		outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: handle})
+}
+
 // While events of a key wait in the table behind an event this instance
 // held (published on another instance), the completion writer lingers
 // sharedKeysLinger (2ms) instead of CompletionLinger before it writes
@@ -911,29 +942,8 @@ func (s *doneTimes) MarkDoneKeys(ctx context.Context, owner string, ids []string
 // claimed, the configured linger again.
 func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &doneTimes{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}}
-		var mu sync.Mutex
-		deliveredAt := map[string]time.Time{}
-		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, CompletionLinger: 10 * time.Millisecond},
-			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(_ context.Context, ev outbox.Event) error {
-				mu.Lock()
-				defer mu.Unlock()
-				deliveredAt[ev.ID] = time.Now()
-				return nil
-			}})
-		linger := func(what, id string) time.Duration {
-			t.Helper()
-			mu.Lock()
-			defer mu.Unlock()
-			st.mu.Lock()
-			defer st.mu.Unlock()
-			d, okD := deliveredAt[id]
-			w, okW := st.doneAt[id]
-			if !okD || !okW {
-				t.Fatalf("%s: delivered %v, DONE written %v; want both", what, okD, okW)
-			}
-			return w.Sub(d)
-		}
+		st := newDoneTimes()
+		ob := lingerOutbox(t, st, st.handle)
 		// A1 on the hot path; A2 published meanwhile by another instance
 		// (written free: its predecessor is held here), claimed after
 		// A1's DONE.
@@ -948,21 +958,21 @@ func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
 			t.Fatal(err)
 		}
 		settle(time.Second)
-		if got := linger("A1", a1); got != 10*time.Millisecond {
+		if got := st.linger(t, "A1", a1); got != 10*time.Millisecond {
 			t.Errorf("A1's DONE written %v after its delivery; want the configured 10ms", got)
 		}
-		if got := linger("A2", a2.ID); got != 2*time.Millisecond {
+		if got := st.linger(t, "A2", a2.ID); got != 2*time.Millisecond {
 			t.Errorf("A2's DONE written %v after its delivery; want 2ms once an event waited in the table behind one held here", got)
 		}
 		b1 := publishKey(t, ob, st.Store, "B", 1)
 		settle(time.Second)
-		if got := linger("B1", b1); got != 2*time.Millisecond {
+		if got := st.linger(t, "B1", b1); got != 2*time.Millisecond {
 			t.Errorf("B1's DONE written %v after its delivery; want 2ms while keys are shared", got)
 		}
 		settle(10 * time.Second)
 		c1 := publishKey(t, ob, st.Store, "C", 1)
 		settle(time.Second)
-		if got := linger("C1, 12s later", c1); got != 10*time.Millisecond {
+		if got := st.linger(t, "C1, 12s later", c1); got != 10*time.Millisecond {
 			t.Errorf("C1's DONE written %v after its delivery; want the configured 10ms once nothing waited in the table for 10s", got)
 		}
 	})
@@ -971,7 +981,7 @@ func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
 // vainLater is doneTimes whose MarkDoneKeys reports every key as maybe
 // having its next event in the table, as MySQL's does for a key row a
 // publisher holds (the completion passes over it).
-type vainLater struct{ doneTimes }
+type vainLater struct{ *doneTimes }
 
 func (s *vainLater) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
 	n, later, err := s.doneTimes.MarkDoneKeys(ctx, owner, ids, evs)
@@ -985,27 +995,15 @@ func (s *vainLater) MarkDoneKeys(ctx context.Context, owner string, ids []string
 // one instance, typically) does not shorten the linger.
 func TestOrderedVainNamingKeepsTheCompletionLinger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &vainLater{doneTimes{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}}}
-		var mu sync.Mutex
-		deliveredAt := map[string]time.Time{}
-		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, CompletionLinger: 10 * time.Millisecond},
-			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: func(_ context.Context, ev outbox.Event) error {
-				mu.Lock()
-				defer mu.Unlock()
-				deliveredAt[ev.ID] = time.Now()
-				return nil
-			}})
+		st := &vainLater{newDoneTimes()}
+		ob := lingerOutbox(t, st, st.handle)
 		var ids []string
 		for i, agg := range []string{"A", "B", "C"} {
 			ids = append(ids, publishKey(t, ob, st.Store, agg, i))
 			settle(time.Second)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		st.mu.Lock()
-		defer st.mu.Unlock()
 		for i, id := range ids {
-			if got := st.doneAt[id].Sub(deliveredAt[id]); got != 10*time.Millisecond {
+			if got := st.linger(t, fmt.Sprintf("event %d", i+1), id); got != 10*time.Millisecond {
 				t.Errorf("DONE of event %d written %v after its delivery; want the configured 10ms (the keys named before found nothing)", i+1, got)
 			}
 		}

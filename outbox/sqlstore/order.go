@@ -969,13 +969,11 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 			switch {
 			case head == "" && (st == 0 || st == 2):
 				head = id
-				held = held || busy != 0 // leased, or not due
+				held = held || busy == 2 // not due
 			case st != 0 && st != 2:
 				other = true // dead, or split with deliveries owed
 			}
-			if busy == 1 {
-				held = true // an event of the key in flight
-			}
+			held = held || busy == 1 // an event of the key in flight
 		}
 		flush()
 		return errors.Join(rs.Err(), rs.Close())
