@@ -196,28 +196,37 @@ func (s *Store) owesSQL(d string, subs []string, f driver.OrderFilter) (string, 
 	if len(ordered) == 0 {
 		return "", nil
 	}
-	var args []any
+	// Each status is looked up on its own, by the (status, ordering_key,
+	// key_seq) index with both leading columns equal: a status list
+	// against the key of the outer row makes MariaDB scan the index by
+	// status alone, every pending event of every key once per candidate
+	// delivery (a claim of thousands of deliveries held behind their
+	// keys' heads then ran for minutes).
+	args := stringArgs(ordered)
+	earlier := func(status string) string {
+		return ` OR EXISTS (SELECT 1 FROM ` + s.table + ` p` + s.byKey() + ` WHERE p.status = ` + status + ` AND p.ordering_key = o.ordering_key AND p.key_seq IS NOT NULL AND p.id <> o.id
+        AND (p.key_seq < o.key_seq OR p.locked_until > ` + s.d.now + `))`
+	}
 	dead, deadDelivery := "", ""
 	if len(block) > 0 {
-		dead = ` OR (p.status = 3 AND ` + d + `.subscription IN ` + in(len(block)) + `)`
+		dead = `
+      OR (` + d + `.subscription IN ` + in(len(block)) + ` AND EXISTS (SELECT 1 FROM ` + s.table + ` p` + s.byKey() + ` WHERE p.status = 3 AND p.ordering_key = o.ordering_key AND p.key_seq IS NOT NULL AND p.key_seq < o.key_seq))`
 		deadDelivery = ` OR (e.status = 3 AND e.subscription IN ` + in(len(block)) + `)`
+		args = stringArgs(block, args...)
+		args = stringArgs(block, args...)
 	}
-	args = stringArgs(ordered)
-	args = stringArgs(block, args...)
-	args = stringArgs(block, args...)
 	// Nor while another event of the key is in flight to it: leased as a
 	// whole, or its delivery to the subscription leased (a later one,
 	// when this one was replayed).
+	// The checks most often true come first (OR stops at the first true
+	// one): behind a split event, the shape of a key's backlog after a
+	// failure, then behind a whole one; a dead event last.
 	return `
-  AND NOT (` + d + `.subscription IN ` + in(len(ordered)) + ` AND EXISTS (SELECT 1 FROM ` + s.table + ` o JOIN ` + s.table + ` p` + s.byKey() + `
-    ON p.ordering_key = o.ordering_key AND p.id <> o.id
-    WHERE o.id = ` + d + `.event_id AND o.key_seq IS NOT NULL AND p.status IN (0, 2, 3, 4) AND (
-      (p.key_seq < o.key_seq AND (p.status IN (0, 2)` + dead + `
-        OR (p.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` e WHERE e.event_id = p.id AND e.subscription = ` + d + `.subscription
-          AND (e.status IN (0, 2)` + deadDelivery + `)))))
-      OR (p.status IN (0, 2) AND p.locked_until > ` + s.d.now + `)
-      OR (p.status = 4 AND EXISTS (SELECT 1 FROM ` + s.DeliveriesTable() + ` e WHERE e.event_id = p.id AND e.subscription = ` + d + `.subscription
-          AND e.status IN (0, 2) AND e.locked_until > ` + s.d.now + `)))))`, args
+  AND NOT (` + d + `.subscription IN ` + in(len(ordered)) + ` AND EXISTS (SELECT 1 FROM ` + s.table + ` o WHERE o.id = ` + d + `.event_id AND o.key_seq IS NOT NULL AND (
+      EXISTS (SELECT 1 FROM ` + s.table + ` p` + s.byKey() + ` JOIN ` + s.DeliveriesTable() + ` e ON e.event_id = p.id AND e.subscription = ` + d + `.subscription
+        WHERE p.status = 4 AND p.ordering_key = o.ordering_key AND p.key_seq IS NOT NULL AND p.id <> o.id AND (
+          (p.key_seq < o.key_seq AND (e.status IN (0, 2)` + deadDelivery + `))
+          OR (e.status IN (0, 2) AND e.locked_until > ` + s.d.now + `)))` + earlier("0") + earlier("2") + dead + `)))`, args
 }
 
 // KeysDone implements driver.OrderedStore: it reads which of the events
@@ -986,7 +995,7 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 	}
 	// Not while another event of the key is leased as a whole: a head
 	// that was replayed after its key went on (OrderedSkipDead) waits for
-	// the later event in flight.
+	// the later event in flight. One lookup per status (see owesSQL).
 	byPK := ""
 	if s.d.name == "mysql" {
 		byPK = ` FORCE INDEX (PRIMARY)`
@@ -994,7 +1003,9 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 	q := s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o` + byPK + ` WHERE o.id IN ` + in(len(heads)) + `
   AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
   AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
-  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status IN (0, 2) AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 0 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
+    AND q.id <> o.id AND q.locked_until > ` + s.d.now + `)
+  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 2 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
     AND q.id <> o.id AND q.locked_until > ` + s.d.now + `) LIMIT ?` + s.d.lock)
 	args := append(stringArgs(heads), len(heads))
 	var out []driver.Row
