@@ -257,7 +257,7 @@ ORDER BY d.available_at LIMIT ?`
 				// renewals and outcomes of other instances. So the rows are
 				// found by a plain read, then locked by primary key, where
 				// the whole WHERE is decided again.
-				cand, err := s.deliveryKeys(ctx, tx, q, args)
+				cand, err := s.deliveryKeys(ctx, tx, s.bounded(ctx, q), args)
 				if err != nil || len(cand) == 0 {
 					if err != nil {
 						return err

@@ -37,3 +37,6 @@ func Fenced(s *Store) bool { return s.fenced(context.Background()) }
 
 // SplitStatements splits a migration's SQL as Migrate does.
 func SplitStatements(src string) []string { return splitStatements(src) }
+
+// Bounded exposes bounded.
+func Bounded(s *Store, ctx context.Context, q string) string { return s.bounded(ctx, q) }

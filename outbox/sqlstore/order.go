@@ -949,9 +949,9 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		heads = heads[:0]
 		clear(behind)
 		cond, args := s.pending("p", f, keys...)
-		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status,
+		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status,
   CASE WHEN p.status IN (0, 2) AND p.locked_until > `+s.d.now+` THEN 1 WHEN p.available_at > `+s.d.now+` THEN 2 ELSE 0 END
-FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`), args...)
+FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`)), args...)
 		if err != nil {
 			return err
 		}

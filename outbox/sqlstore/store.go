@@ -69,6 +69,8 @@ type Store struct {
 	// nanoseconds, low bit cleared) and, in the low bit, the answer.
 	fence   atomic.Int64
 	fenceMu sync.Mutex // one lookup at a time
+
+	srv serverFlavor // MySQL dialect: MariaDB or MySQL; see bounded
 }
 
 var (
