@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -44,8 +45,41 @@ func newRollingPool(t *testing.T, st *sqlstore.Store, n int, subs ...outbox.Subs
 func (p *rollingPool) start(slot, gen int) *outbox.Outbox {
 	cfg := instance(slot)
 	cfg.InstanceID += "g" + strconv.Itoa(gen)
-	return startOrdered(p.t, p.st, cfg, p.subs...)
+	// A claim that fails is retried by the next poll, which would hide a
+	// broken statement: the engine's errors fail the test.
+	cfg.Logger = slog.New(errorsFail{p.t})
+	ob, err := outbox.New(p.st, cfg)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	for _, sub := range p.subs {
+		if err := ob.Subscribe(sub); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+	if err := ob.Start(context.Background()); err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(func() { ob.Close(context.Background()) })
+	return ob
 }
+
+// errorsFail is a slog.Handler that fails t on every record at level
+// ERROR and drops the rest.
+type errorsFail struct{ t *testing.T }
+
+func (h errorsFail) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
+func (h errorsFail) Handle(_ context.Context, r slog.Record) error {
+	var sb strings.Builder
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&sb, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	h.t.Errorf("engine error: %s%s", r.Message, sb.String())
+	return nil
+}
+func (h errorsFail) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h errorsFail) WithGroup(string) slog.Handler      { return h }
 
 // take returns slot's instance, held until release.
 func (p *rollingPool) take(slot int) (*outbox.Outbox, string) {
