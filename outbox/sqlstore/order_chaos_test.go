@@ -48,20 +48,7 @@ func (p *rollingPool) start(slot, gen int) *outbox.Outbox {
 	// A claim that fails is retried by the next poll, which would hide a
 	// broken statement: the engine's errors fail the test.
 	cfg.Logger = slog.New(errorsFail{p.t})
-	ob, err := outbox.New(p.st, cfg)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	for _, sub := range p.subs {
-		if err := ob.Subscribe(sub); err != nil {
-			p.t.Fatal(err)
-		}
-	}
-	if err := ob.Start(context.Background()); err != nil {
-		p.t.Fatal(err)
-	}
-	p.t.Cleanup(func() { ob.Close(context.Background()) })
-	return ob
+	return startOrdered(p.t, p.st, cfg, p.subs...)
 }
 
 // errorsFail is a slog.Handler that fails t on every record at level

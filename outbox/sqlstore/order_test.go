@@ -100,12 +100,15 @@ func publishInTx(t testing.TB, ob *outbox.Outbox, st *sqlstore.Store, env outbox
 	return id
 }
 
-// startOrdered starts an outbox on st with cfg (logs discarded) and the
+// startOrdered starts an outbox on st with cfg (logs discarded unless
+// cfg.Logger is set) and the
 // subscription sub (named "projection" if unnamed), closed when the test
 // ends.
 func startOrdered(t testing.TB, st *sqlstore.Store, cfg outbox.Config, subs ...outbox.Subscription) *outbox.Outbox {
 	t.Helper()
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	ob, err := outbox.New(st, cfg)
 	if err != nil {
 		t.Fatal(err)
