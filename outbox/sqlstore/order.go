@@ -217,10 +217,10 @@ func (s *Store) owesSQL(d string, subs []string, f driver.OrderFilter) (string, 
 	}
 	// Nor while another event of the key is in flight to it: leased as a
 	// whole, or its delivery to the subscription leased (a later one,
-	// when this one was replayed).
-	// The checks most often true come first (OR stops at the first true
-	// one): behind a split event, the shape of a key's backlog after a
-	// failure, then behind a whole one; a dead event last.
+	// when this one was replayed). The checks most often true come first
+	// (OR stops at the first true one): behind a split event, the shape
+	// of a key's backlog after a failure, then behind a whole one; a dead
+	// event last.
 	return `
   AND NOT (` + d + `.subscription IN ` + in(len(ordered)) + ` AND EXISTS (SELECT 1 FROM ` + s.table + ` o WHERE o.id = ` + d + `.event_id AND o.key_seq IS NOT NULL AND (
       EXISTS (SELECT 1 FROM ` + s.table + ` p` + s.byKey() + ` JOIN ` + s.DeliveriesTable() + ` e ON e.event_id = p.id AND e.subscription = ` + d + `.subscription

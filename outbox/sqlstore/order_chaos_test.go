@@ -69,11 +69,11 @@ func (h errorsFail) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h errorsFail) WithGroup(string) slog.Handler      { return h }
 
 // take returns slot's instance, held until release.
-func (p *rollingPool) take(slot int) (*outbox.Outbox, string) {
+func (p *rollingPool) take(slot int) *outbox.Outbox {
 	p.inUse[slot].RLock()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.obs[slot], "i" + strconv.Itoa(slot) + "g" + strconv.Itoa(p.gens[slot])
+	return p.obs[slot]
 }
 
 func (p *rollingPool) release(slot int) { p.inUse[slot].RUnlock() }
@@ -106,13 +106,12 @@ type chaosLedger struct {
 	keys   []sync.Mutex
 	mu     sync.Mutex
 	order  [][]string
-	num    map[string]int
 	rolled map[string]bool // ids of events whose transaction rolled back
 	count  int
 }
 
 func newChaosLedger(keys int) *chaosLedger {
-	return &chaosLedger{keys: make([]sync.Mutex, keys), order: make([][]string, keys), num: map[string]int{}, rolled: map[string]bool{}}
+	return &chaosLedger{keys: make([]sync.Mutex, keys), order: make([][]string, keys), rolled: map[string]bool{}}
 }
 
 // tx runs one transaction through ob publishing n events spread over
@@ -138,7 +137,6 @@ func (l *chaosLedger) tx(ctx context.Context, db *sql.DB, ob *outbox.Outbox, ks 
 			k := ks[i%len(ks)]
 			env := outbox.Envelope{ID: outbox.NewID(), Type: "Posted", AggregateType: "Acct", AggregateID: strconv.Itoa(k), JSON: []byte(`{}`)}
 			l.mu.Lock()
-			l.num[env.ID] = len(l.order[k])
 			l.order[k] = append(l.order[k], env.ID)
 			l.mu.Unlock()
 			ids, keyOf = append(ids, env.ID), append(keyOf, k)
@@ -175,7 +173,6 @@ func (l *chaosLedger) takeBack(ids []string, keyOf []int, rolled bool) {
 	for i := len(ids) - 1; i >= 0; i-- {
 		k := keyOf[i]
 		l.order[k] = l.order[k][:len(l.order[k])-1]
-		delete(l.num, ids[i])
 		if rolled {
 			l.rolled[ids[i]] = true
 		}
@@ -285,7 +282,7 @@ func TestOrderedThroughARollingDeploy(t *testing.T) {
 							ks = append(ks, rnd.IntN(keys))
 						}
 						n1 := 1 + rnd.IntN(3)
-						ob, _ := pool.take(slot)
+						ob := pool.take(slot)
 						err := led.tx(context.Background(), db, ob, ks, n1, rnd.IntN(8) == 0)
 						pool.release(slot)
 						if err != nil {
