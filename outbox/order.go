@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -180,9 +179,6 @@ const maxNamedKeys = 4096
 type named struct {
 	key string
 	ev  driver.KeyDone // EventID "": none
-	// delivery: the key's delivery of a split event to an ordered
-	// subscription finished; the key's next deliveries may be due.
-	delivery bool
 }
 
 func newSequencer(d *deps) *sequencer {
@@ -194,18 +190,16 @@ func newSequencer(d *deps) *sequencer {
 // name asks for the head of key to be claimed. It never blocks.
 func (s *sequencer) name(key string) { s.send(named{key: key}) }
 
-func (s *sequencer) send(n named) bool {
+func (s *sequencer) send(n named) {
 	if s.ostore == nil || n.key == "" || len(s.reg.load().local) == 0 {
 		// An instance with no subscription (one that only publishes)
 		// leaves the claim to those that deliver.
-		return false
+		return
 	}
 	select {
 	case s.keys <- n:
-		return true
 	default:
 		// The poll finds the key; its next event goes the cold way.
-		return false
 	}
 }
 
@@ -215,12 +209,11 @@ func (s *sequencer) next(it *item) {
 	if !it.env.ordered {
 		return
 	}
-	delivery := it.sub != nil && it.sub.Order != Unordered
-	sent := s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}, delivery: delivery})
-	if delivery && !sent && s.disp.poller != nil {
+	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}})
+	if it.sub != nil && it.sub.Order != Unordered && s.disp.poller != nil {
 		// The subscription's delivery of the key's next event may have
-		// waited for this one: with the key not named (claimDeliveries),
-		// poll now, not after the idle back-off.
+		// waited for this one (ClaimDeliveries): poll now, not after the
+		// idle back-off.
 		s.disp.poller.wake()
 	}
 }
@@ -230,14 +223,10 @@ func (s *sequencer) next(it *item) {
 func (s *sequencer) run(ctx context.Context) {
 	batch := make(map[string]struct{})
 	var done []driver.KeyDone
-	deliveries := make(map[string]struct{}) // keys named with delivery
 	add := func(n named) {
 		batch[n.key] = struct{}{}
 		if n.ev.EventID != "" {
 			done = append(done, n.ev)
-		}
-		if n.delivery {
-			deliveries[n.key] = struct{}{}
 		}
 	}
 	for {
@@ -265,50 +254,6 @@ func (s *sequencer) run(ctx context.Context) {
 		s.keysDone(ctx, done)
 		done = done[:0]
 		s.claim(ctx, keys)
-		if len(deliveries) > 0 {
-			s.claimDeliveries(ctx, slices.Sorted(maps.Keys(deliveries)))
-			clear(deliveries)
-		}
-	}
-}
-
-// claimDeliveries claims and queues the deliveries of split events of
-// keys that are due to this instance's ordered subscriptions: a key's
-// next delivery after one that just finished. Only these keys' events
-// are read, so that a backlog of split events behind their keys' heads
-// (the shape a key takes after a failure, while another subscription
-// delivers) drains a key's delivery at a time without a poll of every
-// delivery each time. On an error the poll takes over.
-func (s *sequencer) claimDeliveries(ctx context.Context, keys []string) {
-	p := s.disp.poller
-	if p == nil || p.dstore == nil {
-		return
-	}
-	reg := s.reg.load()
-	closed, _ := reg.claimable()
-	var subs []string
-	for _, name := range closed {
-		if sub := reg.byName[name]; sub != nil && sub.Order != Unordered {
-			subs = append(subs, name)
-		}
-	}
-	if len(subs) == 0 {
-		return
-	}
-	ctx, cancel := s.storeCtx()
-	defer cancel()
-	start := time.Now()
-	ds, err := p.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys) * len(subs), Lease: s.cfg.Lease, SkipRecent: -1, Keys: keys}, subs, reg.orderFilter())
-	s.m.Statement("claim_deliveries", len(ds), time.Since(start))
-	if err != nil {
-		s.log.Error("claim the next deliveries of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
-		p.wake()
-		return
-	}
-	queued, _, unqueued := p.offerDeliveries(reg, ds, time.Now())
-	s.disp.leases.releaseDeliveries(ctx, unqueued, 0, "release unqueued deliveries")
-	if queued > 0 {
-		s.m.ColdEnqueued(queued)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1007,77 +1006,6 @@ func TestOrderedVainNamingKeepsTheCompletionLinger(t *testing.T) {
 			if got := st.linger(t, fmt.Sprintf("event %d", i+1), id); got != 10*time.Millisecond {
 				t.Errorf("DONE of event %d written %v after its delivery; want the configured 10ms (the keys named before found nothing)", i+1, got)
 			}
-		}
-	})
-}
-
-// keyedClaims is the in-memory store, recording the claims of deliveries
-// the engine limits to ordering keys (ClaimRequest.Keys).
-type keyedClaims struct {
-	*outboxtest.Store
-	mu    sync.Mutex
-	keyed []string // each keyed claim's keys and what it claimed
-}
-
-func (k *keyedClaims) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
-	ds, err := k.Store.ClaimDeliveries(ctx, req, subs, f)
-	if len(req.Keys) > 0 {
-		k.mu.Lock()
-		k.keyed = append(k.keyed, fmt.Sprintf("%v: %d", req.Keys, len(ds)))
-		k.mu.Unlock()
-	}
-	return ds, err
-}
-
-// After a failure, the later events of the key are split (the unordered
-// subscription has them; the ordered one waits behind the failed event),
-// and their deliveries to the ordered subscription follow one another by
-// claims of that key alone, named as each finishes, not by polls: with
-// polls an hour apart, the key's backlog is delivered, in order, within
-// seconds of the failed event's retry.
-func TestOrderedSplitBacklogFollowsByKeyedClaims(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st := &keyedClaims{Store: outboxtest.NewStore()}
-		l := newOrderLog(t)
-		l.fail = func(ev outbox.Event, attempt int) error {
-			if string(ev.JSON) == `{"i":0}` && attempt == 1 {
-				return errors.New("down once")
-			}
-			return nil
-		}
-		var mu sync.Mutex
-		other := 0
-		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Hour, PollMaxInterval: time.Hour},
-			outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle,
-				Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })},
-			outbox.Subscription{Name: "audit", Handler: func(context.Context, outbox.Event) error {
-				mu.Lock()
-				defer mu.Unlock()
-				other++
-				return nil
-			}})
-		var ids []string
-		for i := range 4 {
-			ids = append(ids, publishKey(t, ob, st.Store, "A", i))
-			settle(10 * time.Millisecond)
-		}
-		settle(15 * time.Second) // the retry of A0, then the rest
-		wantOrder(t, "key Order:A", l.delivered("Order:A"), ids...)
-		mu.Lock()
-		defer mu.Unlock()
-		if other != len(ids) {
-			t.Errorf("audit got %d events; want %d", other, len(ids))
-		}
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		claimed := 0
-		for _, c := range st.keyed {
-			if strings.HasPrefix(c, "[Order:A]: ") && !strings.HasSuffix(c, ": 0") {
-				claimed++
-			}
-		}
-		if claimed < len(ids)-2 {
-			t.Errorf("keyed claims %v; want the key's deliveries after A0 and A1 claimed by key", st.keyed)
 		}
 	})
 }

@@ -295,8 +295,27 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		for _, name := range probing {
 			claim(min(1, room-len(ds)), []string{name})
 		}
-		q, r, u := p.offerDeliveries(reg, ds, now)
-		queued, reclaimed, unqueuedDeliveries = queued+q, reclaimed+r, u
+		for i := range ds {
+			d := &ds[i]
+			key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+			if d.PrevOwner != "" && d.PrevOwner != p.cfg.InstanceID {
+				reclaimed++
+			}
+			s := reg.byName[d.Subscription]
+			env, err := decode(&d.Row)
+			if err != nil || s == nil {
+				// An event that cannot be read was buried when it was
+				// claimed as a whole; a delivery of it would be too.
+				unqueuedDeliveries = append(unqueuedDeliveries, key)
+				continue
+			}
+			switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
+			case offerQueued:
+				queued++
+			case offerFull:
+				unqueuedDeliveries = append(unqueuedDeliveries, key)
+			}
+		}
 	}
 	// The heads of ordering keys with events due.
 	if n, err := p.seq.sweep(ctx, limit-queued); err != nil {
@@ -388,34 +407,6 @@ func (p *poller) bury(ctx context.Context, r *driver.Row, cause error) {
 	if _, err := retryStore(ctx, func() (bool, error) { return p.store.MarkDead(ctx, p.cfg.InstanceID, r.ID, reason) }); err != nil {
 		p.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
 	}
-}
-
-// offerDeliveries queues claimed deliveries of split events on the cold
-// queue. It returns how many it queued, how many were taken over from
-// another instance, and those to release (not queued).
-func (p *poller) offerDeliveries(reg *registry, ds []driver.Delivery, now time.Time) (queued, reclaimed int, unqueued []driver.DeliveryKey) {
-	for i := range ds {
-		d := &ds[i]
-		key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
-		if d.PrevOwner != "" && d.PrevOwner != p.cfg.InstanceID {
-			reclaimed++
-		}
-		s := reg.byName[d.Subscription]
-		env, err := decode(&d.Row)
-		if err != nil || s == nil {
-			// An event that cannot be read was buried when it was
-			// claimed as a whole; a delivery of it would be too.
-			unqueued = append(unqueued, key)
-			continue
-		}
-		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
-		case offerQueued:
-			queued++
-		case offerFull:
-			unqueued = append(unqueued, key)
-		}
-	}
-	return queued, reclaimed, unqueued
 }
 
 func (p *poller) wake() {

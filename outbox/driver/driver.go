@@ -137,12 +137,6 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// SkipRecent keeps Claim off rows written less than this long ago.
 	SkipRecent time.Duration
-	// Keys, for ClaimDeliveries only, limits the claim to deliveries of
-	// events with these ordering keys: the engine names the keys of
-	// ordered deliveries that just finished, whose next deliveries may
-	// be due, so that a key's backlog of split events does not wait for
-	// the next poll. A store may ignore it (a wider claim is not wrong).
-	Keys []string
 }
 
 // Store persists events. The engine calls Insert inside the caller's

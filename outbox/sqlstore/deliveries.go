@@ -244,12 +244,11 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 				continue
 			}
 			owes, oargs := s.owesSQL("d", subs, f)
-			keyed, kargs := s.keyedSQL("d", req.Keys)
 			q := `SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM ` + s.DeliveriesTable() + ` d
 WHERE d.status = ? AND d.subscription IN ` + in(len(subs)) + ` AND d.available_at <= ` + s.d.now + `
-  AND (d.locked_until IS NULL OR d.locked_until <= ` + s.d.now + `)` + keyed + owes + `
+  AND (d.locked_until IS NULL OR d.locked_until <= ` + s.d.now + `)` + owes + `
 ORDER BY d.available_at LIMIT ?`
-			args := append(append(append(stringArgs(subs, st.status), kargs...), oargs...), limit)
+			args := append(append(stringArgs(subs, st.status), oargs...), limit)
 			if s.d.name == "mysql" {
 				// InnoDB's locking read locks every row its range scan
 				// examines, those it then rejects too (leased, or not their
@@ -348,17 +347,6 @@ ORDER BY d.available_at`
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: claim deliveries: %w", err))
 	}
 	return out, nil
-}
-
-// keyedSQL returns, for a query over the deliveries aliased d, the
-// condition (starting with AND) that d's event is a split event of one of
-// keys, and its parameters; "" for no keys.
-func (s *Store) keyedSQL(d string, keys []string) (string, []any) {
-	if len(keys) == 0 {
-		return "", nil
-	}
-	return `
-  AND ` + d + `.event_id IN (SELECT k.id FROM ` + s.table + ` k` + s.byKey() + ` WHERE k.status = 4 AND k.ordering_key IN ` + in(len(keys)) + ` AND k.key_seq IS NOT NULL)`, stringArgs(keys)
 }
 
 // deliveryKeys runs q, a plain read whose first two columns are a
