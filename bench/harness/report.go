@@ -185,6 +185,7 @@ func (r *DBReport) ratios(cs []CellResult, ref string, f func(CellResult) float6
 }
 
 func commitTPS(c CellResult) float64   { return c.CommitTPS }
+func schedP99(c CellResult) float64    { return float64(c.SchedP99) }
 func deliveredPS(c CellResult) float64 { return c.DeliveredPS }
 
 // cpuPerTx is the process CPU time per committed transaction, in ns.

@@ -51,8 +51,12 @@ type CellResult struct {
 	// not be read. Unlike the commit rate it hardly depends on the
 	// machine's noise: work a design adds per transaction shows in it.
 	LogBytes int64
-	Early    int // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
-	Note     string
+	// SchedP50 and SchedP99 are how late a goroutine of this process that
+	// slept 1 ms ran, during production (see schedProbe): the floor of any
+	// in-process hand-off's latency at that moment. 0: not measured.
+	SchedP50, SchedP99 time.Duration
+	Early              int // deliveries seen before the producer recorded the commit (latency counted as 0); 0 for txoutbox, whose hook takes the time
+	Note               string
 }
 
 // CellOptions tune one run.
@@ -66,6 +70,9 @@ type CellOptions struct {
 	Stall        time.Duration
 	// Prefix names the run's tables; it must be unique.
 	Prefix string
+	// SchedProbe measures the process's scheduling delay during
+	// production (CellResult.SchedP50, SchedP99).
+	SchedProbe bool
 }
 
 // RunCell runs the producer workload on sys and verifies the deliveries
@@ -92,6 +99,10 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	// Producers.
 	log0 := d.LogPos(ctx, db)
 	cpu0 := processCPU()
+	var probe *schedProbe
+	if o.SchedProbe {
+		probe = startSchedProbe()
+	}
 	start := rec.Since()
 	deadline := time.Now().Add(o.Duration)
 	var wg sync.WaitGroup
@@ -120,6 +131,9 @@ func RunCell(ctx context.Context, db *sqlx.DB, sys System, o CellOptions) (res C
 	}
 	wg.Wait()
 	end := rec.Since()
+	if probe != nil {
+		res.SchedP50, res.SchedP99 = probe.finish()
+	}
 	res.CPU = processCPU() - cpu0
 	res.LogBytes = -1
 	if log1 := d.LogPos(ctx, db); log0 >= 0 && log1 >= log0 {
