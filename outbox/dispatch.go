@@ -230,6 +230,31 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 	}
 }
 
+// offerFollower takes it, an ordered event a claim leased behind the
+// event before it in its key (a run of ClaimHeads): it waits in its key's
+// chain behind that event, goes to the hot queue if that event was
+// delivered here already, or is refused (offerFull: its lease is to be
+// released) if that event is not in this instance's hands, e.g. it could
+// not be queued.
+func (d *dispatcher) offerFollower(it *item) offerResult {
+	if !d.inflight.acquire(it.key()) {
+		return offerInHand
+	}
+	switch d.keys.committed(it, false) {
+	case commitGo:
+		d.pushChained(it)
+	case commitWait:
+		// In the in-flight set: its lease is renewed while it waits.
+	default:
+		d.inflight.release(it.key())
+		return offerFull
+	}
+	// An event of the key published here meanwhile is leased here
+	// behind it (Row.KeyAfter) and joins the chain.
+	d.keys.leased(it.env.OrderingKey, it.env.seq)
+	return offerQueued
+}
+
 // handBack empties the queues and releases the leases of what was in them.
 func (d *dispatcher) handBack() {
 	var ids []string

@@ -132,7 +132,12 @@
 //     was delivered to every subscription here (before that one's DONE
 //     write), and back to the table if its predecessor fails. One that is
 //     behind an event held elsewhere waits in the table and is claimed by
-//     the instance that finishes the event before it (or by a poll).
+//     the instance that finishes the event before it (or by a poll). A
+//     claim of a key's head from the table leases with it the events that
+//     follow it, whole and free to go, up to about [Config.ColdQueueSize]
+//     over the keys claimed together: they wait in memory behind it the
+//     same way, so a key's backlog (after a retry, a pause, an outage)
+//     costs a claim per run, not one per event.
 //   - Head-of-line per key and subscription. A failed event holds back
 //     the later events of its key for the subscription it failed for, and
 //     nothing else: other keys flow, and the key's later events reach the

@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,13 +288,14 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 	ctx, cancel := s.storeCtx()
 	defer cancel()
 	start := time.Now()
-	rows, err := s.ostore.ClaimHeads(ctx, driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease}, keys, reg.orderFilter())
+	req := driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease, Run: claimRun(s.cfg.ColdQueueSize, len(keys))}
+	rows, err := s.ostore.ClaimHeads(ctx, req, keys, reg.orderFilter())
 	s.m.Statement("claim_heads", len(rows), time.Since(start))
 	if err != nil {
 		s.log.Error("claim the next events of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
 		return 0
 	}
-	queued, unqueued, unhandled := s.disp.poller.offerRows(ctx, reg, rows, time.Now())
+	queued, unqueued, unhandled := s.disp.poller.offerRows(ctx, reg, rows, followers(rows), time.Now())
 	for i := range rows {
 		if _, err := decode(&rows[i]); err != nil {
 			s.name(rows[i].OrderingKey) // buried: the key goes on, or is blocked
@@ -305,6 +308,29 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		s.queuedAt.Store(time.Now().UnixNano())
 	}
 	return queued
+}
+
+// claimRun is how many events of each of n keys a claim of their heads
+// leases behind the head (driver.ClaimRequest.Run): the claim holds at
+// most about a cold queue's worth of events in all, and a key's backlog
+// (events that waited behind a failed one, a destination's outage) goes
+// out in runs of that many, one after another in memory, instead of one
+// event per claim.
+func claimRun(coldQueue, n int) int {
+	return max(0, coldQueue/max(1, n)-1)
+}
+
+// followers sorts rows, the heads and runs of a claim, by key and number,
+// and reports which follow the row before them in their key.
+func followers(rows []driver.Row) []bool {
+	slices.SortStableFunc(rows, func(a, b driver.Row) int {
+		return cmp.Or(strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
+	})
+	follows := make([]bool, len(rows))
+	for i := 1; i < len(rows); i++ {
+		follows[i] = rows[i].KeySeq > 0 && rows[i].OrderingKey == rows[i-1].OrderingKey
+	}
+	return follows
 }
 
 // sweep claims the heads of keys with events due, up to limit, going

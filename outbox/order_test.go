@@ -740,12 +740,16 @@ func (s *holdDone) MarkDoneKeys(ctx context.Context, owner string, ids []string,
 // claimCount counts the sequencer's claims of keys' heads.
 type claimCount struct {
 	outbox.NopMetrics
-	n atomic.Int64
+	n    atomic.Int64 // claims of heads
+	took atomic.Int64 // those that leased events
 }
 
 func (m *claimCount) Statement(name string, rows int, took time.Duration) {
 	if name == "claim_heads" {
 		m.n.Add(1)
+		if rows > 0 {
+			m.took.Add(1)
+		}
 	}
 }
 
@@ -1008,4 +1012,92 @@ func TestOrderedVainNamingKeepsTheCompletionLinger(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A key's backlog goes out in runs: the events that waited in the table
+// behind a failed one (or a paused subscription, a destination's outage)
+// are claimed with their head, in one claim, and delivered in order one
+// after another in memory, each once the one before it succeeded; not
+// one claim per event. An event of the run that fails gives back those
+// behind it, which follow it in order after its retry.
+func TestOrderedBacklogGoesOutInRuns(t *testing.T) {
+	for _, failInRun := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failInRun=%v", failInRun), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := outboxtest.NewStore()
+				l := newOrderLog(t)
+				var a41 atomic.Value
+				l.fail = func(ev outbox.Event, attempt int) error {
+					if string(ev.JSON) == `{"i":41}` {
+						a41.Store(ev.Path)
+					}
+					if attempt == 1 && (string(ev.JSON) == `{"i":1}` || (failInRun && string(ev.JSON) == `{"i":20}`)) {
+						return errors.New("first attempt fails")
+					}
+					return nil
+				}
+				m := &claimCount{}
+				ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Second, PollMaxInterval: 2 * time.Second, Metrics: m},
+					outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle,
+						Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })})
+				// The backlog is published elsewhere (an instance without
+				// the subscription), so that this one knows nothing of it
+				// but what its claims tell it.
+				pub := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute})
+				ids := []string{publishKey(t, pub, st, "A", 1)}
+				settle(1500 * time.Millisecond) // A1 claimed by the poll and failed: due again in 10 s
+				for i := 2; i <= 40; i++ {
+					ids = append(ids, publishKey(t, pub, st, "A", i))
+				}
+				settle(time.Second)
+				wantOrder(t, "key A before A1's retry", l.delivered("Order:A"))
+				before := m.took.Load()
+				// A1's retry, and the run behind it, 10 ms an event.
+				for i := 0; len(l.delivered("Order:A")) < 5 && i < 2000; i++ {
+					settle(10 * time.Millisecond)
+				}
+				if !failInRun {
+					// Published here during the run: leased here behind the
+					// run's end (Row.KeyAfter), it joins the chain.
+					wantNotAll(t, l.delivered("Order:A"), len(ids))
+					ids = append(ids, publishKey(t, ob, st, "A", 41))
+				}
+				settle(2 * time.Second)
+				if failInRun {
+					wantOrder(t, "key A before A20's retry", l.delivered("Order:A"), ids[:19]...)
+					settle(12 * time.Second)
+				}
+				wantOrder(t, "key A", l.delivered("Order:A"), ids...)
+				for _, id := range ids {
+					if want := 1 + btoi(id == ids[0] || (failInRun && id == ids[19])); l.calls(id) != want {
+						t.Errorf("event %s handled %d times; want %d", id, l.calls(id), want)
+					}
+				}
+				// One claim takes A1 (or the poll does), one the 39 behind it
+				// (and, failing inside, one what A20 gave back). Claims that
+				// find the key in hand take nothing and are not counted.
+				if n, want := m.took.Load()-before, int64(2+btoi(failInRun)); n > want {
+					t.Errorf("the sequencer's claims took events %d times for a backlog of 39 events of one key; want at most %d: the backlog in one run", n, want)
+				}
+				if p, _ := a41.Load().(outbox.Path); !failInRun && p != outbox.PathHot {
+					t.Errorf("A41, published during the run, came by path %v; want hot (from the run's chain)", p)
+				}
+			})
+		})
+	}
+}
+
+// wantNotAll fails the test if all n events were delivered already.
+func wantNotAll(t *testing.T, got []string, n int) {
+	t.Helper()
+	if len(got) >= n {
+		t.Fatalf("delivered %d of %d events already; the test needs them in flight", len(got), n)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -264,7 +264,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 			reclaimed++
 		}
 	}
-	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, now)
+	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, nil, now)
 	// The deliveries of split events, for this instance's subscriptions
 	// that are neither paused nor waiting for their circuit.
 	var unqueuedDeliveries []driver.DeliveryKey
@@ -340,7 +340,11 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 // cannot be decoded, and returns how many it queued, those the full queue
 // refused and those no subscription here takes, for the caller to hand
 // back.
-func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row, now time.Time) (queued int, unqueued, unhandled []string) {
+//
+// With follows (ClaimHeads' runs), rows[i] with follows[i] set is an
+// ordered event leased behind the row before it, its predecessor in its
+// key: it waits in its key's chain (offerFollower).
+func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now time.Time) (queued int, unqueued, unhandled []string) {
 	for i := range rows {
 		r := &rows[i]
 		env, err := decode(r)
@@ -353,7 +357,12 @@ func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row
 			unhandled = append(unhandled, r.ID)
 			continue
 		}
-		switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind}) {
+		it := &item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind}
+		offer := p.disp.offerCold
+		if follows != nil && follows[i] && env.ordered {
+			offer = p.disp.offerFollower
+		}
+		switch offer(it) {
 		case offerQueued:
 			queued++
 		case offerFull:

@@ -137,6 +137,10 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// SkipRecent keeps Claim off rows written less than this long ago.
 	SkipRecent time.Duration
+	// Run is, for OrderedStore.ClaimHeads, how many of a key's events it
+	// may lease behind the key's head (0: the head only). Limit bounds
+	// the heads; the runs come on top.
+	Run int
 }
 
 // Store persists events. The engine calls Insert inside the caller's

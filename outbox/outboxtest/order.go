@@ -16,7 +16,9 @@ import (
 // outbox/sqlstore: an ordered event carries its key and its number in the
 // key's sequence (Row.KeySeq); a key's head is its earliest event still
 // pending under the OrderFilter; only heads are leased, by InsertOrdered
-// (to the publisher, when nothing earlier is pending) and ClaimHeads.
+// (to the publisher, when nothing earlier is pending) and ClaimHeads, and
+// the events behind a head to the instance that holds it (Row.KeyAfter,
+// ClaimRequest.Run).
 //
 // One difference: sqlstore locks the key from the publishing INSERT until
 // the transaction ends, so that the sequence is the commit order of the
@@ -242,11 +244,41 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		}
 		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
 		out = append(out, r)
+		if len(r.Behind) == 0 {
+			out = s.leaseRun(out, byKey[k], h, req, f, now)
+		}
 	}
 	if len(out) > 0 {
 		s.touch()
 	}
 	return out, nil
+}
+
+// leaseRun leases to req.Owner up to req.Run events of es that follow h
+// without a gap, NEW or RETRY, due and free, if nothing of the key is
+// pending otherwise under f (dead, split), and appends them to out. The
+// caller holds s.mu.
+func (s *Store) leaseRun(out []driver.Row, es []*memEvent, h *memEvent, req driver.ClaimRequest, f driver.OrderFilter, now time.Time) []driver.Row {
+	if req.Run <= 0 || slices.ContainsFunc(es, func(e *memEvent) bool { return !undone(e.row.Status) && s.pendingUnder(e, f) }) {
+		return out
+	}
+	seq, n := h.row.KeySeq, 0
+	for _, e := range es {
+		if e.row.KeySeq <= seq {
+			continue
+		}
+		if n == req.Run || e.row.KeySeq != seq+1 || !undone(e.row.Status) || e.availableAt.After(now) || !free(e.lockedUntil, now) {
+			break
+		}
+		r := cloneRow(&e.row)
+		if e.owner != req.Owner {
+			r.PrevOwner = e.owner
+		}
+		e.owner, e.lockedUntil = req.Owner, now.Add(req.Lease)
+		out = append(out, r)
+		seq, n = e.row.KeySeq, n+1
+	}
+	return out
 }
 
 var _ driver.OrderedStore = (*Store)(nil)

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -20,8 +21,11 @@ import (
 // taken from the key's row in <table>_keys by the publishing transaction,
 // which keeps that row locked until it ends: publishers of one key commit
 // in sequence order. Only a key's head, its earliest event still pending
-// for an ordered subscription, is ever leased, so two events of one key
-// are never delivered at once, here or on two instances.
+// for an ordered subscription, is ever leased, or events behind it to the
+// instance that holds it (Row.KeyAfter when publishing, a run of
+// ClaimHeads), which delivers each once the one before it succeeded: two
+// events of one key are never delivered at once, here or on two
+// instances.
 
 var _ driver.OrderedStore = (*Store)(nil)
 
@@ -322,8 +326,11 @@ func (s *Store) successors(ctx context.Context, evs []driver.KeyDone, done map[s
 	for _, k := range later {
 		skip[k] = true
 	}
+	// Only the key's last event here says whether its next is known: an
+	// earlier one handed on to a later one of the batch says nothing of
+	// the event after that.
 	for _, ev := range evs {
-		if ev.Next {
+		if ev.Next && ev.Seq == done[ev.Key] {
 			skip[ev.Key] = true
 		}
 	}
@@ -943,44 +950,58 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	// (its head in another instance's hands, typically, and the key named
 	// by the publisher of the event behind it), or whose head is not due.
 	// A claim of such keys only would open a transaction for nothing.
-	var heads []string
+	var heads, runs []string
 	behind := map[string]bool{} // heads with pending events before them
 	err := s.retry(ctx, func() error {
-		heads = heads[:0]
+		heads, runs = heads[:0], runs[:0]
 		clear(behind)
 		cond, args := s.pending("p", f, keys...)
-		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status,
+		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status, p.key_seq,
   CASE WHEN p.status IN (0, 2) AND p.locked_until > `+s.d.now+` THEN 1 WHEN p.available_at > `+s.d.now+` THEN 2 ELSE 0 END
 FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_seq`)), args...)
 		if err != nil {
 			return err
 		}
 		last, head, other, held := "", "", false, false
+		// run: the events after head that may go with it (req.Run), the
+		// last one numbered seq; open while the key's rows continue it.
+		var run []string
+		var seq int64
+		open := false
 		flush := func() {
 			if head != "" && !held {
 				heads = append(heads, head)
 				if other {
 					behind[head] = true
+				} else {
+					runs = append(runs, run...)
 				}
 			}
 		}
 		for rs.Next() {
 			var k, id string
 			var st, busy int
-			if err := rs.Scan(&k, &id, &st, &busy); err != nil {
+			var ks int64
+			if err := rs.Scan(&k, &id, &st, &ks, &busy); err != nil {
 				rs.Close()
 				return err
 			}
 			if k != last {
 				flush()
-				last, head, other, held = k, "", false, false
+				last, head, other, held, run, open = k, "", false, false, nil, false
 			}
 			switch {
 			case head == "" && (st == 0 || st == 2):
-				head = id
+				head, seq, open = id, ks, req.Run > 0
 				held = held || busy == 2 // not due
 			case st != 0 && st != 2:
 				other = true // dead, or split with deliveries owed
+				open = false
+			case open && busy == 0 && ks == seq+1 && len(run) < req.Run:
+				run = append(run, id)
+				seq = ks
+			default:
+				open = false
 			}
 			held = held || busy == 1 // an event of the key in flight
 		}
@@ -1000,19 +1021,26 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 	if s.d.name == "mysql" {
 		byPK = ` FORCE INDEX (PRIMARY)`
 	}
-	q := s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o` + byPK + ` WHERE o.id IN ` + in(len(heads)) + `
+	q := s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o` + byPK + ` WHERE o.id IN ` + in(len(heads)+len(runs)) + `
   AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
   AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
   AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 0 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
     AND q.id <> o.id AND q.locked_until > ` + s.d.now + `)
   AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 2 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
     AND q.id <> o.id AND q.locked_until > ` + s.d.now + `) LIMIT ?` + s.d.lock)
-	args := append(stringArgs(heads), len(heads))
+	args := append(stringArgs(slices.Concat(heads, runs)), len(heads)+len(runs))
+	isHead := make(map[string]bool, len(heads))
+	for _, id := range heads {
+		isHead[id] = true
+	}
 	var out []driver.Row
 	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
 		var err error
 		if out, _, err = selectRows(ctx, tx, nil, false, q, args...); err != nil || len(out) == 0 {
 			return err
+		}
+		if len(runs) > 0 {
+			out = runsOf(out, isHead)
 		}
 		var owing []string
 		for i := range out {
@@ -1047,6 +1075,30 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
 	}
 	return out, nil
+}
+
+// runsOf orders rows, heads and the runs read behind them (ClaimHeads),
+// by key and number, and keeps of each key its head and the events that
+// follow it without a gap: an event whose predecessor the lease's read
+// did not take (locked, no longer due) stays in the table.
+func runsOf(rows []driver.Row, isHead map[string]bool) []driver.Row {
+	slices.SortFunc(rows, func(a, b driver.Row) int {
+		return cmp.Or(strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
+	})
+	out := rows[:0]
+	key, seq := "", int64(0) // the last row kept: its key and number
+	for _, r := range rows {
+		switch {
+		case isHead[r.ID]:
+			key, seq = r.OrderingKey, r.KeySeq
+		case r.OrderingKey == key && r.KeySeq == seq+1:
+			seq = r.KeySeq
+		default:
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // behind returns, for each of the events ids, the ordered subscriptions

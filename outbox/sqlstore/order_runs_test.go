@@ -1,0 +1,225 @@
+package sqlstore_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+// ClaimHeads with a Run leases, behind each key's head, the events that
+// follow it one after another, in the key's order, and stops at the first
+// that is not free to go (leased, not due) or at the run's length. A key with anything dead pending for a
+// blocking subscription gets its head only; Run 0 is the head only.
+func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			f := driver.OrderFilter{Block: []string{"ord"}}
+			insert := func(key string) string {
+				t.Helper()
+				tx, err := db.BeginTxx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
+				if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				return r.ID
+			}
+			claim := func(run int, keys ...string) []string {
+				t.Helper()
+				rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute, Run: run}, keys, f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for i, r := range rows {
+					if i > 0 && r.OrderingKey == rows[i-1].OrderingKey && r.KeySeq != rows[i-1].KeySeq+1 {
+						t.Errorf("ClaimHeads: %s numbered %d after %d: a gap in a run", r.ID, r.KeySeq, rows[i-1].KeySeq)
+					}
+					ids = append(ids, r.ID)
+				}
+				return ids
+			}
+			want := func(what string, got []string, want ...string) {
+				t.Helper()
+				if !slices.Equal(got, want) {
+					t.Errorf("%s = %v; want %v", what, got, want)
+				}
+			}
+			var a []string
+			for range 6 {
+				a = append(a, insert("a"))
+			}
+			want("ClaimHeads(a), run 3", claim(3, "a"), a[:4]...)
+			want("ClaimHeads(a) while a's run is leased", claim(3, "a"))
+			// The run's events go back (a shutdown): the key's first is
+			// its head again, and the whole key comes as one run.
+			if err := st.Release(ctx, "b", a[:4], 0); err != nil {
+				t.Fatal(err)
+			}
+			want("ClaimHeads(a), run 10", claim(10, "a"), a...)
+
+			// The head done: the next one heads the rest.
+			b := []string{insert("b"), insert("b"), insert("b")}
+			want("ClaimHeads(b), run 0", claim(0, "b"), b[0])
+			done(t, st, b[0])
+			want("ClaimHeads(b) once its first is done, run 1", claim(1, "b"), b[1:]...)
+
+			// Run 0: the head only.
+			c1 := insert("c")
+			insert("c")
+			want("ClaimHeads(c), run 0", claim(0, "c"), c1)
+
+			// An event that failed and is due later ends the run: the
+			// events behind it wait for it.
+			d1 := insert("d")
+			insert("d")
+			want("ClaimHeads(d), run 0", claim(0, "d"), d1)
+			if ok, err := st.MarkRetry(ctx, "b", d1, time.Hour, "later"); err != nil || !ok {
+				t.Fatalf("MarkRetry = %v, %v", ok, err)
+			}
+			want("ClaimHeads(d) with its head due in an hour", claim(10, "d"))
+
+			// Something dead pending for a blocking subscription: no run,
+			// whatever its place in the key.
+			e1 := insert("e")
+			want("ClaimHeads(e), run 0", claim(0, "e"), e1)
+			if ok, err := st.MarkDead(ctx, "b", e1, "poison"); err != nil || !ok {
+				t.Fatalf("MarkDead = %v, %v", ok, err)
+			}
+			e2, _ := insert("e"), insert("e")
+			want("ClaimHeads(e) behind a dead event", claim(10, "e"), e2)
+		})
+	}
+}
+
+// done marks ids, leased to "b", DONE.
+func done(t *testing.T, st *sqlstore.Store, ids ...string) {
+	t.Helper()
+	if n, err := st.MarkDone(context.Background(), "b", ids); err != nil || n != len(ids) {
+		t.Fatalf("MarkDone = %d, %v; want %d", n, err, len(ids))
+	}
+}
+
+// MarkDoneKeys reports a key as having later events waiting when the
+// last of its events in the batch says nothing of its next one, even if
+// an earlier event of the batch was handed on to it (KeyDone.Next): on
+// PostgreSQL, where an instance numbers a key's events past the key's row
+// (Row.KeyLast), only a look for the next number finds it, and a key not
+// reported waits for the poll's sweep (seconds, at the idle back-off).
+func TestMarkDoneKeysLooksPastAnEventHandedOn(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			f := driver.OrderFilter{Block: []string{"ord"}}
+			var rows []driver.Row
+			for i := range 3 {
+				tx, err := db.BeginTxx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "k"}
+				if i > 0 {
+					r.KeyLast = rows[i-1].KeySeq // numbered past the key's row where the store can
+				}
+				if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				rows = append(rows, r)
+			}
+			got, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 1, Lease: time.Minute, Run: 1}, []string{"k"}, f)
+			if err != nil || len(got) != 2 {
+				t.Fatalf("ClaimHeads = %d rows, %v; want the first two events", len(got), err)
+			}
+			// The first handed on to the second, delivered here too; the
+			// third waits in the table.
+			evs := []driver.KeyDone{
+				{EventID: rows[0].ID, Key: "k", Seq: rows[0].KeySeq, Done: true, Next: true},
+				{EventID: rows[1].ID, Key: "k", Seq: rows[1].KeySeq, Done: true},
+			}
+			n, later, err := st.MarkDoneKeys(ctx, "b", []string{rows[0].ID, rows[1].ID}, evs)
+			if err != nil || n != 2 {
+				t.Fatalf("MarkDoneKeys = %d, %v; want 2", n, err)
+			}
+			if !slices.Contains(later, "k") {
+				t.Errorf("MarkDoneKeys reported later %v; want key k, whose third event waits", later)
+			}
+		})
+	}
+}
+
+// takeCount counts the sequencer's claims of heads that leased events.
+type takeCount struct {
+	outbox.NopMetrics
+	took atomic.Int64
+}
+
+func (m *takeCount) Statement(name string, rows int, _ time.Duration) {
+	if name == "claim_heads" && rows > 0 {
+		m.took.Add(1)
+	}
+}
+
+// A backlog of an ordered subscription (paused while 6 keys got 50
+// events each; a destination's outage is the same) drains in runs: each
+// key's events are claimed behind its head, a run at a time, and go out
+// in the key's order one after another from memory, not one claim per
+// event (which drained ~10 events per key and second on MariaDB).
+func TestOrderedBacklogDrainsInRuns(t *testing.T) {
+	const keys, per = 6, 50
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			log := newKeyLog(t, keys*per)
+			m := &takeCount{}
+			ob := startOrdered(t, st, outbox.Config{Metrics: m}, outbox.Subscription{Name: "o", Order: outbox.Ordered, Handler: log.handle})
+			if err := ob.Pause(ctx, "o"); err != nil {
+				t.Fatal(err)
+			}
+			published := make([][]string, keys)
+			var wg sync.WaitGroup
+			for k := range keys {
+				wg.Go(func() {
+					for range per {
+						published[k] = append(published[k], publishInTx(t, ob, st, outbox.Envelope{Type: "T", AggregateType: "Acct", AggregateID: strconv.Itoa(k), JSON: []byte(`{}`)}))
+					}
+				})
+			}
+			wg.Wait()
+			before := m.took.Load()
+			if err := ob.Resume(ctx, "o"); err != nil {
+				t.Fatal(err)
+			}
+			log.wait(t, time.Minute)
+			for k := range keys {
+				log.wantKey(t, "Acct:"+strconv.Itoa(k), published[k])
+			}
+			if n := m.took.Load() - before; n >= per/2 {
+				t.Errorf("the backlog took %d claims of heads that leased events; want a few runs, far below %d (one per event of a key)", n, per)
+			}
+		})
+	}
+}
