@@ -284,10 +284,12 @@ func (d *dispatcher) finish(it *item) {
 		} else {
 			// Delivered to every subscription here that takes it, but
 			// some subscription still owes an earlier event of the key:
-			// the events behind it go back to the table, where the claim
-			// says who is behind for them.
+			// the next event goes on only if it is known to owe it too
+			// (a run claimed behind it); else the events behind it go
+			// back to the table, where the claim says who is behind for
+			// them.
 			ctx, cancel := d.storeCtx()
-			d.chainFailed(ctx, it)
+			it.handedOn = d.chainDeliveredBehind(ctx, it)
 			cancel()
 		}
 		if it.sub != nil && it.results[0].recorded {
@@ -304,6 +306,35 @@ func (d *dispatcher) finish(it *item) {
 		d.m.Dispatched(it.env.Type, it.path, outcome, took)
 	}
 	d.recordFailures(it)
+}
+
+// canDeliver reports whether one of the subscriptions named is here, not
+// paused, with its circuit closed.
+func (d *dispatcher) canDeliver(names []string) bool {
+	reg := d.reg.load()
+	for _, n := range names {
+		if s := reg.byName[n]; s != nil && !reg.paused[n] && s.circuit.state() == CircuitClosed {
+			return true
+		}
+	}
+	return false
+}
+
+// onlyBehind reports whether every subscription of it that did not
+// deliver it was deferred for owing an earlier event of its key (one of
+// it.behind), which is all that a run claimed behind it expects.
+func onlyBehind(it *item) bool {
+	some := false
+	for _, r := range it.results {
+		switch {
+		case r.kind == resDone:
+		case r.kind == resDefer && r.behind:
+			some = true
+		default:
+			return false
+		}
+	}
+	return some
 }
 
 // recordFailures writes the state of the subscriptions that did not
@@ -358,7 +389,24 @@ func (d *dispatcher) recordFailures(it *item) {
 	}
 	held, err := write(writes)
 	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
-	defer d.chainFailed(ctx, it)
+	defer func() {
+		if onlyBehind(it) {
+			// Delivered to every subscription here but those behind
+			// on its key: the next event goes on if it owes them too.
+			it.handedOn = d.chainDeliveredBehind(ctx, it)
+			if !it.handedOn && held && err == nil && d.canDeliver(it.behind) {
+				// Those behind may have caught up since the claim said
+				// so (their last delivery of the key finished, its poll
+				// found nothing yet): the delivery just recorded for them
+				// is claimed by a poll now, not after the idle back-off.
+				// Once per chain, and not for a subscription that cannot
+				// take it now (paused, circuit open).
+				d.poller.wake()
+			}
+			return
+		}
+		d.chainFailed(ctx, it)
+	}()
 	if err != nil && ctx.Err() == nil {
 		// The database refused the outcome itself (the text, a column, a
 		// trigger): record it with a text it cannot refuse, so that

@@ -212,14 +212,14 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 	if !d.inflight.acquire(it.key()) {
 		return offerInHand
 	}
-	if it.sub == nil && it.env.ordered {
+	if chained(it) {
 		d.keys.claimed(it) // before a worker can finish it
 	}
 	select {
 	case d.cold <- it:
 		return offerQueued
 	default:
-		if it.sub == nil && it.env.ordered {
+		if chained(it) {
 			// Events published since claimed may wait behind it.
 			if back := d.keys.failed(it); len(back) > 0 {
 				d.giveBack(it.env.OrderingKey, back...)
@@ -249,9 +249,11 @@ func (d *dispatcher) offerFollower(it *item) offerResult {
 		d.inflight.release(it.key())
 		return offerFull
 	}
-	// An event of the key published here meanwhile is leased here
-	// behind it (Row.KeyAfter) and joins the chain.
-	d.keys.leased(it.env.OrderingKey, it.env.seq)
+	if it.sub == nil {
+		// An event of the key published here meanwhile is leased here
+		// behind it (Row.KeyAfter) and joins the chain.
+		d.keys.leased(it.env.OrderingKey, it.env.seq)
+	}
 	return offerQueued
 }
 
@@ -277,10 +279,15 @@ func (d *dispatcher) handBack() {
 			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
 		}
 	}
-	// Events committed behind others of their keys, never queued.
+	// Events committed (or claimed) behind others of their keys, never
+	// queued.
 	for _, it := range d.keys.drain() {
 		items = append(items, it)
-		ids = append(ids, it.env.ID)
+		if it.sub == nil {
+			ids = append(ids, it.env.ID)
+		} else {
+			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+		}
 	}
 	if len(items) == 0 {
 		return

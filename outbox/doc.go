@@ -135,9 +135,11 @@
 //     the instance that finishes the event before it (or by a poll). A
 //     claim of a key's head from the table leases with it the events that
 //     follow it, whole and free to go, up to about [Config.ColdQueueSize]
-//     over the keys claimed together: they wait in memory behind it the
+//     over the heads claimed together: they wait in memory behind it the
 //     same way, so a key's backlog (after a retry, a pause, an outage)
-//     costs a claim per run, not one per event.
+//     costs a claim per run, not one per event. So do an ordered
+//     subscription's deliveries of a key's events that the other
+//     subscriptions took while it was behind.
 //   - Head-of-line per key and subscription. A failed event holds back
 //     the later events of its key for the subscription it failed for, and
 //     nothing else: other keys flow, and the key's later events reach the

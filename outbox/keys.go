@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,6 +72,23 @@ type keySeen struct {
 // an ordered event before deleting it (sqlstore: 10 minutes): a number
 // above it whose row was deleted could be taken a second time.
 const keyLastFor = 5 * time.Second
+
+// chainKey names the chain of it: its key for an event delivered to
+// every subscription here, its key and subscription for one delivery (a
+// split event's, to an ordered subscription, claimed one subscription at a
+// time: such deliveries of a key follow one another per subscription).
+func chainKey(it *item) string {
+	if it.sub == nil {
+		return it.env.OrderingKey
+	}
+	return it.env.OrderingKey + "\x00" + it.sub.Name
+}
+
+// chained reports whether it goes through a chain: an ordered event with
+// its number, as a whole or delivered to an ordered subscription.
+func chained(it *item) bool {
+	return it.env.ordered && it.env.seq > 0 && (it.sub == nil || it.sub.Order != Unordered)
+}
 
 // keyChain is a key's events in this instance's hands.
 type keyChain struct {
@@ -194,7 +212,7 @@ const (
 // whose transaction has committed; head says the store reported every
 // earlier event of its key delivered.
 func (t *keyTable) committed(it *item, head bool) commitAction {
-	key, seq := it.env.OrderingKey, it.env.seq
+	key, seq := chainKey(it), it.env.seq
 	if seq <= 0 {
 		// Its number is not known here (the store leases only heads
 		// then): it goes on its own, outside any chain.
@@ -223,7 +241,7 @@ func (t *keyTable) committed(it *item, head bool) commitAction {
 // claimed starts the chain of the key of it, an ordered event claimed
 // here, unless the key has one.
 func (t *keyTable) claimed(it *item) {
-	key, seq := it.env.OrderingKey, it.env.seq
+	key, seq := chainKey(it), it.env.seq
 	if seq <= 0 {
 		return
 	}
@@ -239,7 +257,7 @@ func (t *keyTable) claimed(it *item) {
 // subscription here, and returns the next event of its chain, now
 // running, if any.
 func (t *keyTable) delivered(it *item) *item {
-	key, seq := it.env.OrderingKey, it.env.seq
+	key, seq := chainKey(it), it.env.seq
 	if seq <= 0 {
 		return nil
 	}
@@ -259,6 +277,45 @@ func (t *keyTable) delivered(it *item) *item {
 	c.waiting = c.waiting[1:]
 	c.running = next.env.seq
 	return next
+}
+
+// deliveredBehind is delivered for it, an ordered event delivered to every
+// subscription here but those it.behind names, which owe an earlier event
+// of its key (they get it later, claimed one subscription at a time): the
+// next event of its chain goes on only if it owes those too (one claimed
+// in a run behind it, with Row.Behind); else the chain ends, and its
+// events are returned to be given back. The key is not recorded as
+// delivered here: it was not, to those.
+func (t *keyTable) deliveredBehind(it *item) (next *item, back []*item) {
+	key, seq := chainKey(it), it.env.seq
+	if seq <= 0 {
+		return nil, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.chains[key]
+	if c == nil || c.running != seq {
+		return nil, nil
+	}
+	if len(c.waiting) == 0 || !covers(c.waiting[0].behind, it.behind) {
+		delete(t.chains, key)
+		return nil, c.waiting
+	}
+	next = c.waiting[0]
+	c.waiting[0] = nil
+	c.waiting = c.waiting[1:]
+	c.running = next.env.seq
+	return next, nil
+}
+
+// covers reports whether every name of b is in a.
+func covers(a, b []string) bool {
+	for _, n := range b {
+		if !slices.Contains(a, n) {
+			return false
+		}
+	}
+	return true
 }
 
 // holdsAfter reports whether an event of key numbered after seq is in this
@@ -300,7 +357,7 @@ func (t *keyTable) lastCommitted(key string, seq int64) bool {
 // failure, a shutdown, no subscription), and returns the events that
 // waited behind it: they must be given back.
 func (t *keyTable) failed(it *item) []*item {
-	key, seq := it.env.OrderingKey, it.env.seq
+	key, seq := chainKey(it), it.env.seq
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.chains[key]
@@ -346,10 +403,25 @@ func (d *dispatcher) enqueueOrdered(env Envelope, head bool, written time.Time) 
 
 // giveBack takes events of key out of this instance's hands: the poller
 // releases their leases, and the sequencer looks for the key's head.
+// Deliveries (a run of one subscription's) are released here, and the
+// poll, which claims them, is woken.
 func (d *dispatcher) giveBack(key string, its ...*item) {
+	var keys []driver.DeliveryKey
 	for _, it := range its {
-		d.inflight.release(it.env.ID)
-		d.dropToPoller(it.env.ID)
+		d.inflight.release(it.key())
+		if it.sub == nil {
+			d.dropToPoller(it.env.ID)
+		} else {
+			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+		}
+	}
+	if len(keys) > 0 {
+		ctx, cancel := d.storeCtx()
+		d.leases.releaseDeliveries(ctx, keys, 0, "give back deliveries that waited behind another of their key")
+		cancel()
+		if d.poller != nil {
+			d.poller.wake()
+		}
 	}
 	d.seq.name(key)
 }
@@ -385,7 +457,7 @@ func (d *dispatcher) dropToPoller(id string) {
 // here, to the next event of its chain, and reports whether there was
 // one.
 func (d *dispatcher) chainDelivered(it *item) bool {
-	if it.sub != nil || !it.env.ordered {
+	if !chained(it) {
 		return false
 	}
 	next := d.keys.delivered(it)
@@ -396,23 +468,54 @@ func (d *dispatcher) chainDelivered(it *item) bool {
 	return true
 }
 
+// chainDeliveredBehind is chainDelivered for it, delivered to every
+// subscription here but those behind (it.behind): the next event of its
+// chain goes on if it owes those too, else those behind it are given back.
+func (d *dispatcher) chainDeliveredBehind(ctx context.Context, it *item) bool {
+	if !chained(it) {
+		return false
+	}
+	next, back := d.keys.deliveredBehind(it)
+	if next != nil {
+		d.pushChained(next)
+		return true
+	}
+	if len(back) > 0 {
+		d.giveBackNow(ctx, it.env.OrderingKey, back)
+	}
+	return false
+}
+
 // chainFailed gives back the events that waited behind it, an ordered
 // event that was not delivered here.
 func (d *dispatcher) chainFailed(ctx context.Context, it *item) {
-	if it.sub != nil || !it.env.ordered {
+	if !chained(it) {
 		return
 	}
-	back := d.keys.failed(it)
-	if len(back) == 0 {
-		return
+	if back := d.keys.failed(it); len(back) > 0 {
+		d.giveBackNow(ctx, it.env.OrderingKey, back)
 	}
-	ids := make([]string, len(back))
-	for i, w := range back {
-		ids[i] = w.env.ID
+}
+
+// giveBackNow releases the leases of back, events of key that waited in
+// a chain, and has key's next head looked for.
+func (d *dispatcher) giveBackNow(ctx context.Context, key string, back []*item) {
+	var ids []string
+	var keys []driver.DeliveryKey
+	for _, w := range back {
+		if w.sub == nil {
+			ids = append(ids, w.env.ID)
+		} else {
+			keys = append(keys, driver.DeliveryKey{EventID: w.env.ID, Subscription: w.sub.Name})
+		}
 	}
 	d.leases.releaseLeases(ctx, ids, "give back events that waited behind a failed one of their key")
-	for _, id := range ids {
-		d.inflight.release(id)
+	d.leases.releaseDeliveries(ctx, keys, 0, "give back deliveries that waited behind a failed one of their key")
+	for _, w := range back {
+		d.inflight.release(w.key())
 	}
-	d.seq.name(it.env.OrderingKey)
+	if len(keys) > 0 && d.poller != nil {
+		d.poller.wake()
+	}
+	d.seq.name(key)
 }

@@ -181,6 +181,9 @@ const maxNamedKeys = 4096
 type named struct {
 	key string
 	ev  driver.KeyDone // EventID "": none
+	// held: the key's next event is in this instance's hands (handed on
+	// in memory): ev is to be recorded, the key not claimed.
+	held bool
 }
 
 func newSequencer(d *deps) *sequencer {
@@ -211,8 +214,8 @@ func (s *sequencer) next(it *item) {
 	if !it.env.ordered {
 		return
 	}
-	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}})
-	if it.sub != nil && it.sub.Order != Unordered && s.disp.poller != nil {
+	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}, held: it.handedOn && it.sub == nil})
+	if it.sub != nil && it.sub.Order != Unordered && s.disp.poller != nil && !it.handedOn {
 		// The subscription's delivery of the key's next event may have
 		// waited for this one (ClaimDeliveries): poll now, not after the
 		// idle back-off.
@@ -226,7 +229,9 @@ func (s *sequencer) run(ctx context.Context) {
 	batch := make(map[string]struct{})
 	var done []driver.KeyDone
 	add := func(n named) {
-		batch[n.key] = struct{}{}
+		if !n.held {
+			batch[n.key] = struct{}{}
+		}
 		if n.ev.EventID != "" {
 			done = append(done, n.ev)
 		}
@@ -288,7 +293,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 	ctx, cancel := s.storeCtx()
 	defer cancel()
 	start := time.Now()
-	req := driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease, Run: claimRun(s.cfg.ColdQueueSize, len(keys))}
+	req := driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease, Run: s.cfg.ColdQueueSize}
 	rows, err := s.ostore.ClaimHeads(ctx, req, keys, reg.orderFilter())
 	s.m.Statement("claim_heads", len(rows), time.Since(start))
 	if err != nil {
@@ -308,16 +313,6 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		s.queuedAt.Store(time.Now().UnixNano())
 	}
 	return queued
-}
-
-// claimRun is how many events of each of n keys a claim of their heads
-// leases behind the head (driver.ClaimRequest.Run): the claim holds at
-// most about a cold queue's worth of events in all, and a key's backlog
-// (events that waited behind a failed one, a destination's outage) goes
-// out in runs of that many, one after another in memory, instead of one
-// event per claim.
-func claimRun(coldQueue, n int) int {
-	return max(0, coldQueue/max(1, n)-1)
 }
 
 // followers sorts rows, the heads and runs of a claim, by key and number,

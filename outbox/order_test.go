@@ -1101,3 +1101,70 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// deliveryClaims counts the poll's claims of deliveries that leased some.
+type deliveryClaims struct {
+	outbox.NopMetrics
+	took atomic.Int64
+}
+
+func (m *deliveryClaims) Statement(name string, rows int, took time.Duration) {
+	if name == "claim_deliveries" && rows > 0 {
+		m.took.Add(1)
+	}
+}
+
+// When one ordered subscription of several is behind on a key, its
+// deliveries of the key's later events (the other subscriptions took
+// those at once) go out in runs too: claimed behind the delivery it
+// failed, in one claim, one after another from memory; not one poll per
+// event.
+func TestOrderedDeliveriesBacklogGoesOutInRuns(t *testing.T) {
+	for _, failInRun := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failInRun=%v", failInRun), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := outboxtest.NewStore()
+				l := newOrderLog(t)
+				l.fail = func(ev outbox.Event, attempt int) error {
+					if attempt == 1 && (string(ev.JSON) == `{"i":1}` || (failInRun && string(ev.JSON) == `{"i":15}`)) {
+						return errors.New("first attempt fails")
+					}
+					return nil
+				}
+				var others atomic.Int64
+				m := &deliveryClaims{}
+				ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Second, PollMaxInterval: 2 * time.Second, Metrics: m},
+					outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle,
+						Retry: outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })},
+					outbox.Subscription{Name: "other", Handler: func(context.Context, outbox.Event) error { others.Add(1); return nil }})
+				ids := []string{publishKey(t, ob, st, "A", 1)}
+				settle(20 * time.Millisecond) // A1 failed for proj: due again in 10 s
+				for i := 2; i <= 30; i++ {
+					ids = append(ids, publishKey(t, ob, st, "A", i))
+				}
+				settle(time.Second)
+				if n := others.Load(); n != 30 {
+					t.Fatalf("other received %d events; want all 30 at once", n)
+				}
+				wantOrder(t, "key A for proj before A1's retry", l.delivered("Order:A"))
+				before := m.took.Load()
+				settle(12 * time.Second)
+				if failInRun {
+					// A15 failed inside the run: those behind it went back,
+					// and follow it after its retry.
+					wantOrder(t, "key A for proj before A15's retry", l.delivered("Order:A"), ids[:14]...)
+					settle(12 * time.Second)
+				}
+				wantOrder(t, "key A for proj", l.delivered("Order:A"), ids...)
+				for _, id := range ids {
+					if want := 1 + btoi(id == ids[0] || (failInRun && id == ids[14])); l.calls(id) != want {
+						t.Errorf("event %s handled %d times by proj; want %d", id, l.calls(id), want)
+					}
+				}
+				if n, want := m.took.Load()-before, int64(1+2*btoi(failInRun)); n > want {
+					t.Errorf("proj's 30 deliveries of key A took %d claims; want at most %d: them in runs", n, want)
+				}
+			})
+		})
+	}
+}

@@ -1,11 +1,14 @@
 package outbox
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -284,6 +287,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 				Limit:      limit,
 				Lease:      p.cfg.Lease,
 				SkipRecent: -1,
+				Run:        p.cfg.ColdQueueSize,
 			}, names, reg.orderFilter())
 			p.m.Statement("claim_deliveries", len(got), time.Since(start))
 			if err != nil {
@@ -295,6 +299,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		for _, name := range probing {
 			claim(min(1, room-len(ds)), []string{name})
 		}
+		follows := deliveryRuns(ds, reg)
 		for i := range ds {
 			d := &ds[i]
 			key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
@@ -309,7 +314,12 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 				unqueuedDeliveries = append(unqueuedDeliveries, key)
 				continue
 			}
-			switch p.disp.offerCold(&item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}) {
+			it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}
+			offer := p.disp.offerCold
+			if follows[i] && chained(it) {
+				offer = p.disp.offerFollower
+			}
+			switch offer(it) {
 			case offerQueued:
 				queued++
 			case offerFull:
@@ -334,6 +344,25 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		p.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
 	}
 	return queued, limit, nil
+}
+
+// deliveryRuns sorts ds, claimed deliveries, so that those of one key to
+// one ordered subscription (a head and the run behind it,
+// driver.ClaimRequest.Run) come together in number order, and reports
+// which follow the delivery before them.
+func deliveryRuns(ds []driver.Delivery, reg *registry) []bool {
+	ordered := func(d *driver.Delivery) bool {
+		s := reg.byName[d.Subscription]
+		return d.KeySeq > 0 && s != nil && s.Order != Unordered
+	}
+	slices.SortStableFunc(ds, func(a, b driver.Delivery) int {
+		return cmp.Or(strings.Compare(a.Subscription, b.Subscription), strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
+	})
+	follows := make([]bool, len(ds))
+	for i := 1; i < len(ds); i++ {
+		follows[i] = ordered(&ds[i]) && ds[i].Subscription == ds[i-1].Subscription && ds[i].OrderingKey == ds[i-1].OrderingKey
+	}
+	return follows
 }
 
 // offerRows offers claimed events to the cold queue: it buries those that

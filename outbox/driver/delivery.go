@@ -100,6 +100,14 @@ type DeliveryStore interface {
 	// that subscription (OrderFilter), and while no other event of the key
 	// is in flight to it (leased as a whole, or its delivery to the
 	// subscription leased): one at a time, in order.
+	//
+	// With req.Run > 0 it may also lease, behind such a delivery (a head),
+	// the deliveries to the same subscription of the events that follow
+	// its event in the key, numbered one after another, each split with
+	// that delivery NEW or RETRY, due and free (req.Run over the heads: a
+	// run that the caller delivers in order, each once the one before it
+	// succeeded). A run never has a gap and stops at the first event of
+	// the key that is anything else.
 	ClaimDeliveries(ctx context.Context, req ClaimRequest, subs []string, f OrderFilter) ([]Delivery, error)
 
 	// CompleteDeliveries marks the deliveries owner holds among keys DONE,

@@ -137,9 +137,10 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// SkipRecent keeps Claim off rows written less than this long ago.
 	SkipRecent time.Duration
-	// Run is, for OrderedStore.ClaimHeads, how many of a key's events it
-	// may lease behind the key's head (0: the head only). Limit bounds
-	// the heads; the runs come on top.
+	// Run is, for OrderedStore.ClaimHeads and DeliveryStore's
+	// ClaimDeliveries, how many events in all the claim may lease behind
+	// the heads it leases, shared evenly among them (0: the heads only; see
+	// ClaimHeads). Limit bounds the heads; the runs come on top.
 	Run int
 }
 

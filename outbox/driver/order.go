@@ -144,14 +144,16 @@ type OrderedStore interface {
 	// store that cannot tell must not lease the row. A head that is not
 	// f.IsWanted is not leased.
 	//
-	// With req.Run > 0 it may also lease, behind a head with no Behind,
-	// up to req.Run of the events that follow it in its key, numbered
-	// one after another (KeySeq head+1, head+2, …), each NEW or RETRY as a
-	// whole, due and free, as long as nothing of the key is dead or split:
-	// a run that the caller delivers in order, each once the one before
-	// it succeeded here, with no claim between them. Rows come back
-	// grouped by key, each key's in KeySeq order, its head first; a run
-	// never has a gap.
+	// With req.Run > 0 it may also lease, behind a head, some of the
+	// events that follow it in its key (req.Run over the keys asked for:
+	// req.Run/len(keys) a key, len(keys) at most req.Limit), numbered one
+	// after another (KeySeq head+1, head+2, …), each NEW or RETRY as a
+	// whole, due, free and wanted: a run that the caller delivers in order,
+	// each once the one before it succeeded (or, for the subscriptions of
+	// Behind, was deferred), with no claim between them. Each event of a
+	// run has its head's Behind: those subscriptions owe it the head too.
+	// Rows come back grouped by key, each key's in KeySeq order, its head
+	// first; a run never has a gap.
 	ClaimHeads(ctx context.Context, req ClaimRequest, keys []string, f OrderFilter) ([]Row, error)
 
 	// DueKeys returns up to limit ordering keys greater than after, in

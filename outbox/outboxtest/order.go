@@ -244,9 +244,7 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		}
 		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
 		out = append(out, r)
-		if len(r.Behind) == 0 {
-			out = s.leaseRun(out, byKey[k], h, req, f, now)
-		}
+		out = s.leaseRun(out, byKey[k], h, req.Owner, req.Lease, req.Run/len(keys), r.Behind, f, now)
 	}
 	if len(out) > 0 {
 		s.touch()
@@ -254,12 +252,11 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	return out, nil
 }
 
-// leaseRun leases to req.Owner up to req.Run events of es that follow h
-// without a gap, NEW or RETRY, due and free, if nothing of the key is
-// pending otherwise under f (dead, split), and appends them to out. The
-// caller holds s.mu.
-func (s *Store) leaseRun(out []driver.Row, es []*memEvent, h *memEvent, req driver.ClaimRequest, f driver.OrderFilter, now time.Time) []driver.Row {
-	if req.Run <= 0 || slices.ContainsFunc(es, func(e *memEvent) bool { return !undone(e.row.Status) && s.pendingUnder(e, f) }) {
+// leaseRun leases to owner up to run events of es that follow h without a
+// gap, NEW or RETRY as a whole, due, free and wanted under f with h's
+// behind, which they get, and appends them to out. The caller holds s.mu.
+func (s *Store) leaseRun(out []driver.Row, es []*memEvent, h *memEvent, owner string, lease time.Duration, run int, behind []string, f driver.OrderFilter, now time.Time) []driver.Row {
+	if run <= 0 {
 		return out
 	}
 	seq, n := h.row.KeySeq, 0
@@ -267,14 +264,15 @@ func (s *Store) leaseRun(out []driver.Row, es []*memEvent, h *memEvent, req driv
 		if e.row.KeySeq <= seq {
 			continue
 		}
-		if n == req.Run || e.row.KeySeq != seq+1 || !undone(e.row.Status) || e.availableAt.After(now) || !free(e.lockedUntil, now) {
+		if n == run || e.row.KeySeq != seq+1 || !undone(e.row.Status) || e.availableAt.After(now) || !free(e.lockedUntil, now) || !f.IsWanted(e.row.Type, behind) {
 			break
 		}
 		r := cloneRow(&e.row)
-		if e.owner != req.Owner {
+		r.Behind = slices.Clone(behind)
+		if e.owner != owner {
 			r.PrevOwner = e.owner
 		}
-		e.owner, e.lockedUntil = req.Owner, now.Add(req.Lease)
+		e.owner, e.lockedUntil = owner, now.Add(lease)
 		out = append(out, r)
 		seq, n = e.row.KeySeq, n+1
 	}

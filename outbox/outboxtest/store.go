@@ -574,10 +574,54 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 		}
 		out = append(out, d)
 	}
+	out = s.deliveryRuns(out, req, f, byKey, now)
 	if len(picked) > 0 {
 		s.touch()
 	}
 	return out, nil
+}
+
+// deliveryRuns leases, behind each delivery of out to an ordered
+// subscription of f, the deliveries to that subscription of the events
+// that follow its event in its key without a gap, each split with that
+// delivery NEW or RETRY, due and free (req.Run shared over those heads),
+// and appends them to out. The caller holds s.mu.
+func (s *Store) deliveryRuns(out []driver.Delivery, req driver.ClaimRequest, f driver.OrderFilter, byKey map[string][]*memEvent, now time.Time) []driver.Delivery {
+	var heads []driver.Delivery
+	for _, d := range out {
+		if d.KeySeq > 0 && f.Ordered(d.Subscription) {
+			heads = append(heads, d)
+		}
+	}
+	if req.Run <= 0 || len(heads) == 0 {
+		return out
+	}
+	if byKey == nil {
+		byKey = s.keyEvents(nil)
+	}
+	per := req.Run / len(heads)
+	for _, h := range heads {
+		seq, n := h.KeySeq, 0
+		for _, e := range byKey[h.OrderingKey] {
+			if e.row.KeySeq <= h.KeySeq {
+				continue
+			}
+			d := s.deliv[e.row.ID][h.Subscription]
+			if n == per || e.row.KeySeq != seq+1 || e.row.Status != outbox.StatusSplit || d == nil || !undone(d.status) || !free(d.lockedUntil, now) || d.availableAt.After(now) {
+				break
+			}
+			prev := d.owner
+			d.owner, d.lockedUntil = req.Owner, now.Add(req.Lease)
+			r := driver.Delivery{Row: cloneRow(&e.row), Subscription: h.Subscription}
+			r.Status, r.Attempts = d.status, d.attempts
+			if prev != "" && prev != req.Owner {
+				r.PrevOwner = prev
+			}
+			out = append(out, r)
+			seq, n = e.row.KeySeq, n+1
+		}
+	}
+	return out
 }
 
 func (s *Store) heldDelivery(owner string, k driver.DeliveryKey) *memDelivery {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -333,7 +335,10 @@ ORDER BY d.available_at`
 			}
 			out = append(out, d)
 		}
-		return nil
+		var more []driver.DeliveryKey
+		out, more, err = s.deliveryRuns(ctx, tx, req, f, out)
+		keys = append(keys, more...)
+		return err
 	})
 	if err != nil {
 		if len(keys) > 0 && ctx.Err() != nil {
@@ -347,6 +352,166 @@ ORDER BY d.available_at`
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: claim deliveries: %w", err))
 	}
 	return out, nil
+}
+
+// deliveryRuns leases to req.Owner, behind each delivery of out to an
+// ordered subscription of f (a head), the deliveries to that subscription
+// of the events that follow its event in its key, numbered one after
+// another, each split with that delivery NEW or RETRY, due and free
+// (req.Run shared evenly over the heads), and appends them to out, each
+// key's in number order after its head. It returns the deliveries it
+// leased. One read of the heads' keys per subscription, then a locking
+// read and a lease of the runs' deliveries by primary key.
+func (s *Store) deliveryRuns(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, f driver.OrderFilter, out []driver.Delivery) ([]driver.Delivery, []driver.DeliveryKey, error) {
+	type head struct {
+		key string
+		seq int64
+	}
+	heads := map[string][]head{} // by subscription
+	n := 0
+	for _, d := range out {
+		if d.KeySeq > 0 && f.Ordered(d.Subscription) {
+			heads[d.Subscription] = append(heads[d.Subscription], head{d.OrderingKey, d.KeySeq})
+			n++
+		}
+	}
+	if req.Run <= 0 || n == 0 || req.Run/n == 0 {
+		return out, nil, nil
+	}
+	per := int64(req.Run / n)
+	var runs [][]driver.DeliveryKey // each head's, in order
+	for _, sub := range slices.Sorted(maps.Keys(heads)) {
+		hs := heads[sub]
+		keys := make([]string, 0, len(hs))
+		lo, hi := hs[0].seq, hs[0].seq
+		for _, h := range hs {
+			keys = append(keys, h.key)
+			lo, hi = min(lo, h.seq), max(hi, h.seq)
+		}
+		// Every pending event of the keys in the runs' reach: a run stops
+		// at the first that is not split with sub's delivery free to go.
+		q := `SELECT o.ordering_key, o.key_seq, o.id, o.status, COALESCE(e.status, -1),
+  CASE WHEN e.locked_until > ` + s.d.now + ` THEN 1 WHEN e.available_at > ` + s.d.now + ` THEN 2 ELSE 0 END
+FROM ` + s.table + ` o` + s.byKey() + ` LEFT JOIN ` + s.DeliveriesTable() + ` e ON e.event_id = o.id AND e.subscription = ?
+WHERE o.status IN (0, 2, 3, 4) AND o.ordering_key IN ` + in(len(keys)) + ` AND o.key_seq > ? AND o.key_seq <= ?
+ORDER BY o.ordering_key, o.key_seq`
+		rs, err := tx.QueryContext(ctx, s.rebind(q), append(stringArgs(keys, sub), lo, hi+per)...)
+		if err != nil {
+			return out, nil, err
+		}
+		type pend struct {
+			seq int64
+			id  string
+			ok  bool // split, with sub's delivery NEW or RETRY, due and free
+		}
+		byKey := map[string][]pend{}
+		for rs.Next() {
+			var k, id string
+			var seq int64
+			var st, dst, busy int
+			if err := rs.Scan(&k, &seq, &id, &st, &dst, &busy); err != nil {
+				rs.Close()
+				return out, nil, err
+			}
+			byKey[k] = append(byKey[k], pend{seq, id, st == 4 && (dst == 0 || dst == 2) && busy == 0})
+		}
+		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+			return out, nil, err
+		}
+		for _, h := range hs {
+			var run []driver.DeliveryKey
+			seq := h.seq
+			for _, p := range byKey[h.key] {
+				if p.seq <= h.seq {
+					continue
+				}
+				if int64(len(run)) == per || p.seq != seq+1 || !p.ok {
+					break
+				}
+				run = append(run, driver.DeliveryKey{EventID: p.id, Subscription: sub})
+				seq = p.seq
+			}
+			if len(run) > 0 {
+				runs = append(runs, run)
+			}
+		}
+	}
+	var all []driver.DeliveryKey
+	for _, r := range runs {
+		all = append(all, r...)
+	}
+	if len(all) == 0 {
+		return out, nil, nil
+	}
+	// Lock them (another instance cannot lease them meanwhile: each owes
+	// its head, leased here), then cut each run at the first not taken.
+	got := map[driver.DeliveryKey]pickedRun{}
+	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM `+s.DeliveriesTable()+` d`+s.d.byID+`
+WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.now+`
+  AND (d.locked_until IS NULL OR d.locked_until <= `+s.d.now+`)`+s.d.lock), keyArgs(all)...)
+	if err != nil {
+		return out, nil, err
+	}
+	for rs.Next() {
+		var k driver.DeliveryKey
+		var p pickedRun
+		if err := rs.Scan(&k.EventID, &k.Subscription, &p.status, &p.attempts, &p.owner); err != nil {
+			rs.Close()
+			return out, nil, err
+		}
+		got[k] = p
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return out, nil, err
+	}
+	var leased []driver.DeliveryKey
+	for _, r := range runs {
+		for _, k := range r {
+			if _, ok := got[k]; !ok {
+				break
+			}
+			leased = append(leased, k)
+		}
+	}
+	if len(leased) == 0 {
+		return out, nil, nil
+	}
+	if _, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET locked_by = ?, locked_until = `+s.d.nowPlus+` WHERE `+keysIn(len(leased))),
+		keyArgs(leased, req.Owner, req.Lease.Microseconds())...); err != nil {
+		return out, nil, err
+	}
+	ids := make([]string, len(leased))
+	for i, k := range leased {
+		ids[i] = k.EventID
+	}
+	rows, _, err := selectRows(ctx, tx, nil, false, s.rebind(`SELECT `+rowColumns+` FROM `+s.table+` WHERE id IN `+in(len(ids))+` LIMIT ?`), append(stringArgs(ids), len(ids))...)
+	if err != nil {
+		return out, leased, err
+	}
+	byID := make(map[string]*driver.Row, len(rows))
+	for i := range rows {
+		byID[rows[i].ID] = &rows[i]
+	}
+	for _, k := range leased {
+		r, ok := byID[k.EventID]
+		if !ok {
+			continue
+		}
+		p := got[k]
+		d := driver.Delivery{Row: *r, Subscription: k.Subscription}
+		d.Status, d.Attempts = outbox.Status(p.status), p.attempts
+		if p.owner.Valid && p.owner.String != req.Owner {
+			d.PrevOwner = p.owner.String
+		}
+		out = append(out, d)
+	}
+	return out, leased, nil
+}
+
+// pickedRun is a delivery of a run as its locking read found it.
+type pickedRun struct {
+	status, attempts int
+	owner            sql.NullString
 }
 
 // deliveryKeys runs q, a plain read whose first two columns are a

@@ -951,7 +951,8 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	// by the publisher of the event behind it), or whose head is not due.
 	// A claim of such keys only would open a transaction for nothing.
 	var heads, runs []string
-	behind := map[string]bool{} // heads with pending events before them
+	perKey := req.Run / len(keys) // the events a key's run may have
+	behind := map[string]bool{}   // heads with pending events before them
 	err := s.retry(ctx, func() error {
 		heads, runs = heads[:0], runs[:0]
 		clear(behind)
@@ -971,11 +972,8 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 		flush := func() {
 			if head != "" && !held {
 				heads = append(heads, head)
-				if other {
-					behind[head] = true
-				} else {
-					runs = append(runs, run...)
-				}
+				behind[head] = other
+				runs = append(runs, run...)
 			}
 		}
 		for rs.Next() {
@@ -992,12 +990,12 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 			}
 			switch {
 			case head == "" && (st == 0 || st == 2):
-				head, seq, open = id, ks, req.Run > 0
+				head, seq, open = id, ks, perKey > 0
 				held = held || busy == 2 // not due
 			case st != 0 && st != 2:
 				other = true // dead, or split with deliveries owed
 				open = false
-			case open && busy == 0 && ks == seq+1 && len(run) < req.Run:
+			case open && busy == 0 && ks == seq+1 && len(run) < perKey:
 				run = append(run, id)
 				seq = ks
 			default:
@@ -1053,15 +1051,23 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 			return err
 		}
 		// Only the heads worth it: some subscription that takes the
-		// event is not behind.
+		// event is not behind. An event of a run has its head's Behind:
+		// the subscriptions behind owe it the head too.
 		wanted := out[:0]
+		var headBehind []string
 		for _, r := range out {
-			r.Behind = subs[r.ID]
+			if isHead[r.ID] {
+				headBehind = subs[r.ID]
+			}
+			r.Behind = headBehind
 			if f.IsWanted(r.Type, r.Behind) {
 				wanted = append(wanted, r)
 			}
 		}
-		if out = wanted; len(out) == 0 {
+		if out = wanted; len(runs) > 0 {
+			out = runsOf(out, isHead) // an event not wanted ends its run
+		}
+		if len(out) == 0 {
 			return nil
 		}
 		ids := make([]string, len(out))

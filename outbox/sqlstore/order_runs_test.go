@@ -1,9 +1,12 @@
 package sqlstore_test
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,8 +20,9 @@ import (
 
 // ClaimHeads with a Run leases, behind each key's head, the events that
 // follow it one after another, in the key's order, and stops at the first
-// that is not free to go (leased, not due) or at the run's length. A key with anything dead pending for a
-// blocking subscription gets its head only; Run 0 is the head only.
+// that is not free to go (leased, not due) or at the run's length; Run 0
+// is the head only. Behind a dead event (for a blocking subscription) the
+// run's events owe it as their head does (Row.Behind).
 func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
@@ -103,8 +107,22 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 			if ok, err := st.MarkDead(ctx, "b", e1, "poison"); err != nil || !ok {
 				t.Fatalf("MarkDead = %v, %v", ok, err)
 			}
-			e2, _ := insert("e"), insert("e")
-			want("ClaimHeads(e) behind a dead event", claim(10, "e"), e2)
+			e2 := insert("e")
+			// A run behind it all the same: each of its events owes
+			// the dead one for "ord", as its head does.
+			e3 := insert("e")
+			rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute, Run: 10}, []string{"e"}, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range rows {
+				got = append(got, r.ID)
+				if !slices.Equal(r.Behind, []string{"ord"}) {
+					t.Errorf("ClaimHeads(e): %s has Behind %v; want [ord], behind the dead event", r.ID, r.Behind)
+				}
+			}
+			want("ClaimHeads(e) behind a dead event", got, e2, e3)
 		})
 	}
 }
@@ -176,7 +194,7 @@ type takeCount struct {
 }
 
 func (m *takeCount) Statement(name string, rows int, _ time.Duration) {
-	if name == "claim_heads" && rows > 0 {
+	if (name == "claim_heads" || name == "claim_deliveries") && rows > 0 {
 		m.took.Add(1)
 	}
 }
@@ -185,17 +203,42 @@ func (m *takeCount) Statement(name string, rows int, _ time.Duration) {
 // events each; a destination's outage is the same) drains in runs: each
 // key's events are claimed behind its head, a run at a time, and go out
 // in the key's order one after another from memory, not one claim per
-// event (which drained ~10 events per key and second on MariaDB).
+// event (which drained ~10 events per key and second on MariaDB). The
+// same with another subscription taking the events meanwhile: then the
+// backlog is the paused one's deliveries of split events.
 func TestOrderedBacklogDrainsInRuns(t *testing.T) {
 	const keys, per = 6, 50
 	for _, name := range testdb.Names {
-		t.Run(name, func(t *testing.T) {
+		for _, other := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/other=%v", name, other), func(t *testing.T) {
+				testBacklogDrainsInRuns(t, name, other, keys, per)
+			})
+		}
+	}
+}
+
+func testBacklogDrainsInRuns(t *testing.T, name string, other bool, keys, per int) {
+	{
+		{
 			db := testdb.Open(t, name)
 			st := testdb.Store(t, db)
 			ctx := context.Background()
 			log := newKeyLog(t, keys*per)
 			m := &takeCount{}
-			ob := startOrdered(t, st, outbox.Config{Metrics: m}, outbox.Subscription{Name: "o", Order: outbox.Ordered, Handler: log.handle})
+			subs := []outbox.Subscription{{Name: "o", Order: outbox.Ordered, Handler: log.handle}}
+			var others atomic.Int64
+			allOthers := make(chan struct{})
+			if other {
+				subs = append(subs, outbox.Subscription{Name: "u", Handler: func(context.Context, outbox.Event) error {
+					if others.Add(1) == int64(keys*per) {
+						close(allOthers)
+					}
+					return nil
+				}})
+			}
+			// No poll on its own: every step of the drain must wake what
+			// takes the next one (a missed wake-up would wait a minute).
+			ob := startOrdered(t, st, outbox.Config{Metrics: m, PollInterval: time.Minute, PollMaxInterval: time.Minute}, subs...)
 			if err := ob.Pause(ctx, "o"); err != nil {
 				t.Fatal(err)
 			}
@@ -213,13 +256,101 @@ func TestOrderedBacklogDrainsInRuns(t *testing.T) {
 			if err := ob.Resume(ctx, "o"); err != nil {
 				t.Fatal(err)
 			}
-			log.wait(t, time.Minute)
+			log.wait(t, 30*time.Second)
 			for k := range keys {
 				log.wantKey(t, "Acct:"+strconv.Itoa(k), published[k])
 			}
-			if n := m.took.Load() - before; n >= per/2 {
-				t.Errorf("the backlog took %d claims of heads that leased events; want a few runs, far below %d (one per event of a key)", n, per)
+			if n := m.took.Load() - before; n >= int64(per/2) {
+				t.Errorf("the backlog took %d claims that leased events; want a few runs, far below %d (one per event of a key)", n, per)
 			}
+			if other {
+				select {
+				case <-allOthers:
+				case <-time.After(30 * time.Second):
+					t.Errorf("u received %d events; want all %d", others.Load(), keys*per)
+				}
+			}
+		}
+	}
+}
+
+// ClaimDeliveries with a Run leases, behind a delivery to an ordered
+// subscription that is its key's turn (the head), the deliveries to that
+// subscription of the events that follow in the key, in order, and stops
+// at the first event that is not split with such a delivery free to go.
+func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			f := driver.OrderFilter{Block: []string{"o"}}
+			insert := func(key string) string {
+				t.Helper()
+				tx, err := db.BeginTxx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
+				if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				return r.ID
+			}
+			// split claims key's head as a whole and splits it: another
+			// subscription took it, o's delivery waits (NEW).
+			split := func(key, want string) {
+				t.Helper()
+				rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "a", Limit: 1, Lease: time.Minute}, []string{key}, f)
+				if err != nil || len(rows) != 1 || rows[0].ID != want {
+					t.Fatalf("ClaimHeads(%s) = %v, %v; want %s", key, rows, err, want)
+				}
+				if ok, err := st.Split(ctx, "a", want, []driver.DeliveryWrite{{Subscription: "o", Status: outbox.StatusNew}}); !ok || err != nil {
+					t.Fatalf("Split = %v, %v", ok, err)
+				}
+			}
+			claim := func(run int) []string {
+				t.Helper()
+				ds, err := st.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute, Run: run}, []string{"o"}, f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				slices.SortStableFunc(ds, func(a, b driver.Delivery) int {
+					return cmp.Or(strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
+				})
+				var ids []string
+				for _, d := range ds {
+					ids = append(ids, d.ID)
+				}
+				return ids
+			}
+			want := func(what string, got []string, want ...string) {
+				t.Helper()
+				if !slices.Equal(got, want) {
+					t.Errorf("%s = %v; want %v", what, got, want)
+				}
+			}
+			var a []string
+			for range 5 {
+				a = append(a, insert("a"))
+				split("a", a[len(a)-1])
+			}
+			// b: two split, then one whole (NEW) that o has not had.
+			b := []string{insert("b"), insert("b")}
+			split("b", b[0])
+			split("b", b[1])
+			b = append(b, insert("b"), insert("b"))
+			want("ClaimDeliveries(o), run 0", claim(0), a[0], b[0])
+			if err := st.ReleaseDeliveries(ctx, "b", []driver.DeliveryKey{{EventID: a[0], Subscription: "o"}, {EventID: b[0], Subscription: "o"}}, 0); err != nil {
+				t.Fatal(err)
+			}
+			// Run 6 over two heads: 3 behind each; b's stops at its whole
+			// event.
+			want("ClaimDeliveries(o), run 6", claim(6), a[0], a[1], a[2], a[3], b[0], b[1])
+			want("ClaimDeliveries(o) while the runs are leased", claim(6))
 		})
 	}
 }
