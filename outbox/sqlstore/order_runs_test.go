@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -32,18 +34,7 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 			f := driver.OrderFilter{Block: []string{"ord"}}
 			insert := func(key string) string {
 				t.Helper()
-				tx, err := db.BeginTxx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
-				if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
-				return r.ID
+				return insertKeyed(t, db, st, f, key, 0).ID
 			}
 			claim := func(run int, keys ...string) []string {
 				t.Helper()
@@ -60,50 +51,44 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 				}
 				return ids
 			}
-			want := func(what string, got []string, want ...string) {
-				t.Helper()
-				if !slices.Equal(got, want) {
-					t.Errorf("%s = %v; want %v", what, got, want)
-				}
-			}
 			var a []string
 			for range 6 {
 				a = append(a, insert("a"))
 			}
-			want("ClaimHeads(a), run 3", claim(3, "a"), a[:4]...)
-			want("ClaimHeads(a) while a's run is leased", claim(3, "a"))
+			wantIDs(t, "ClaimHeads(a), run 3", claim(3, "a"), a[:4]...)
+			wantIDs(t, "ClaimHeads(a) while a's run is leased", claim(3, "a"))
 			// The run's events go back (a shutdown): the key's first is
 			// its head again, and the whole key comes as one run.
 			if err := st.Release(ctx, "b", a[:4], 0); err != nil {
 				t.Fatal(err)
 			}
-			want("ClaimHeads(a), run 10", claim(10, "a"), a...)
+			wantIDs(t, "ClaimHeads(a), run 10", claim(10, "a"), a...)
 
 			// The head done: the next one heads the rest.
 			b := []string{insert("b"), insert("b"), insert("b")}
-			want("ClaimHeads(b), run 0", claim(0, "b"), b[0])
+			wantIDs(t, "ClaimHeads(b), run 0", claim(0, "b"), b[0])
 			done(t, st, b[0])
-			want("ClaimHeads(b) once its first is done, run 1", claim(1, "b"), b[1:]...)
+			wantIDs(t, "ClaimHeads(b) once its first is done, run 1", claim(1, "b"), b[1:]...)
 
 			// Run 0: the head only.
 			c1 := insert("c")
 			insert("c")
-			want("ClaimHeads(c), run 0", claim(0, "c"), c1)
+			wantIDs(t, "ClaimHeads(c), run 0", claim(0, "c"), c1)
 
 			// An event that failed and is due later ends the run: the
 			// events behind it wait for it.
 			d1 := insert("d")
 			insert("d")
-			want("ClaimHeads(d), run 0", claim(0, "d"), d1)
+			wantIDs(t, "ClaimHeads(d), run 0", claim(0, "d"), d1)
 			if ok, err := st.MarkRetry(ctx, "b", d1, time.Hour, "later"); err != nil || !ok {
 				t.Fatalf("MarkRetry = %v, %v", ok, err)
 			}
-			want("ClaimHeads(d) with its head due in an hour", claim(10, "d"))
+			wantIDs(t, "ClaimHeads(d) with its head due in an hour", claim(10, "d"))
 
 			// Something dead pending for a blocking subscription: no run,
 			// whatever its place in the key.
 			e1 := insert("e")
-			want("ClaimHeads(e), run 0", claim(0, "e"), e1)
+			wantIDs(t, "ClaimHeads(e), run 0", claim(0, "e"), e1)
 			if ok, err := st.MarkDead(ctx, "b", e1, "poison"); err != nil || !ok {
 				t.Fatalf("MarkDead = %v, %v", ok, err)
 			}
@@ -122,8 +107,34 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 					t.Errorf("ClaimHeads(e): %s has Behind %v; want [ord], behind the dead event", r.ID, r.Behind)
 				}
 			}
-			want("ClaimHeads(e) behind a dead event", got, e2, e3)
+			wantIDs(t, "ClaimHeads(e) behind a dead event", got, e2, e3)
 		})
+	}
+}
+
+// insertKeyed publishes an ordered event of key in a transaction of its
+// own, with Row.KeyLast last, and returns its row as numbered.
+func insertKeyed(t *testing.T, db *sqlx.DB, st *sqlstore.Store, f driver.OrderFilter, key string, last int64) driver.Row {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key, KeyLast: last}
+	if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func wantIDs(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s = %v; want %v", what, got, want)
 	}
 }
 
@@ -150,21 +161,11 @@ func TestMarkDoneKeysLooksPastAnEventHandedOn(t *testing.T) {
 			f := driver.OrderFilter{Block: []string{"ord"}}
 			var rows []driver.Row
 			for i := range 3 {
-				tx, err := db.BeginTxx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "k"}
+				last := int64(0)
 				if i > 0 {
-					r.KeyLast = rows[i-1].KeySeq // numbered past the key's row where the store can
+					last = rows[i-1].KeySeq // numbered past the key's row where the store can
 				}
-				if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
-				rows = append(rows, r)
+				rows = append(rows, insertKeyed(t, db, st, f, "k", last))
 			}
 			got, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 1, Lease: time.Minute, Run: 1}, []string{"k"}, f)
 			if err != nil || len(got) != 2 {
@@ -287,18 +288,7 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 			f := driver.OrderFilter{Block: []string{"o"}}
 			insert := func(key string) string {
 				t.Helper()
-				tx, err := db.BeginTxx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
-				if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Commit(); err != nil {
-					t.Fatal(err)
-				}
-				return r.ID
+				return insertKeyed(t, db, st, f, key, 0).ID
 			}
 			// split claims key's head as a whole and splits it: another
 			// subscription took it, o's delivery waits (NEW).
@@ -327,12 +317,6 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 				}
 				return ids
 			}
-			want := func(what string, got []string, want ...string) {
-				t.Helper()
-				if !slices.Equal(got, want) {
-					t.Errorf("%s = %v; want %v", what, got, want)
-				}
-			}
 			var a []string
 			for range 5 {
 				a = append(a, insert("a"))
@@ -343,14 +327,14 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 			split("b", b[0])
 			split("b", b[1])
 			b = append(b, insert("b"), insert("b"))
-			want("ClaimDeliveries(o), run 0", claim(0), a[0], b[0])
+			wantIDs(t, "ClaimDeliveries(o), run 0", claim(0), a[0], b[0])
 			if err := st.ReleaseDeliveries(ctx, "b", []driver.DeliveryKey{{EventID: a[0], Subscription: "o"}, {EventID: b[0], Subscription: "o"}}, 0); err != nil {
 				t.Fatal(err)
 			}
 			// Run 6 over two heads: 3 behind each; b's stops at its whole
 			// event.
-			want("ClaimDeliveries(o), run 6", claim(6), a[0], a[1], a[2], a[3], b[0], b[1])
-			want("ClaimDeliveries(o) while the runs are leased", claim(6))
+			wantIDs(t, "ClaimDeliveries(o), run 6", claim(6), a[0], a[1], a[2], a[3], b[0], b[1])
+			wantIDs(t, "ClaimDeliveries(o) while the runs are leased", claim(6))
 		})
 	}
 }
