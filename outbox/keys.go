@@ -14,11 +14,16 @@ import (
 // so that the events of a busy key stay on the hot path:
 //
 //   - For each key with an event in this instance's hands, its chain: the
-//     event being delivered and the events of the key committed behind
-//     it, leased here when they were published, in order. When the one
-//     being delivered succeeds, the next goes to the hot queue at once,
-//     with no trip through the table; when it fails, those behind it are
-//     given back, to wait in the table behind it.
+//     event being delivered and the events of the key behind it, leased
+//     here when they were published or claimed with it (a run), in order.
+//     When the one being delivered succeeds, the next goes to the hot
+//     queue at once, with no trip through the table; when it fails, those
+//     behind it are given back, to wait in the table behind it. When it
+//     succeeds for every subscription but those its claim said were
+//     behind on the key (Row.Behind), the next goes on only if it owes
+//     them too. One ordered subscription's deliveries of a key's split
+//     events chain the same way, under the key and the subscription
+//     (chainKey).
 //   - For recently seen keys, the highest number leased here (by Publish
 //     or a claim) and the highest delivered here. Publish passes the
 //     first to the store (Row.KeyAfter), which then leases the next
@@ -33,7 +38,7 @@ import (
 // it was. That rests on two facts: a key's committed numbers are never
 // reused (a number is taken back only by a rollback, and key rows are
 // never deleted), and an event passes its key on only once every
-// subscription here has it. The chain holds only events leased to this
+// subscription here has it (or, in a run, every one not behind). The chain holds only events leased to this
 // instance, in the in-flight set, so that their leases are renewed while
 // they wait; Close hands them back.
 type keyTable struct {

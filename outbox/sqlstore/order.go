@@ -933,7 +933,10 @@ func (s *Store) insertOrderedArgs(r *driver.Row, more ...any) []any {
 // keys (Row.Behind): a head changes only to a later event (or, by a
 // replay, to an earlier one, which then waits until no other event of its
 // key is leased), so a head read a moment ago is either still the head or
-// no longer pending, and then not leased.
+// no longer pending, and then not leased. The same read gives the runs
+// behind the heads (req.Run): the events that follow each head without a
+// gap, whole, due and free, leased with it in the same statement; an event
+// the lease's locking read does not take ends its run (runsOf).
 func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, f driver.OrderFilter) ([]driver.Row, error) {
 	if len(keys) == 0 || req.Limit <= 0 {
 		return nil, nil
