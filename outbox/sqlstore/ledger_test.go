@@ -435,8 +435,12 @@ func TestLedgerChild(t *testing.T) {
 		txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
 	db := sqlx.MustOpen(drv, dsn)
-	db.SetMaxOpenConns(40)
-	db.SetMaxIdleConns(40)
+	// Its producers' transactions and a few for the engine: the
+	// instances together stay well below PostgreSQL's default 100
+	// connections (4 × 40 did not, when the engine was busy with given
+	// back events: "too many clients already").
+	db.SetMaxOpenConns(ledgerProducers + 4)
+	db.SetMaxIdleConns(ledgerProducers + 4)
 	defer db.Close()
 	st, err := sqlstore.New(db, sqlstore.Options{Table: table})
 	if err != nil {
