@@ -7,8 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // dispatcher delivers events to subscriptions: it owns the hot queue
@@ -259,8 +257,6 @@ func (d *dispatcher) offerFollower(it *item) offerResult {
 
 // handBack empties the queues and releases the leases of what was in them.
 func (d *dispatcher) handBack() {
-	var ids []string
-	var keys []driver.DeliveryKey
 	var items []*item
 	for {
 		var it *item
@@ -273,25 +269,14 @@ func (d *dispatcher) handBack() {
 			break
 		}
 		items = append(items, it)
-		if it.sub == nil {
-			ids = append(ids, it.env.ID)
-		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
-		}
 	}
 	// Events committed (or claimed) behind others of their keys, never
 	// queued.
-	for _, it := range d.keys.drain() {
-		items = append(items, it)
-		if it.sub == nil {
-			ids = append(ids, it.env.ID)
-		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
-		}
-	}
+	items = append(items, d.keys.drain()...)
 	if len(items) == 0 {
 		return
 	}
+	ids, keys := leaseNames(items)
 	ctx, cancel := d.storeCtx()
 	defer cancel()
 	d.leases.releaseLeases(ctx, ids, "release leases on close")

@@ -411,14 +411,12 @@ func (d *dispatcher) enqueueOrdered(env Envelope, head bool, written time.Time) 
 // Deliveries (a run of one subscription's) are released here, and the
 // poll, which claims them, is woken.
 func (d *dispatcher) giveBack(key string, its ...*item) {
-	var keys []driver.DeliveryKey
+	ids, keys := leaseNames(its)
 	for _, it := range its {
 		d.inflight.release(it.key())
-		if it.sub == nil {
-			d.dropToPoller(it.env.ID)
-		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
-		}
+	}
+	for _, id := range ids {
+		d.dropToPoller(id)
 	}
 	if len(keys) > 0 {
 		ctx, cancel := d.storeCtx()
@@ -429,6 +427,19 @@ func (d *dispatcher) giveBack(key string, its ...*item) {
 		}
 	}
 	d.seq.name(key)
+}
+
+// leaseNames returns what holds the leases of its: the ids of the events
+// leased as a whole, the keys of the deliveries.
+func leaseNames(its []*item) (ids []string, keys []driver.DeliveryKey) {
+	for _, it := range its {
+		if it.sub == nil {
+			ids = append(ids, it.env.ID)
+		} else {
+			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+		}
+	}
+	return ids, keys
 }
 
 // pushChained puts a running event of a chain into the hot queue; if the
@@ -505,15 +516,7 @@ func (d *dispatcher) chainFailed(ctx context.Context, it *item) {
 // giveBackNow releases the leases of back, events of key that waited in
 // a chain, and has key's next head looked for.
 func (d *dispatcher) giveBackNow(ctx context.Context, key string, back []*item) {
-	var ids []string
-	var keys []driver.DeliveryKey
-	for _, w := range back {
-		if w.sub == nil {
-			ids = append(ids, w.env.ID)
-		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: w.env.ID, Subscription: w.sub.Name})
-		}
-	}
+	ids, keys := leaseNames(back)
 	d.leases.releaseLeases(ctx, ids, "give back events that waited behind a failed one of their key")
 	d.leases.releaseDeliveries(ctx, keys, 0, "give back deliveries that waited behind a failed one of their key")
 	for _, w := range back {

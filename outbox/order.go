@@ -318,14 +318,17 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 // followers sorts rows, the heads and runs of a claim, by key and number,
 // and reports which follow the row before them in their key.
 func followers(rows []driver.Row) []bool {
-	slices.SortStableFunc(rows, func(a, b driver.Row) int {
-		return cmp.Or(strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
-	})
+	slices.SortStableFunc(rows, byKeyNumber)
 	follows := make([]bool, len(rows))
 	for i := 1; i < len(rows); i++ {
 		follows[i] = rows[i].KeySeq > 0 && rows[i].OrderingKey == rows[i-1].OrderingKey
 	}
 	return follows
+}
+
+// byKeyNumber orders rows by ordering key, then by number in the key.
+func byKeyNumber(a, b driver.Row) int {
+	return cmp.Or(strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
 }
 
 // sweep claims the heads of keys with events due, up to limit, going

@@ -356,7 +356,7 @@ func deliveryRuns(ds []driver.Delivery, reg *registry) []bool {
 		return d.KeySeq > 0 && s != nil && s.Order != Unordered
 	}
 	slices.SortStableFunc(ds, func(a, b driver.Delivery) int {
-		return cmp.Or(strings.Compare(a.Subscription, b.Subscription), strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
+		return cmp.Or(strings.Compare(a.Subscription, b.Subscription), byKeyNumber(a.Row, b.Row))
 	})
 	follows := make([]bool, len(ds))
 	for i := 1; i < len(ds); i++ {

@@ -231,13 +231,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 	var keys []driver.DeliveryKey
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		out, keys = out[:0], keys[:0]
-		type pick struct {
-			key      driver.DeliveryKey
-			status   int
-			attempts int
-			owner    sql.NullString
-		}
-		var picks []pick
+		var picks []pickedDelivery
 		for _, st := range []struct {
 			status, limit int
 		}{{2, max(1, req.Limit/4)}, {0, req.Limit}} {
@@ -277,7 +271,7 @@ ORDER BY d.available_at`
 				return err
 			}
 			for rs.Next() {
-				var p pick
+				var p pickedDelivery
 				if err := rs.Scan(&p.key.EventID, &p.key.Subscription, &p.status, &p.attempts, &p.owner); err != nil {
 					rs.Close()
 					return err
@@ -294,46 +288,9 @@ ORDER BY d.available_at`
 		for _, p := range picks {
 			keys = append(keys, p.key)
 		}
-		if _, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET locked_by = ?, locked_until = `+s.d.nowPlus+` WHERE `+keysIn(len(keys))),
-			keyArgs(keys, req.Owner, req.Lease.Microseconds())...); err != nil {
+		var err error
+		if out, err = s.leaseDeliveries(ctx, tx, req, picks); err != nil {
 			return err
-		}
-		ids := make([]string, 0, len(picks))
-		seen := map[string]bool{}
-		for _, p := range picks {
-			if !seen[p.key.EventID] {
-				seen[p.key.EventID] = true
-				ids = append(ids, p.key.EventID)
-			}
-		}
-		rs, err := tx.QueryContext(ctx, s.rebind(`SELECT `+rowColumns+` FROM `+s.table+` WHERE id IN `+in(len(ids))), stringArgs(ids)...)
-		if err != nil {
-			return err
-		}
-		byID := make(map[string]*driver.Row, len(ids))
-		for rs.Next() {
-			r, err := scanRow(rs)
-			if err != nil {
-				rs.Close()
-				return err
-			}
-			byID[r.ID] = &r
-		}
-		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-			return err
-		}
-		for _, p := range picks {
-			r, ok := byID[p.key.EventID]
-			if !ok {
-				continue // the event was deleted by hand: nothing to deliver
-			}
-			d := driver.Delivery{Row: *r, Subscription: p.key.Subscription}
-			d.Status, d.Attempts = outbox.Status(p.status), p.attempts
-			d.PrevOwner = ""
-			if p.owner.Valid && p.owner.String != req.Owner {
-				d.PrevOwner = p.owner.String
-			}
-			out = append(out, d)
 		}
 		var more []driver.DeliveryKey
 		out, more, err = s.deliveryRuns(ctx, tx, req, f, out)
@@ -445,7 +402,7 @@ ORDER BY o.ordering_key, o.key_seq`
 	}
 	// Lock them (another instance cannot lease them meanwhile: each owes
 	// its head, leased here), then cut each run at the first not taken.
-	got := map[driver.DeliveryKey]pickedRun{}
+	got := map[driver.DeliveryKey]pickedDelivery{}
 	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM `+s.DeliveriesTable()+` d`+s.d.byID+`
 WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.now+`
   AND (d.locked_until IS NULL OR d.locked_until <= `+s.d.now+`)`+s.d.lock), keyArgs(all)...)
@@ -453,65 +410,89 @@ WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.no
 		return out, nil, err
 	}
 	for rs.Next() {
-		var k driver.DeliveryKey
-		var p pickedRun
-		if err := rs.Scan(&k.EventID, &k.Subscription, &p.status, &p.attempts, &p.owner); err != nil {
+		var p pickedDelivery
+		if err := rs.Scan(&p.key.EventID, &p.key.Subscription, &p.status, &p.attempts, &p.owner); err != nil {
 			rs.Close()
 			return out, nil, err
 		}
-		got[k] = p
+		got[p.key] = p
 	}
 	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
 		return out, nil, err
 	}
+	var picks []pickedDelivery
 	var leased []driver.DeliveryKey
 	for _, r := range runs {
 		for _, k := range r {
-			if _, ok := got[k]; !ok {
+			p, ok := got[k]
+			if !ok {
 				break
 			}
-			leased = append(leased, k)
+			picks, leased = append(picks, p), append(leased, k)
 		}
 	}
-	if len(leased) == 0 {
+	if len(picks) == 0 {
 		return out, nil, nil
 	}
-	if _, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET locked_by = ?, locked_until = `+s.d.nowPlus+` WHERE `+keysIn(len(leased))),
-		keyArgs(leased, req.Owner, req.Lease.Microseconds())...); err != nil {
-		return out, nil, err
+	more, err := s.leaseDeliveries(ctx, tx, req, picks)
+	return append(out, more...), leased, err
+}
+
+// pickedDelivery is a delivery as a claim's locking read found it.
+type pickedDelivery struct {
+	key              driver.DeliveryKey
+	status, attempts int
+	owner            sql.NullString
+}
+
+// leaseDeliveries leases picks to req.Owner and returns them with their
+// events' rows, in the order of picks (one whose event was deleted by
+// hand is left out: nothing to deliver).
+func (s *Store) leaseDeliveries(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, picks []pickedDelivery) ([]driver.Delivery, error) {
+	keys := make([]driver.DeliveryKey, len(picks))
+	ids := make([]string, 0, len(picks))
+	seen := map[string]bool{}
+	for i, p := range picks {
+		keys[i] = p.key
+		if !seen[p.key.EventID] {
+			seen[p.key.EventID] = true
+			ids = append(ids, p.key.EventID)
+		}
 	}
-	ids := make([]string, len(leased))
-	for i, k := range leased {
-		ids[i] = k.EventID
+	if _, err := tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+` SET locked_by = ?, locked_until = `+s.d.nowPlus+` WHERE `+keysIn(len(keys))),
+		keyArgs(keys, req.Owner, req.Lease.Microseconds())...); err != nil {
+		return nil, err
 	}
-	rows, _, err := selectRows(ctx, tx, nil, false, s.rebind(`SELECT `+rowColumns+` FROM `+s.table+` WHERE id IN `+in(len(ids))+` LIMIT ?`), append(stringArgs(ids), len(ids))...)
+	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT `+rowColumns+` FROM `+s.table+` WHERE id IN `+in(len(ids))), stringArgs(ids)...)
 	if err != nil {
-		return out, leased, err
+		return nil, err
 	}
-	byID := make(map[string]*driver.Row, len(rows))
-	for i := range rows {
-		byID[rows[i].ID] = &rows[i]
+	byID := make(map[string]*driver.Row, len(ids))
+	for rs.Next() {
+		r, err := scanRow(rs)
+		if err != nil {
+			rs.Close()
+			return nil, err
+		}
+		byID[r.ID] = &r
 	}
-	for _, k := range leased {
-		r, ok := byID[k.EventID]
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return nil, err
+	}
+	out := make([]driver.Delivery, 0, len(picks))
+	for _, p := range picks {
+		r, ok := byID[p.key.EventID]
 		if !ok {
 			continue
 		}
-		p := got[k]
-		d := driver.Delivery{Row: *r, Subscription: k.Subscription}
+		d := driver.Delivery{Row: *r, Subscription: p.key.Subscription}
 		d.Status, d.Attempts = outbox.Status(p.status), p.attempts
 		if p.owner.Valid && p.owner.String != req.Owner {
 			d.PrevOwner = p.owner.String
 		}
 		out = append(out, d)
 	}
-	return out, leased, nil
-}
-
-// pickedRun is a delivery of a run as its locking read found it.
-type pickedRun struct {
-	status, attempts int
-	owner            sql.NullString
+	return out, nil
 }
 
 // deliveryKeys runs q, a plain read whose first two columns are a
