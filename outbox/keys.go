@@ -240,6 +240,9 @@ func (t *keyTable) committed(it *item, head bool) commitAction {
 		t.chains[key] = &keyChain{running: seq, tail: seq}
 		return commitGo
 	}
+	if it.sub == nil {
+		t.forgetLeased(key)
+	}
 	return commitRelease
 }
 
@@ -370,7 +373,25 @@ func (t *keyTable) failed(it *item) []*item {
 		return nil
 	}
 	delete(t.chains, key)
+	if it.sub == nil {
+		t.forgetLeased(key)
+	}
 	return c.waiting
+}
+
+// forgetLeased lowers the highest number of key leased here to the
+// highest delivered here, once key has no chain (t.mu held): the events
+// leased here past it were given back (a failure, a give-back at
+// commit), and Publish must stop passing them as Row.KeyAfter. Else each
+// later event of a key held up in the table (a failing or paused
+// subscription) would be written leased here, only to be given back at
+// its commit, and a burst of them could overflow what the poller
+// releases, leaving them to wait for their leases to run out.
+func (t *keyTable) forgetLeased(key string) {
+	if t.chains[key] != nil {
+		return
+	}
+	t.note(key, func(s *keySeen) { s.leased = min(s.leased, s.delivered) })
 }
 
 // drain ends every chain and returns the events that waited in them.

@@ -1017,19 +1017,28 @@ FROM `+s.table+` p`+s.byKey()+` WHERE `+cond+` ORDER BY p.ordering_key, p.key_se
 	}
 	// Not while another event of the key is leased as a whole: a head
 	// that was replayed after its key went on (OrderedSkipDead) waits for
-	// the later event in flight. One lookup per status (see owesSQL).
+	// the later event in flight. One lookup per status (see owesSQL), and
+	// for heads only: an event of a run is kept only behind its head
+	// (runsOf), and a lookup per event of a run would read the key's
+	// backlog once per event (quadratic in a deep key's backlog).
 	byPK := ""
 	if s.d.name == "mysql" {
 		byPK = ` FORCE INDEX (PRIMARY)`
 	}
+	noneLeased := `NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 0 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
+    AND q.id <> o.id AND q.locked_until > ` + s.d.now + `)
+  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 2 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
+    AND q.id <> o.id AND q.locked_until > ` + s.d.now + `)`
+	args := stringArgs(slices.Concat(heads, runs))
+	if len(runs) > 0 {
+		noneLeased = `(o.id IN ` + in(len(runs)) + ` OR (` + noneLeased + `))`
+		args = stringArgs(runs, args...)
+	}
 	q := s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o` + byPK + ` WHERE o.id IN ` + in(len(heads)+len(runs)) + `
   AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
   AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
-  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 0 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
-    AND q.id <> o.id AND q.locked_until > ` + s.d.now + `)
-  AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` q` + s.byKey() + ` WHERE q.status = 2 AND q.ordering_key = o.ordering_key AND q.key_seq IS NOT NULL
-    AND q.id <> o.id AND q.locked_until > ` + s.d.now + `) LIMIT ?` + s.d.lock)
-	args := append(stringArgs(slices.Concat(heads, runs)), len(heads)+len(runs))
+  AND ` + noneLeased + ` LIMIT ?` + s.d.lock)
+	args = append(args, len(heads)+len(runs))
 	isHead := make(map[string]bool, len(heads))
 	for _, id := range heads {
 		isHead[id] = true

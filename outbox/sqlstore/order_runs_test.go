@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"strconv"
@@ -335,6 +336,81 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 			// event.
 			wantIDs(t, "ClaimDeliveries(o), run 6", claim(6), a[0], a[1], a[2], a[3], b[0], b[1])
 			wantIDs(t, "ClaimDeliveries(o) while the runs are leased", claim(6))
+		})
+	}
+}
+
+// An event published behind a key held up in the table (its head
+// deferred for a paused subscription, those behind it given back) is
+// written free, not leased to the publishing instance: it could only be
+// given back at its commit. It used to be leased here (Row.KeyAfter still
+// named the numbers given back), every later event of the key with it,
+// and a burst of them overflowed what the poller releases, leaving them
+// leased until their leases ran out, the key's backlog stuck behind them.
+func TestOrderedEventBehindAKeyGivenBackIsWrittenFree(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			log := newKeyLog(t, 4)
+			ob := startOrdered(t, st, outbox.Config{}, outbox.Subscription{Name: "o", Order: outbox.Ordered, Handler: log.handle})
+			if err := ob.Pause(ctx, "o"); err != nil {
+				t.Fatal(err)
+			}
+			env := outbox.Envelope{Type: "T", AggregateType: "Acct", AggregateID: "1", JSON: []byte(`{}`)}
+			tx, err := outbox.BeginTx(ctx, st.DB().DB, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for range 3 {
+				id, err := ob.PublishTx(ctx, tx, env)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			// The head goes to the hot path, is deferred for the paused
+			// subscription; the two behind it are given back.
+			leased := func(id string) bool {
+				var n int
+				if err := st.DB().QueryRow(st.DB().Rebind(`SELECT COUNT(*) FROM `+st.Table()+` WHERE id = ? AND locked_by IS NOT NULL`), id).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n > 0
+			}
+			waitUntil(t, 10*time.Second, "the events behind the deferred head given back", func() bool {
+				return !leased(ids[1]) && !leased(ids[2])
+			})
+			tx, err = outbox.BeginTx(ctx, st.DB().DB, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			id, err := ob.PublishTx(ctx, tx, env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var owner sql.NullString
+			if err := tx.QueryRowContext(ctx, st.DB().Rebind(`SELECT locked_by FROM `+st.Table()+` WHERE id = ?`), id).Scan(&owner); err != nil {
+				t.Fatal(err)
+			}
+			if owner.Valid {
+				t.Errorf("the event published behind the key's backlog is leased to %q; want it written free", owner.String)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+			if err := ob.Resume(ctx, "o"); err != nil {
+				t.Fatal(err)
+			}
+			log.wait(t, 30*time.Second)
+			log.wantKey(t, "Acct:1", ids)
 		})
 	}
 }
