@@ -139,7 +139,10 @@
 //     same way, so a key's backlog (after a retry, a pause, an outage)
 //     costs a claim per run, not one per event. So do an ordered
 //     subscription's deliveries of a key's events that the other
-//     subscriptions took while it was behind.
+//     subscriptions took while it was behind. While a key's head waits
+//     for its retry after failing here for every subscription there is
+//     (all ordered), the events published behind it are written free and
+//     cost no claim until the retry is due.
 //   - Head-of-line per key and subscription. A failed event holds back
 //     the later events of its key for the subscription it failed for, and
 //     nothing else: other keys flow, and the key's later events reach the

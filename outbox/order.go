@@ -184,6 +184,10 @@ type named struct {
 	// held: the key's next event is in this instance's hands (handed on
 	// in memory): ev is to be recorded, the key not claimed.
 	held bool
+	// quiet: ev failed here for every subscription that takes it, each
+	// ordered, and none is due again before quiet: nothing of the key can
+	// be claimed until then (see run).
+	quiet time.Time
 }
 
 func newSequencer(d *deps) *sequencer {
@@ -214,7 +218,7 @@ func (s *sequencer) next(it *item) {
 	if !it.env.ordered {
 		return
 	}
-	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}, held: it.handedOn && it.sub == nil})
+	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}, held: it.handedOn && it.sub == nil, quiet: s.quietUntil(it)})
 	if it.sub != nil && it.sub.Order != Unordered && s.disp.poller != nil && !it.handedOn {
 		// The subscription's delivery of the key's next event may have
 		// waited for this one (ClaimDeliveries): poll now, not after the
@@ -223,13 +227,98 @@ func (s *sequencer) next(it *item) {
 	}
 }
 
+// quietUntil returns when the key of it, an event (or one delivery of
+// it) whose outcome was just recorded, can next have an event claimed, if
+// that is known to be later than now: it is an ordered event that failed
+// here with a retry for every subscription there is, each of them
+// ordered (so every later event of its key, whatever its type, is behind
+// it for every subscription that could take it); then nothing of the key
+// can go before the earliest of those retries. Zero otherwise.
+func (s *sequencer) quietUntil(it *item) time.Time {
+	if it.env.seq <= 0 {
+		return time.Time{}
+	}
+	reg := s.reg.load()
+	if len(reg.remote) > 0 || len(it.results) != len(reg.local) || len(reg.local) == 0 {
+		return time.Time{}
+	}
+	wait := time.Duration(-1)
+	seen := make(map[string]bool, len(it.results))
+	for _, r := range it.results {
+		sub := reg.byName[r.sub]
+		if r.kind != resRetry || r.delay <= 0 || sub == nil || sub.Order == Unordered || seen[r.sub] {
+			return time.Time{}
+		}
+		seen[r.sub] = true
+		if wait < 0 || r.delay < wait {
+			wait = r.delay
+		}
+	}
+	return time.Now().Add(wait)
+}
+
+// maxQuietKeys bounds the keys the sequencer holds back (run): past it,
+// it forgets those, and claims on every naming.
+const maxQuietKeys = 1 << 14
+
 // run records what finished and claims the heads of named keys, a batch
 // at a time, until ctx ends.
+//
+// A key whose head failed here and waits for its retry (named.quiet) is
+// quiet until then: its publishers' namings (each event written behind
+// it names it at commit) are held back until the retry is due, instead
+// of each costing a claim that reads the key's backlog and takes nothing,
+// back to back for as long as a destination is down. The poll claims the
+// head when it falls due, as it does every due head; an event of the key
+// finished here meanwhile (a replay, another instance's) ends the quiet.
 func (s *sequencer) run(ctx context.Context) {
 	batch := make(map[string]struct{})
 	var done []driver.KeyDone
+	quiet := map[string]time.Time{} // key → claims held back until
+	later := map[string]struct{}{}  // namings held back
+	wake := time.NewTimer(time.Hour)
+	wake.Stop()
+	defer wake.Stop()
+	arm := func() {
+		next := time.Time{}
+		for k := range later {
+			if q := quiet[k]; next.IsZero() || q.Before(next) {
+				next = q
+			}
+		}
+		if !next.IsZero() {
+			wake.Reset(time.Until(next))
+		}
+	}
 	add := func(n named) {
-		if !n.held {
+		switch {
+		case !n.quiet.IsZero():
+			if len(quiet) >= maxQuietKeys {
+				clear(quiet)
+				for k := range later {
+					batch[k] = struct{}{}
+				}
+				clear(later)
+			}
+			quiet[n.key] = n.quiet
+		case n.ev.EventID != "":
+			delete(quiet, n.key)
+			if _, ok := later[n.key]; ok {
+				delete(later, n.key)
+				batch[n.key] = struct{}{}
+			}
+			if !n.held {
+				batch[n.key] = struct{}{}
+			}
+		default:
+			if q, ok := quiet[n.key]; ok && time.Now().Before(q) {
+				if _, ok := later[n.key]; !ok {
+					later[n.key] = struct{}{}
+					arm()
+				}
+				break
+			}
+			delete(quiet, n.key)
 			batch[n.key] = struct{}{}
 		}
 		if n.ev.EventID != "" {
@@ -242,6 +331,19 @@ func (s *sequencer) run(ctx context.Context) {
 			return
 		case n := <-s.keys:
 			add(n)
+		case <-wake.C:
+			now := time.Now()
+			for k := range later {
+				if q := quiet[k]; !now.Before(q) {
+					delete(later, k)
+					delete(quiet, k)
+					batch[k] = struct{}{}
+				}
+			}
+			arm()
+			if len(batch) == 0 {
+				continue
+			}
 		}
 	more:
 		for len(batch) < 100 {

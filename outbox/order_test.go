@@ -1168,3 +1168,63 @@ func TestOrderedDeliveriesBacklogGoesOutInRuns(t *testing.T) {
 		})
 	}
 }
+
+// A key whose head failed here, for its only subscription (ordered), and
+// waits for its retry is quiet until then: the events published behind it
+// meanwhile, each naming the key at commit, cost no claim of heads (each
+// would read the key's backlog and take nothing, back to back for as long
+// as the destination is down). At the retry the head and those behind it
+// go, in order. With an unordered subscription that failed too, the later
+// events are claimed at once for it (they are not behind for it).
+func TestOrderedKeyWaitingForItsRetryIsNotClaimed(t *testing.T) {
+	for _, unordered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unordered=%v", unordered), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := outboxtest.NewStore()
+				l := newOrderLog(t)
+				l.callTime = time.Millisecond
+				var down atomic.Bool
+				down.Store(true)
+				l.fail = func(ev outbox.Event, attempt int) error {
+					if down.Load() {
+						return errors.New("destination down")
+					}
+					return nil
+				}
+				var others atomic.Int64
+				m := &claimCount{}
+				retry := outbox.RetryFunc(func(int) time.Duration { return 10 * time.Second })
+				subs := []outbox.Subscription{{Name: "proj", Order: outbox.Ordered, Handler: l.handle, Retry: retry}}
+				if unordered {
+					subs = append(subs, outbox.Subscription{Name: "u", Retry: retry, Handler: func(_ context.Context, ev outbox.Event) error {
+						if string(ev.JSON) == `{"i":1}` {
+							return errors.New("fails")
+						}
+						others.Add(1)
+						return nil
+					}})
+				}
+				ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Minute, PollMaxInterval: time.Minute, Metrics: m}, subs...)
+				ids := []string{publishKey(t, ob, st, "A", 1)}
+				settle(100 * time.Millisecond) // A1 failed: due again in 10 s
+				before := m.n.Load()
+				for i := 2; i <= 21; i++ {
+					ids = append(ids, publishKey(t, ob, st, "A", i))
+					settle(10 * time.Millisecond)
+				}
+				claims := m.n.Load() - before
+				if unordered {
+					if n := others.Load(); n != 20 {
+						t.Errorf("u received %d of the 20 events published behind A1 before its retry; want all (nothing holds them back for u)", n)
+					}
+				} else if claims != 0 {
+					t.Errorf("the 20 events published behind A1, waiting for its retry, cost %d claims of heads; want 0", claims)
+				}
+				wantOrder(t, "key A before A1's retry", l.delivered("Order:A"))
+				down.Store(false)
+				settle(11 * time.Second)
+				wantOrder(t, "key A after A1's retry", l.delivered("Order:A"), ids...)
+			})
+		})
+	}
+}
