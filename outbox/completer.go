@@ -29,6 +29,11 @@ type completer struct {
 	own      bool
 	storeCtx func() (context.Context, context.CancelFunc)
 
+	// pending: the ordered events handed over whose DONE is not yet
+	// written, per key; a key is named to the sequencer after the last
+	// of them (see keyCompletions).
+	pending keyCompletions
+
 	in   chan *item
 	done chan struct{} // closed when run has returned
 
@@ -60,6 +65,9 @@ func (c *completer) start() {
 func (c *completer) add(it *item) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	if recordsKey(it) {
+		c.pending.add(it.env.OrderingKey)
+	}
 	select {
 	case <-c.quit:
 	default:
@@ -68,6 +76,9 @@ func (c *completer) add(it *item) {
 			return
 		case <-c.quit:
 		}
+	}
+	if recordsKey(it) {
+		c.pending.done(it.env.OrderingKey, false)
 	}
 	c.log.Warn("delivered after Close stopped waiting: the event will be delivered again once its lease runs out", slog.String("event_id", it.env.ID))
 }
@@ -150,10 +161,12 @@ func (c *completer) run() {
 			c.inflight.release(it.key())
 			if recordsKey(it) {
 				// Asked again: the next event may have come since.
-				if !it.handedOn && (later == nil || later[it.env.OrderingKey]) && !c.keys.holdsAfter(it.env.OrderingKey, it.env.seq) {
-					// Recorded with the DONE; a later event of the key
-					// waits in the table (or may).
-					c.seq.name(it.env.OrderingKey)
+				// Recorded with the DONE; a later event of the key waits
+				// in the table (or may): its claim, once no other DONE
+				// of the key is still to be written here.
+				k := it.env.OrderingKey
+				if c.pending.done(k, !it.handedOn && (later == nil || later[k]) && !c.keys.holdsAfter(k, it.env.seq)) {
+					c.seq.name(k)
 				}
 				continue
 			}
@@ -252,4 +265,45 @@ func (c *completer) markDone(ids []string, done []driver.KeyDone) map[string]boo
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}
 	return later
+}
+
+// keyCompletions counts, per ordering key, the events handed to the
+// completer whose DONE is not yet written, and holds back the naming of a
+// key to the sequencer until the last of them is written. Workers hand
+// events over in the order they finish, not in their key's order: the
+// last event of a run can reach the completer before the one before it
+// (handed on to it, then added), and its DONE, written first, would name
+// the key while that one's lease still holds the key (a claim then takes
+// nothing, and the rest of the key's backlog waited for the poll).
+type keyCompletions struct {
+	mu      sync.Mutex
+	pending map[string]int
+	owed    map[string]bool // a naming held back
+}
+
+func (k *keyCompletions) add(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pending == nil {
+		k.pending, k.owed = map[string]int{}, map[string]bool{}
+	}
+	k.pending[key]++
+}
+
+// done counts one event of key as written, name saying whether its key is
+// to be named; it reports whether to name the key now: it is (or was, for
+// an event written before) and no other event of the key is pending.
+func (k *keyCompletions) done(key string, name bool) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if name {
+		k.owed[key] = true
+	}
+	if k.pending[key]--; k.pending[key] > 0 {
+		return false
+	}
+	owed := k.owed[key]
+	delete(k.pending, key)
+	delete(k.owed, key)
+	return owed
 }
