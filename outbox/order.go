@@ -279,15 +279,11 @@ func (s *sequencer) run(ctx context.Context) {
 	wake := time.NewTimer(time.Hour)
 	wake.Stop()
 	defer wake.Stop()
-	arm := func() {
-		next := time.Time{}
-		for k := range later {
-			if q := quiet[k]; next.IsZero() || q.Before(next) {
-				next = q
-			}
-		}
-		if !next.IsZero() {
-			wake.Reset(time.Until(next))
+	var armed time.Time // when wake fires; zero: stopped
+	arm := func(at time.Time) {
+		if armed.IsZero() || at.Before(armed) {
+			armed = at
+			wake.Reset(time.Until(at))
 		}
 	}
 	add := func(n named) {
@@ -314,7 +310,7 @@ func (s *sequencer) run(ctx context.Context) {
 			if q, ok := quiet[n.key]; ok && time.Now().Before(q) {
 				if _, ok := later[n.key]; !ok {
 					later[n.key] = struct{}{}
-					arm()
+					arm(q)
 				}
 				break
 			}
@@ -333,14 +329,16 @@ func (s *sequencer) run(ctx context.Context) {
 			add(n)
 		case <-wake.C:
 			now := time.Now()
+			armed = time.Time{}
 			for k := range later {
 				if q := quiet[k]; !now.Before(q) {
 					delete(later, k)
 					delete(quiet, k)
 					batch[k] = struct{}{}
+				} else {
+					arm(q)
 				}
 			}
-			arm()
 			if len(batch) == 0 {
 				continue
 			}
