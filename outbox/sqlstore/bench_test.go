@@ -244,3 +244,65 @@ func BenchmarkSubscriptionDrain(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOrderedBacklogDrain drains a backlog of b.N events of an
+// ordered subscription over 1 key (every event behind the one before it)
+// or 100, published while the subscription was paused (a destination's
+// outage leaves the same backlog), then resumed: the key's events go out
+// in runs behind each claimed head (BENCHMARKS.md, items 19 and 20). It
+// reports events/s and the claims of heads that leased events.
+//
+//	go test -run '^$' -bench OrderedBacklogDrain -benchtime 20000x ./outbox/sqlstore
+func BenchmarkOrderedBacklogDrain(b *testing.B) {
+	for _, name := range []string{"sqlite", "mysql", "postgres"} {
+		for _, keys := range []int{1, 100} {
+			b.Run(fmt.Sprintf("%s/keys=%d", name, keys), func(b *testing.B) {
+				db := testdb.Open(b, name)
+				st := testdb.Store(b, db)
+				ctx := context.Background()
+				var delivered atomic.Int64
+				all := make(chan struct{})
+				m := &takeCount{}
+				ob := startOrdered(b, st, outbox.Config{Metrics: m}, outbox.Subscription{Name: "o", Order: outbox.Ordered,
+					Handler: func(context.Context, outbox.Event) error {
+						if delivered.Add(1) == int64(b.N) {
+							close(all)
+						}
+						return nil
+					}})
+				if err := ob.Pause(ctx, "o"); err != nil {
+					b.Fatal(err)
+				}
+				for i := 0; i < b.N; {
+					tx, err := outbox.BeginTx(ctx, db.DB, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for end := min(i+500, b.N); i < end; i++ {
+						env := outbox.Envelope{Type: "T", AggregateType: "Acct", AggregateID: fmt.Sprint(i % keys), JSON: []byte(`{}`)}
+						if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				before := m.took.Load()
+				b.ResetTimer()
+				start := time.Now()
+				if err := ob.Resume(ctx, "o"); err != nil {
+					b.Fatal(err)
+				}
+				select {
+				case <-all:
+				case <-time.After(5 * time.Minute):
+					b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+				b.ReportMetric(float64(m.took.Load()-before), "claims")
+			})
+		}
+	}
+}
