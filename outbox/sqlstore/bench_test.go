@@ -47,24 +47,41 @@ func BenchmarkPublishCommit(b *testing.B) {
 // waits (at most timeout) until n events were delivered, stops the timer
 // and reports events/s.
 func countDeliveries(ob *outbox.Outbox, n int) func(b *testing.B, timeout time.Duration) {
-	var delivered atomic.Int64
-	all := make(chan struct{})
+	c := newDrainCount(n)
 	ob.Handle("all", func(context.Context, outbox.Event) error {
-		if delivered.Add(1) == int64(n) {
-			close(all)
-		}
+		c.add(1)
 		return nil
 	})
+	return c.wait
+}
 
-	return func(b *testing.B, timeout time.Duration) {
-		select {
-		case <-all:
-		case <-time.After(timeout):
-			b.Fatalf("delivered %d of %d", delivered.Load(), n)
-		}
-		b.StopTimer()
-		b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
+// drainCount counts the deliveries of a drain of n events.
+type drainCount struct {
+	n         int64
+	delivered atomic.Int64
+	all       chan struct{} // closed at the n-th
+}
+
+func newDrainCount(n int) *drainCount {
+	return &drainCount{n: int64(n), all: make(chan struct{})}
+}
+
+func (c *drainCount) add(k int) {
+	if c.delivered.Add(int64(k)) == c.n {
+		close(c.all)
 	}
+}
+
+// wait waits for the n deliveries, up to timeout, stops the timer and
+// reports events/s over the time measured.
+func (c *drainCount) wait(b *testing.B, timeout time.Duration) {
+	select {
+	case <-c.all:
+	case <-time.After(timeout):
+		b.Fatalf("delivered %d of %d", c.delivered.Load(), c.n)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(c.n)/b.Elapsed().Seconds(), "events/s")
 }
 
 func publishOne(b *testing.B, ctx context.Context, db *sqlx.DB, ob *outbox.Outbox, payload []byte) {
@@ -203,25 +220,19 @@ func BenchmarkSubscriptionDrain(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				var delivered atomic.Int64
-				all := make(chan struct{})
-				count := func(n int) {
-					if delivered.Add(int64(n)) == int64(b.N) {
-						close(all)
-					}
-				}
+				c := newDrainCount(b.N)
 				sub := outbox.Subscription{Name: "destination"}
 				if batch {
 					sub.BatchSize, sub.Concurrency = 500, 4
 					sub.Batch = func(_ context.Context, evs []outbox.Event) error {
 						time.Sleep(time.Millisecond)
-						count(len(evs))
+						c.add(len(evs))
 						return nil
 					}
 				} else {
 					sub.Handler = func(context.Context, outbox.Event) error {
 						time.Sleep(time.Millisecond)
-						count(1)
+						c.add(1)
 						return nil
 					}
 				}
@@ -229,15 +240,8 @@ func BenchmarkSubscriptionDrain(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.ResetTimer()
-				start := time.Now()
 				ob.Start(ctx)
-				select {
-				case <-all:
-				case <-time.After(5 * time.Minute):
-					b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
-				}
-				b.StopTimer()
-				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+				c.wait(b, 5*time.Minute)
 				ob.Close(ctx)
 				producer.Close(ctx)
 			})
@@ -260,14 +264,11 @@ func BenchmarkOrderedBacklogDrain(b *testing.B) {
 				db := testdb.Open(b, name)
 				st := testdb.Store(b, db)
 				ctx := context.Background()
-				var delivered atomic.Int64
-				all := make(chan struct{})
+				c := newDrainCount(b.N)
 				m := &takeCount{}
 				ob := startOrdered(b, st, outbox.Config{Metrics: m}, outbox.Subscription{Name: "o", Order: outbox.Ordered,
 					Handler: func(context.Context, outbox.Event) error {
-						if delivered.Add(1) == int64(b.N) {
-							close(all)
-						}
+						c.add(1)
 						return nil
 					}})
 				if err := ob.Pause(ctx, "o"); err != nil {
@@ -290,17 +291,10 @@ func BenchmarkOrderedBacklogDrain(b *testing.B) {
 				}
 				before := m.took.Load()
 				b.ResetTimer()
-				start := time.Now()
 				if err := ob.Resume(ctx, "o"); err != nil {
 					b.Fatal(err)
 				}
-				select {
-				case <-all:
-				case <-time.After(5 * time.Minute):
-					b.Fatalf("delivered %d of %d", delivered.Load(), b.N)
-				}
-				b.StopTimer()
-				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+				c.wait(b, 5*time.Minute)
 				b.ReportMetric(float64(m.took.Load()-before), "claims")
 			})
 		}

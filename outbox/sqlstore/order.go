@@ -147,12 +147,17 @@ const MaxOrderingKeyLen = 255
 // comes first so that the (status, ordering_key, key_seq) index serves
 // it.
 func (s *Store) pending(p string, f driver.OrderFilter, keys ...string) (string, []any) {
-	keyCond := ` = ?`
-	if len(keys) > 1 {
-		keyCond = ` IN ` + in(len(keys))
-	}
 	state, args := s.pendingState(p, f)
-	return p + `.status IN (0, 2, 3, 4) AND ` + p + `.ordering_key` + keyCond + ` AND ` + p + `.key_seq IS NOT NULL AND ` + state, append(stringArgs(keys), args...)
+	return p + `.status IN (0, 2, 3, 4) AND ` + p + `.ordering_key` + keyIs(len(keys)) + ` AND ` + p + `.key_seq IS NOT NULL AND ` + state, append(stringArgs(keys), args...)
+}
+
+// keyIs returns the condition, after a column, that it is one of n
+// parameters: "= ?" for one, an IN list for more.
+func keyIs(n int) string {
+	if n > 1 {
+		return ` IN ` + in(n)
+	}
+	return ` = ?`
 }
 
 // pendingState returns the condition that the row aliased p is pending
@@ -962,13 +967,9 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	// up per head instead (behind, which stops at the first event owed).
 	err := s.retry(ctx, func() error {
 		heads, runs = heads[:0], runs[:0]
-		keyCond := ` = ?`
-		if len(keys) > 1 {
-			keyCond = ` IN ` + in(len(keys))
-		}
 		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status, p.key_seq,
   CASE WHEN p.locked_until > `+s.d.now+` THEN 1 WHEN p.available_at > `+s.d.now+` THEN 2 ELSE 0 END
-FROM `+s.table+` p`+s.byKey()+` WHERE p.status IN (0, 2) AND p.ordering_key`+keyCond+` AND p.key_seq IS NOT NULL
+FROM `+s.table+` p`+s.byKey()+` WHERE p.status IN (0, 2) AND p.ordering_key`+keyIs(len(keys))+` AND p.key_seq IS NOT NULL
 ORDER BY p.ordering_key, p.key_seq`)), stringArgs(keys)...)
 		if err != nil {
 			return err
