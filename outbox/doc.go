@@ -107,9 +107,12 @@
 //     or in the same key order everywhere: else two transactions can
 //     deadlock (the database aborts one of them). On MySQL a key the
 //     process has not seen yet gets its row first, outside the
-//     transaction, on a spare connection of the pool: a new key's row
-//     that a rolled-back transaction inserted would leave the key's
-//     waiting publishers deadlocked. On PostgreSQL an instance that
+//     transaction, on a connection sqlstore borrows from the pool while
+//     new keys come: a new key's row that a rolled-back transaction
+//     inserted would leave the key's waiting publishers deadlocked (when
+//     the pool has no connection free for it, the transaction inserts
+//     the row and the process's other publishers of the key wait for its
+//     end in memory). On PostgreSQL an instance that
 //     committed one of a key's events less than 5 seconds ago numbers the
 //     key's next event itself, after its own last number, without the
 //     key's row (one INSERT, as for an unordered event): a unique index

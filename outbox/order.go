@@ -243,13 +243,16 @@ func (s *sequencer) quietUntil(it *item) time.Time {
 		return time.Time{}
 	}
 	wait := time.Duration(-1)
-	seen := make(map[string]bool, len(it.results))
-	for _, r := range it.results {
-		sub := reg.byName[r.sub]
-		if r.kind != resRetry || r.delay <= 0 || sub == nil || sub.Order == Unordered || seen[r.sub] {
+	for i, r := range it.results {
+		if r.kind != resRetry || r.delay <= 0 {
 			return time.Time{}
 		}
-		seen[r.sub] = true
+		sub := reg.byName[r.sub]
+		if sub == nil || sub.Order == Unordered || slices.ContainsFunc(it.results[:i], func(p result) bool { return p.sub == r.sub }) {
+			// (A subscription twice: one result per subscription is
+			// what makes len(results) == len(reg.local) mean "every".)
+			return time.Time{}
+		}
 		if wait < 0 || r.delay < wait {
 			wait = r.delay
 		}

@@ -40,3 +40,8 @@ func SplitStatements(src string) []string { return splitStatements(src) }
 
 // Bounded exposes bounded.
 func Bounded(s *Store, ctx context.Context, q string) string { return s.bounded(ctx, q) }
+
+// MakeKey asks the store's key maker for key's row (MySQL).
+func MakeKey(ctx context.Context, s *Store, key string) error {
+	return s.maker.make(ctx, s, key)
+}

@@ -36,7 +36,7 @@ const (
 	ledgerProducers  = 16 // per instance: 64 in all
 	ledgerEvents     = 50 // per producer
 	ledgerAggregates = 100
-	ledgerKillAt     = 400 // ledger rows before the kill: mid-run, and past the creation of nearly every key's row (see TestLedgerChild's pool)
+	ledgerKillAt     = 150 // ledger rows before the kill: early in the run, while keys still get their first events
 	ledgerKilled     = 1   // the instance killed: "i1"
 )
 
@@ -438,20 +438,14 @@ func TestLedgerChild(t *testing.T) {
 	// Its producers' transactions and a few for the engine: the
 	// instances together stay well below PostgreSQL's default 100
 	// connections (4 × 40 did not, when the engine was busy with given
-	// back events: "too many clients already"). On MySQL (151 by
-	// default) a dozen for the engine: with 4, the pool was often full
-	// when a producer published a key's first event, sqlstore then
-	// created the key's row in the publishing transaction instead of
-	// outside it, and the kill, rolling back such a transaction of the
-	// killed instance, could leave two survivors waiting on the row's gap
-	// (a deadlock, 1 run in 2 of the suite under -race; see createKey).
-	// That hazard is createKey's, tested on its own
-	// (TestRolledBackFirstPublisherOfAKeyFailsNoOther); here the kill
-	// comes once nearly every key has its row (ledgerKillAt).
+	// back events: "too many clients already"). The pool is often full
+	// when a producer publishes a key's first event: on MySQL sqlstore
+	// then makes the key's row on its key maker's connection, or else
+	// inserts it in the publishing transaction and holds the process's
+	// other publishers of the key back until that transaction ends (see
+	// createKey), so that the kill, rolling back such transactions of the
+	// killed instance, fails no survivor's (TestNewKeysUnderAFullPoolWithRollbacks).
 	conns := ledgerProducers + 4
-	if drv == "mysql" {
-		conns = ledgerProducers + 12
-	}
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
 	defer db.Close()
@@ -625,57 +619,169 @@ func TestOpenOrderedPublishDoesNotBlockMarkDone(t *testing.T) {
 // waits for the database, not for a key row.)
 func TestRolledBackFirstPublisherOfAKeyFailsNoOther(t *testing.T) {
 	for _, c := range lockCases {
+		t.Run(c.name, func(t *testing.T) { rolledBackFirstPublisher(t, c.db, c.opts, false) })
+	}
+}
+
+// The same when every connection of the pool is held by a transaction as
+// the key's first event is published (a busy service whose pool is
+// smaller than its concurrent requests): sqlstore must not then create
+// the key's row inside the publishing transaction.
+func TestNewKeyOfAFullPoolRolledBackFailsNoOther(t *testing.T) {
+	for _, c := range lockCases {
+		t.Run(c.name, func(t *testing.T) { rolledBackFirstPublisher(t, c.db, c.opts, true) })
+	}
+}
+
+func rolledBackFirstPublisher(t *testing.T, name string, opts *sql.TxOptions, fullPool bool) {
+	db := testdb.Open(t, name)
+	st := testdb.Store(t, db)
+	ob := unstartedOrdered(t, st)
+	ctx := context.Background()
+	watch := db // what the test reads with: a pool of its own when db's is full
+	if fullPool {
+		watch = testdb.Open(t, name)
+	}
+	begin := func() *outbox.Tx {
+		tx, err := outbox.BeginTx(ctx, db.DB, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	if fullPool {
+		db.SetMaxOpenConns(6)
+		// An earlier key, so that sqlstore is at work on keys (on MySQL
+		// it may hold a connection for them from now on).
+		tx := begin()
+		if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "old", JSON: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "new", JSON: []byte(`{}`)}
+	const waiters = 2
+	first := begin()
+	var txs []*outbox.Tx
+	for range waiters {
+		txs = append(txs, begin())
+	}
+	if fullPool {
+		for st := db.Stats(); st.InUse < st.MaxOpenConnections; st = db.Stats() {
+			filler := begin()
+			defer filler.Rollback()
+		}
+	}
+	if _, err := ob.PublishTx(ctx, first, env); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, waiters)
+	for _, tx := range txs {
+		go func() {
+			errs <- func() error {
+				if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+					tx.Rollback()
+					return err
+				}
+				return tx.Commit()
+			}()
+		}()
+	}
+	if !waitLockWaits(t, watch, st.KeysTable(), waiters) {
+		first.Rollback()
+		for range waiters {
+			t.Log(<-errs)
+		}
+		t.FailNow()
+	}
+	if err := first.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	for range waiters {
+		if err := <-errs; err != nil {
+			t.Errorf("a publisher waiting for the key failed after its first publisher rolled back: %v", err)
+		}
+	}
+	var seqs []int64
+	if err := watch.Select(&seqs, `SELECT key_seq FROM `+st.Table()+` WHERE aggregate_id = 'new' ORDER BY key_seq`); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{1, 2}; !slices.Equal(seqs, want) {
+		t.Errorf("the committed events of the key are numbered %v, want %v", seqs, want)
+	}
+}
+
+// Many requests at once over a pool smaller than their number, each
+// publishing an event of one of a few keys that are new to the database,
+// a third of them rolled back (a validation failed, a handler returned an
+// error): no request may fail for another's rollback, and each key's
+// committed events are numbered 1, 2, 3, ... with no gap. The keys come
+// in rounds, so that each round's first publishers of a key contend
+// while the pool is full.
+func TestNewKeysUnderAFullPoolWithRollbacks(t *testing.T) {
+	for _, c := range lockCases {
 		t.Run(c.name, func(t *testing.T) {
 			db := testdb.Open(t, c.db)
 			st := testdb.Store(t, db)
 			ob := unstartedOrdered(t, st)
+			db.SetMaxOpenConns(8)
+			const (
+				requests = 24
+				rounds   = 12
+				keys     = 3 // per round
+			)
 			ctx := context.Background()
-			env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "new", JSON: []byte(`{}`)}
-			first, err := outbox.BeginTx(ctx, db.DB, c.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := ob.PublishTx(ctx, first, env); err != nil {
-				t.Fatal(err)
-			}
-			const waiters = 2
-			errs := make(chan error, waiters)
-			for range waiters {
-				go func() {
-					errs <- func() error {
-						tx, err := outbox.BeginTx(ctx, db.DB, c.opts)
+			var failed atomic.Int64
+			var wg sync.WaitGroup
+			for r := range requests {
+				wg.Go(func() {
+					for round := range rounds {
+						key := strconv.Itoa(round*keys + r%keys)
+						err := func() error {
+							tx, err := outbox.BeginTx(ctx, db.DB, c.opts)
+							if err != nil {
+								return err
+							}
+							if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: key, JSON: []byte(`{}`)}); err != nil {
+								tx.Rollback()
+								return err
+							}
+							if (r+round)%3 == 0 {
+								return tx.Rollback()
+							}
+							return tx.Commit()
+						}()
 						if err != nil {
-							return err
+							if failed.Add(1) <= 3 {
+								t.Errorf("request %d, key Order:%s: %v", r, key, err)
+							}
 						}
-						if _, err := ob.PublishTx(ctx, tx, env); err != nil {
-							tx.Rollback()
-							return err
-						}
-						return tx.Commit()
-					}()
-				}()
+					}
+				})
 			}
-			if !waitLockWaits(t, db, st.KeysTable(), waiters) {
-				first.Rollback()
-				for range waiters {
-					t.Log(<-errs)
-				}
-				t.FailNow()
+			wg.Wait()
+			if n := failed.Load(); n > 0 {
+				t.Fatalf("%d of %d requests failed", n, requests*rounds)
 			}
-			if err := first.Rollback(); err != nil {
+			var rows []struct {
+				Key string `db:"ordering_key"`
+				N   int64  `db:"n"`
+				Max int64  `db:"m"`
+			}
+			if err := db.Select(&rows, `SELECT ordering_key, COUNT(*) AS n, MAX(key_seq) AS m FROM `+st.Table()+` GROUP BY ordering_key`); err != nil {
 				t.Fatal(err)
 			}
-			for range waiters {
-				if err := <-errs; err != nil {
-					t.Errorf("a publisher waiting for the key failed after its first publisher rolled back: %v", err)
+			var committed int64
+			for _, r := range rows {
+				committed += r.N
+				if r.N != r.Max {
+					t.Errorf("key %s: %d events, numbered up to %d", r.Key, r.N, r.Max)
 				}
 			}
-			var seqs []int64
-			if err := db.Select(&seqs, `SELECT key_seq FROM `+st.Table()+` ORDER BY key_seq`); err != nil {
-				t.Fatal(err)
-			}
-			if want := []int64{1, 2}; !slices.Equal(seqs, want) {
-				t.Errorf("the committed events of the key are numbered %v, want %v", seqs, want)
+			if want := int64(requests * rounds * 2 / 3); committed != want {
+				t.Errorf("%d events committed, want %d", committed, want)
 			}
 		})
 	}

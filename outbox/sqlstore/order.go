@@ -578,18 +578,35 @@ func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver
 	keys := s.KeysTable()
 	switch s.d.name {
 	case "mysql":
-		s.createKey(ctx, r.OrderingKey)
+		var release func() // the key's gate, held while this transaction may insert the key's row
+		if !s.createKey(ctx, r.OrderingKey) {
+			if _, ok := exec.(txHooks); ok {
+				release = s.gates.enter(ctx, r.OrderingKey)
+			}
+		}
 		// The key's next number and whether the previous event is
 		// delivered, packed into LAST_INSERT_ID, which the OK packet
 		// carries back (a new key reports 0: number 1, nothing before).
 		res, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) DIV 2`), r.OrderingKey)
+		var packed int64
+		if err == nil {
+			packed, err = res.LastInsertId()
+		}
+		if release != nil {
+			if err == nil && packed == 0 {
+				// This transaction inserted the row: the gate is held
+				// until it ends.
+				h := exec.(txHooks)
+				key := r.OrderingKey
+				h.AfterCommit(func() { s.known.add(key); release() })
+				h.AfterRollback(release)
+			} else {
+				release()
+			}
+		}
 		if err != nil {
 			return false, false, s.explain(err)
-		}
-		packed, err := res.LastInsertId()
-		if err != nil {
-			return false, false, err
 		}
 		r.KeySeq, head = 1, true
 		if packed != 0 {
@@ -831,27 +848,39 @@ const createKeyWait = 250 * time.Millisecond
 
 // createKey makes sure, on MySQL, that key's row exists, committed, before
 // the publishing transaction takes its number: it inserts the row (number
-// 0) outside that transaction, on a connection of its own, unless the key
-// is known to exist. A row the application's transaction inserted would
-// go again at its rollback, and InnoDB then leaves every transaction that
-// waited for it with a lock on the gap where it was: two of them block
-// each other's insert of the row, and one fails with a deadlock (1213;
+// 0) outside that transaction, unless the key is known to exist. A row the
+// application's transaction inserted would go again at its rollback, and
+// InnoDB then leaves every transaction that waited for it with a lock on
+// the gap where it was: two of them block each other's insert of the row,
+// and one fails with a deadlock (1213;
 // TestRolledBackFirstPublisherOfAKeyFailsNoOther). A deadlock of this
 // statement (the same case, should a row inserted the old way go) is only
-// this statement's: it is retried. When the pool has no connection to
-// spare (every one may be held by a publishing transaction: waiting for
-// one could wait forever) or the statement does not end within
-// createKeyWait, it is skipped and the transaction inserts the row itself,
-// with the risk above.
-func (s *Store) createKey(ctx context.Context, key string) {
+// this statement's: it is retried.
+//
+// The rows are made by the key maker (keyMaker), on a connection it holds
+// while new keys come, so that they are made also when every other
+// connection of the pool is held by application transactions
+// (TestNewKeyOfAFullPoolRolledBackFailsNoOther). A pool of fewer than 4
+// connections lends it none: there the row is made on a connection of the
+// pool if one is free, never waited for (every one may be held by a
+// publishing transaction: waiting could wait forever). When the row is
+// not made within createKeyWait, the transaction inserts it itself; the
+// risk above then stays only for publishers of other processes: those of
+// this one wait for the transaction's end in the key's gate (keyGates).
+// createKey reports whether the row is known to be committed.
+func (s *Store) createKey(ctx context.Context, key string) bool {
 	if s.known.has(key) {
-		return
+		return true
 	}
-	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
-		return
-	}
+	st := s.db.Stats()
 	ctx, cancel := context.WithTimeout(ctx, createKeyWait)
 	defer cancel()
+	if s.maker.usable(st) {
+		return s.maker.make(ctx, s, key) == nil
+	}
+	if st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		return false
+	}
 	err := s.retry(ctx, func() error {
 		_, err := s.db.ExecContext(ctx, s.rebind(`INSERT IGNORE INTO `+s.KeysTable()+` (ordering_key, seq, done_seq) VALUES (?, 0, 0)`), key)
 		return err
@@ -859,6 +888,7 @@ func (s *Store) createKey(ctx context.Context, key string) {
 	if err == nil {
 		s.known.add(key)
 	}
+	return err == nil
 }
 
 // knownKeys is the set of ordering keys whose row is known to be committed

@@ -58,6 +58,8 @@ type Store struct {
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
 
 	known knownKeys // MySQL: ordering keys whose row is committed; see createKey
+	maker keyMaker  // MySQL: makes the rows of new keys; see createKey
+	gates keyGates  // MySQL: new keys whose row a transaction of the process is inserting
 
 	// keep is the least time an ordered event stays stored after it was
 	// written (orderedKeep); see keptSQL.
