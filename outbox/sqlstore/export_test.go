@@ -15,7 +15,7 @@ type ByIDStatement struct {
 // ByIDStatements returns the store's by-id writes for ids.
 func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 	n := len(ids)
-	return []ByIDStatement{
+	out := []ByIDStatement{
 		{"claim lease", s.leaseSQL(n), s.idArgs(ids, "me", int64(1000))},
 		{"mark done", s.markDoneSQL(n), s.idArgs(ids, "me")},
 		{"extend leases", s.extendSQL(n), s.idArgs(ids, int64(1000), "me")},
@@ -23,6 +23,10 @@ func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 		{"release later", s.releaseSQL(n, true), s.idArgs(ids, int64(1000), "me")},
 		{"replay", s.replaySQL(n), s.idArgs(ids)},
 	}
+	if s.d.name == "postgres" {
+		out = append(out, ByIDStatement{"lease if free (ClaimHeads)", s.leaseFreeSQL(n), s.idArgs(ids, "me", int64(1000))})
+	}
+	return out
 }
 
 // SetKeep sets how long the store keeps ordered events after their

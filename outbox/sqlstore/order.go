@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -1068,10 +1069,19 @@ ORDER BY p.ordering_key, p.key_seq`)), stringArgs(keys)...)
 		noneLeased = `(o.id IN ` + in(len(runs)) + ` OR (` + noneLeased + `))`
 		args = stringArgs(runs, args...)
 	}
+	// On PostgreSQL the rows are read without a lock and leased by an
+	// UPDATE that checks again that each is free (leaseFree): locking
+	// them as they are read (FOR UPDATE) writes every row twice, its lock
+	// and its lease, and took most of a claim's time while a backlog of
+	// many keys drained (BENCHMARKS.md, item 21).
+	lock := s.d.lock
+	if s.d.name == "postgres" {
+		lock = ""
+	}
 	q := s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + ` o` + byPK + ` WHERE o.id IN ` + in(len(heads)+len(runs)) + `
   AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
   AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
-  AND ` + noneLeased + ` LIMIT ?` + s.d.lock)
+  AND ` + noneLeased + ` LIMIT ?` + lock)
 	args = append(args, len(heads)+len(runs))
 	isHead := make(map[string]bool, len(heads))
 	for _, id := range heads {
@@ -1120,13 +1130,87 @@ ORDER BY p.ordering_key, p.key_seq`)), stringArgs(keys)...)
 		for i := range out {
 			ids[i] = out[i].ID
 		}
-		_, err = tx.ExecContext(ctx, s.leaseSQL(len(ids)), s.idArgs(ids, req.Owner, req.Lease.Microseconds())...)
+		if s.d.name != "postgres" {
+			_, err = tx.ExecContext(ctx, s.leaseSQL(len(ids)), s.idArgs(ids, req.Owner, req.Lease.Microseconds())...)
+			return err
+		}
+		got, err := s.leaseFree(ctx, tx, ids, req)
+		if err != nil {
+			return err
+		}
+		leased := out[:0]
+		for _, r := range out {
+			if g, ok := got[r.ID]; ok {
+				// As read, but for the lease's owner: the lease
+				// taken over, if any (Row.PrevOwner).
+				g.Behind, g.PrevOwner = r.Behind, r.PrevOwner
+				leased = append(leased, g)
+			}
+		}
+		if out = leased; len(runs) > 0 && len(out) > 0 {
+			// An event whose predecessor another claim took in between
+			// is given back: it goes after that one, from its claimer.
+			out = runsOf(out, isHead)
+			if len(out) < len(got) {
+				keep := make(map[string]bool, len(out))
+				for _, r := range out {
+					keep[r.ID] = true
+				}
+				var back []string
+				for id := range got {
+					if !keep[id] {
+						back = append(back, id)
+					}
+				}
+				_, err = tx.ExecContext(ctx, s.releaseSQL(len(back), false), s.idArgs(back, req.Owner)...)
+			}
+		}
 		return err
 	})
 	if err != nil {
 		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
 	}
 	return out, nil
+}
+
+// leaseFreeWait bounds leaseFree's wait for a row another transaction
+// holds.
+const leaseFreeWait = 100 * time.Millisecond
+
+// leaseFree leases to req.Owner those of the events ids that are still
+// NEW or RETRY, due and under no live lease, checked on each row as the
+// UPDATE reaches it (after any other transaction that holds the row
+// ends), and returns them as leased, by id.
+func (s *Store) leaseFree(ctx context.Context, tx *sqlx.Tx, ids []string, req driver.ClaimRequest) (map[string]driver.Row, error) {
+	// A row another transaction holds is waited for, not passed over as
+	// FOR UPDATE SKIP LOCKED would: briefly, so that this transaction,
+	// which holds the rows it leased so far, keeps nobody waiting long
+	// (their owners' lease renewals, say). Past it the claim fails with
+	// 55P03 and is tried again (inTx).
+	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '`+strconv.Itoa(int(leaseFreeWait.Milliseconds()))+`ms'`); err != nil {
+		return nil, err
+	}
+	rs, err := tx.QueryContext(ctx, s.leaseFreeSQL(len(ids)), s.idArgs(ids, req.Owner, req.Lease.Microseconds())...)
+	if err != nil {
+		return nil, err
+	}
+	got := make(map[string]driver.Row, len(ids))
+	for rs.Next() {
+		r, err := scanRow(rs)
+		if err != nil {
+			rs.Close()
+			return nil, err
+		}
+		got[r.ID] = r
+	}
+	return got, errors.Join(rs.Err(), rs.Close())
+}
+
+// leaseFreeSQL is leaseFree's UPDATE of n rows (PostgreSQL).
+func (s *Store) leaseFreeSQL(n int) string {
+	return s.rebind(s.q.update + ` SET locked_by = ?, locked_until = ` + s.d.nowPlus + ` WHERE id` + s.idIn(n) + `
+  AND ` + s.d.statusByID() + ` IN (0, 2) AND available_at <= ` + s.d.now + ` AND (locked_until IS NULL OR locked_until <= ` + s.d.now + `)
+RETURNING ` + rowColumns)
 }
 
 // runsOf orders rows, heads and the runs read behind them (ClaimHeads),

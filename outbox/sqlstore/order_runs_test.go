@@ -414,3 +414,95 @@ func TestOrderedEventBehindAKeyGivenBackIsWrittenFree(t *testing.T) {
 		})
 	}
 }
+
+// Instances claiming the same keys' heads at once (ClaimHeads with runs,
+// as the sequencers of several instances do while a backlog drains):
+// each claim of a key begins at the key's first undelivered event and
+// goes on without a gap, and no two claimers hold events of one key at
+// the same time, however their reads and leases interleave.
+func TestConcurrentClaimsOfHeadsShareNoKey(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			ctx := context.Background()
+			const (
+				nkeys     = 20
+				per       = 30
+				claimers  = 4
+				runLength = 5
+			)
+			var f driver.OrderFilter
+			var keys []string
+			for k := range nkeys {
+				keys = append(keys, "k"+strconv.Itoa(k))
+			}
+			for range per {
+				for _, k := range keys {
+					insertKeyed(t, db, st, f, k, 0)
+				}
+			}
+			var mu sync.Mutex
+			next := map[string]int64{}    // the key's first number not delivered
+			holder := map[string]string{} // who holds events of the key
+			var delivered atomic.Int64
+			deadline := time.Now().Add(2 * time.Minute)
+			var wg sync.WaitGroup
+			for c := range claimers {
+				owner := "c" + strconv.Itoa(c)
+				wg.Go(func() {
+					for delivered.Load() < nkeys*per && time.Now().Before(deadline) && !t.Failed() {
+						rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: owner, Limit: nkeys, Lease: time.Minute, Run: nkeys * runLength}, keys, f)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						byKey := map[string][]driver.Row{}
+						for _, r := range rows {
+							byKey[r.OrderingKey] = append(byKey[r.OrderingKey], r)
+						}
+						mu.Lock()
+						for k, rs := range byKey {
+							if h := holder[k]; h != "" {
+								t.Errorf("%s claimed key %s while %s holds it", owner, k, h)
+							}
+							want := max(next[k], 1)
+							for _, r := range rs {
+								if r.KeySeq != want {
+									t.Errorf("%s claimed %s #%d, want #%d (the key's next)", owner, k, r.KeySeq, want)
+								}
+								want = r.KeySeq + 1
+							}
+							holder[k] = owner
+						}
+						mu.Unlock()
+						// Delivered: the key is given up before its DONE is
+						// written, so that nobody can claim it in between.
+						var ids []string
+						mu.Lock()
+						for k, rs := range byKey {
+							next[k] = rs[len(rs)-1].KeySeq + 1
+							delete(holder, k)
+							for _, r := range rs {
+								ids = append(ids, r.ID)
+							}
+						}
+						mu.Unlock()
+						if len(ids) == 0 {
+							continue
+						}
+						if n, err := st.MarkDone(ctx, owner, ids); err != nil || n != len(ids) {
+							t.Errorf("MarkDone(%s) = %d, %v; want %d", owner, n, err, len(ids))
+							return
+						}
+						delivered.Add(int64(len(ids)))
+					}
+				})
+			}
+			wg.Wait()
+			if n := delivered.Load(); n != nkeys*per {
+				t.Errorf("%d of %d events delivered", n, nkeys*per)
+			}
+		})
+	}
+}
