@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -204,6 +205,7 @@ type keyGates struct {
 type keyGate struct {
 	open chan struct{} // closed when the gate is released
 	at   time.Time
+	tx   any // the holder's transaction, if a pointer (else nil)
 }
 
 const (
@@ -218,10 +220,37 @@ type txHooks interface {
 	AfterRollback(func())
 }
 
+// busy reports whether a transaction of the process holds key's gate.
+func (g *keyGates) busy(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := g.m[key]
+	return cur != nil && time.Since(cur.at) < keyGateLapse
+}
+
+// mine reports whether tx holds key's gate: it inserted the key's row.
+func (g *keyGates) mine(key string, tx any) bool {
+	if !isPointer(tx) {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := g.m[key]
+	return cur != nil && cur.tx == tx && time.Since(cur.at) < keyGateLapse
+}
+
+func isPointer(v any) bool {
+	return v != nil && reflect.TypeOf(v).Kind() == reflect.Pointer
+}
+
 // enter waits until no other transaction of the process holds key's gate
-// (at most keyGateWait, or until ctx ends), then holds it. The returned
-// release gives it up; nil if the wait ran out (the gate is not held).
-func (g *keyGates) enter(ctx context.Context, key string) (release func()) {
+// (at most keyGateWait, or until ctx ends), then holds it for tx. The
+// returned release gives it up; nil if the wait ran out (the gate is not
+// held).
+func (g *keyGates) enter(ctx context.Context, key string, tx any) (release func()) {
+	if !isPointer(tx) {
+		tx = nil
+	}
 	var t *time.Timer
 	defer func() {
 		if t != nil {
@@ -235,7 +264,7 @@ func (g *keyGates) enter(ctx context.Context, key string) (release func()) {
 			if g.m == nil {
 				g.m = map[string]*keyGate{}
 			}
-			mine := &keyGate{open: make(chan struct{}), at: time.Now()}
+			mine := &keyGate{open: make(chan struct{}), at: time.Now(), tx: tx}
 			g.m[key] = mine
 			g.mu.Unlock()
 			var once sync.Once

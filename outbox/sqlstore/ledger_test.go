@@ -787,6 +787,67 @@ func TestNewKeysUnderAFullPoolWithRollbacks(t *testing.T) {
 	}
 }
 
+// A transaction that inserted a new key's row itself (the pool full,
+// nothing free for the key maker) publishes the key again: it must not
+// wait for its own row, nor for the key's gate that it holds; and after
+// its rollback the key starts at 1 again.
+func TestNewKeyPublishedTwiceInOneTransactionOfAFullPool(t *testing.T) {
+	for _, c := range lockCases {
+		t.Run(c.name, func(t *testing.T) {
+			db := testdb.Open(t, c.db)
+			st := testdb.Store(t, db)
+			ob := unstartedOrdered(t, st)
+			db.SetMaxOpenConns(4)
+			ctx := context.Background()
+			var txs []*outbox.Tx
+			for st := db.Stats(); st.InUse < st.MaxOpenConnections; st = db.Stats() {
+				tx, err := outbox.BeginTx(ctx, db.DB, c.opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				txs = append(txs, tx)
+			}
+			defer func() {
+				for _, tx := range txs {
+					tx.Rollback() // the first one's again, should the test fail
+				}
+			}()
+			tx := txs[0]
+			env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "new", JSON: []byte(`{}`)}
+			for i := range 3 {
+				// Well within the key maker's and the gate's waits: a
+				// wait for either fails the Publish.
+				pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				_, err := ob.PublishTx(pctx, tx, env)
+				cancel()
+				if err != nil {
+					t.Fatalf("Publish %d of the new key in one transaction: %v", i+1, err)
+				}
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			again, err := outbox.BeginTx(ctx, db.DB, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ob.PublishTx(ctx, again, env); err != nil {
+				t.Fatal(err)
+			}
+			if err := again.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			var seqs []int64
+			if err := testdb.Open(t, c.db).Select(&seqs, `SELECT key_seq FROM `+st.Table()); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(seqs, []int64{1}) {
+				t.Errorf("after the rollback and one commit the key's events are numbered %v, want [1]", seqs)
+			}
+		})
+	}
+}
+
 // waitLockWaits waits until n statements that name table wait for a lock;
 // false after 30 s. MySQL refreshes information_schema.innodb_trx only
 // when it was not read for 100 ms: reading it more often, one would see

@@ -579,10 +579,11 @@ func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver
 	keys := s.KeysTable()
 	switch s.d.name {
 	case "mysql":
-		var release func() // the key's gate, held while this transaction may insert the key's row
-		if !s.createKey(ctx, r.OrderingKey) {
-			if _, ok := exec.(txHooks); ok {
-				release = s.gates.enter(ctx, r.OrderingKey)
+		mine := false      // this transaction inserted the key's row
+		var release func() // the key's gate, held while this transaction may insert the row
+		if !s.known.has(r.OrderingKey) {
+			if mine = s.gates.mine(r.OrderingKey, exec); !mine {
+				release = s.keyRow(ctx, exec, r.OrderingKey)
 			}
 		}
 		// The key's next number and whether the previous event is
@@ -612,9 +613,12 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 		r.KeySeq, head = 1, true
 		if packed != 0 {
 			// The row was there, committed (a row another transaction
-			// was inserting would have been waited for).
+			// was inserting would have been waited for), unless this
+			// transaction inserted it.
 			r.KeySeq, head = packed/2, packed%2 == 0
-			s.known.add(r.OrderingKey)
+			if !mine {
+				s.known.add(r.OrderingKey)
+			}
 		}
 		leased = leases(owner, head, r)
 		_, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
@@ -890,6 +894,44 @@ func (s *Store) createKey(ctx context.Context, key string) bool {
 		s.known.add(key)
 	}
 	return err == nil
+}
+
+// keyRow readies key's row on MySQL before a publisher of exec numbers
+// from it: made outside the transaction (createKey), unless another
+// transaction of the process is inserting it, whose end is waited for
+// first (keyGates). If the row may still be missing, it returns the held
+// gate of the key (nil when exec tells no end of its transaction, or the
+// wait ran out), which the caller keeps until its transaction ends if it
+// inserts the row, and else releases.
+func (s *Store) keyRow(ctx context.Context, exec driver.Execer, key string) (release func()) {
+	if s.known.has(key) {
+		return nil
+	}
+	if _, ok := exec.(txHooks); !ok {
+		s.createKey(ctx, key)
+		return nil
+	}
+	if s.gates.busy(key) {
+		// Not asked of the key maker: its statement would wait for that
+		// transaction's row, and hold up the other keys of its batch.
+		release = s.gates.enter(ctx, key, exec)
+		if s.known.has(key) { // the transaction committed the row
+			if release != nil {
+				release()
+			}
+			return nil
+		}
+	}
+	if s.createKey(ctx, key) {
+		if release != nil {
+			release()
+		}
+		return nil
+	}
+	if release == nil {
+		release = s.gates.enter(ctx, key, exec)
+	}
+	return release
 }
 
 // knownKeys is the set of ordering keys whose row is known to be committed
