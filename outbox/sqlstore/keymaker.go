@@ -44,7 +44,7 @@ type keyDone struct {
 
 // keyConnIdle is how long the key maker keeps its connection after its
 // last statement; keyBatchMax the most keys one statement creates.
-var keyConnIdle = 30 * time.Second
+var keyConnIdle = 5 * time.Second
 
 var errPoolFull = errors.New("sqlstore: every connection of the pool is in use")
 
