@@ -141,7 +141,7 @@ func (m *keyMaker) exec(s *Store, batch []*keyWait) error {
 	ctx, cancel := context.WithTimeout(context.Background(), createKeyWait)
 	defer cancel()
 	if m.conn == nil {
-		if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		if poolFull(s.db.Stats()) {
 			// Not waited for: every connection may be held by a
 			// transaction that waits for this.
 			return errPoolFull

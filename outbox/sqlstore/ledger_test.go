@@ -669,10 +669,7 @@ func rolledBackFirstPublisher(t *testing.T, name string, opts *sql.TxOptions, fu
 		txs = append(txs, begin())
 	}
 	if fullPool {
-		for st := db.Stats(); st.InUse < st.MaxOpenConnections; st = db.Stats() {
-			filler := begin()
-			defer filler.Rollback()
-		}
+		fillPool(t, db, opts)
 	}
 	if _, err := ob.PublishTx(ctx, first, env); err != nil {
 		t.Fatal(err)
@@ -799,20 +796,7 @@ func TestNewKeyPublishedTwiceInOneTransactionOfAFullPool(t *testing.T) {
 			ob := unstartedOrdered(t, st)
 			db.SetMaxOpenConns(4)
 			ctx := context.Background()
-			var txs []*outbox.Tx
-			for st := db.Stats(); st.InUse < st.MaxOpenConnections; st = db.Stats() {
-				tx, err := outbox.BeginTx(ctx, db.DB, c.opts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				txs = append(txs, tx)
-			}
-			defer func() {
-				for _, tx := range txs {
-					tx.Rollback() // the first one's again, should the test fail
-				}
-			}()
-			tx := txs[0]
+			tx := fillPool(t, db, c.opts)[0]
 			env := outbox.Envelope{Type: "Placed", AggregateType: "Order", AggregateID: "new", JSON: []byte(`{}`)}
 			for i := range 3 {
 				// Well within the key maker's and the gate's waits: a
@@ -846,6 +830,23 @@ func TestNewKeyPublishedTwiceInOneTransactionOfAFullPool(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fillPool begins transactions on db until every connection of its pool
+// is in use, and returns them; each is rolled back when t ends, if it has
+// not ended before.
+func fillPool(t *testing.T, db *sqlx.DB, opts *sql.TxOptions) []*outbox.Tx {
+	t.Helper()
+	var txs []*outbox.Tx
+	for st := db.Stats(); st.InUse < st.MaxOpenConnections; st = db.Stats() {
+		tx, err := outbox.BeginTx(context.Background(), db.DB, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback() })
+		txs = append(txs, tx)
+	}
+	return txs
 }
 
 // waitLockWaits waits until n statements that name table wait for a lock;

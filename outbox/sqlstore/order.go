@@ -122,7 +122,7 @@ func (s *Store) fenced(ctx context.Context) bool {
 		return f&1 == 1
 	}
 	defer s.fenceMu.Unlock()
-	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+	if poolFull(s.db.Stats()) {
 		// Every connection may be held by a publishing transaction:
 		// waiting for one could wait forever (see createKey).
 		return f&1 == 1
@@ -883,7 +883,7 @@ func (s *Store) createKey(ctx context.Context, key string) bool {
 	if s.maker.usable(st) {
 		return s.maker.make(ctx, s, key) == nil
 	}
-	if st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+	if poolFull(st) {
 		return false
 	}
 	err := s.retry(ctx, func() error {

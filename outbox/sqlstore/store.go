@@ -125,6 +125,12 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// poolFull reports whether every connection of a pool with a limit is in
+// use: a wait for one may then wait for a transaction that waits for us.
+func poolFull(st sql.DBStats) bool {
+	return st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections
+}
+
 // Must is New that panics on error, for package-level setup.
 func Must(s *Store, err error) *Store {
 	if err != nil {
