@@ -421,8 +421,12 @@ func TestEventOthersTakeDoesNotOpenTheKeyForOneBehind(t *testing.T) {
 			e0 := outbox.NewID()
 			shipping, projection := newKeyLog(t, 2), newKeyLog(t, 3)
 			broken := failWhile(shipping, &e0, "carrier down")
-			retry := outbox.RetryFunc(func(int) time.Duration { return 20 * time.Millisecond })
-			ob := startOrdered(t, st, outbox.Config{PollInterval: 20 * time.Millisecond},
+			// Retries and polls 100 ms apart: closer, the engine writes
+			// almost without pause, and on SQLite, whose busy handler is not
+			// fair, the test's own transactions could lose every try for
+			// the 5 s busy timeout on a loaded machine.
+			retry := outbox.RetryFunc(func(int) time.Duration { return 100 * time.Millisecond })
+			ob := startOrdered(t, st, outbox.Config{PollInterval: 100 * time.Millisecond},
 				outbox.Subscription{Name: "shipping", Order: outbox.Ordered, Handler: shipping.handle, Retry: retry, MaxAttempts: 1000, Types: []outbox.EventType{"Placed"}},
 				outbox.Subscription{Name: "projection", Order: outbox.Ordered, Handler: projection.handle, Retry: retry})
 			env := func(id string, typ outbox.EventType) outbox.Envelope {
