@@ -390,6 +390,16 @@ func (d *dispatcher) recordFailures(it *item) {
 	held, err := write(writes)
 	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
 	defer func() {
+		// After the events that waited behind it in its key were given
+		// back (chainFailed, below): until then their leases keep a claim
+		// off the delivery just written (not its key's turn while a later
+		// event of the key is leased), and a poll woken before would find
+		// nothing and leave it to the idle back-off.
+		if err == nil && held && wake >= 0 {
+			d.poller.scheduleRetryWake(time.Now().Add(wake))
+		}
+	}()
+	defer func() {
 		if onlyBehind(it) {
 			// Delivered to every subscription here but those behind
 			// on its key: the next event goes on if it owes them too.
@@ -432,7 +442,5 @@ func (d *dispatcher) recordFailures(it *item) {
 		d.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", err))
 	case !held:
 		d.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
-	case wake >= 0:
-		d.poller.scheduleRetryWake(time.Now().Add(wake))
 	}
 }
