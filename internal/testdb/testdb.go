@@ -64,11 +64,16 @@ func Postgres(t testing.TB) *sqlx.DB {
 }
 
 // SQLite opens a new SQLite database file in a temporary directory with
-// sqlstore.SQLiteDSN; it is closed when t ends.
+// sqlstore.SQLiteDSN, but a 30 s busy timeout instead of 5 s; it is closed
+// when t ends. Tests run several engines on one file under the race
+// detector on a loaded machine, and SQLite's busy handler is not fair: a
+// test's own transaction could lose every try for 5 s to the engines'
+// writes (seen as SQLITE_BUSY at BEGIN, twice).
 func SQLite(t testing.TB) *sqlx.DB {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "test.db")
-	db, err := sqlx.Open("sqlite", sqlstore.SQLiteDSN(path))
+	dsn := strings.Replace(sqlstore.SQLiteDSN(path), "busy_timeout(5000)", "busy_timeout(30000)", 1)
+	db, err := sqlx.Open("sqlite", dsn)
 	if err != nil {
 		t.Fatalf("open sqlite: %v", err)
 	}
