@@ -1040,10 +1040,8 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	// up per head instead (behind, which stops at the first event owed).
 	err := s.retry(ctx, func() error {
 		heads, runs = heads[:0], runs[:0]
-		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, s.rebind(`SELECT p.ordering_key, p.id, p.status, p.key_seq,
-  CASE WHEN p.locked_until > `+s.d.now+` THEN 1 WHEN p.available_at > `+s.d.now+` THEN 2 ELSE 0 END
-FROM `+s.table+` p`+s.byKey()+` WHERE p.status IN (0, 2) AND p.ordering_key`+keyIs(len(keys))+` AND p.key_seq IS NOT NULL
-ORDER BY p.ordering_key, p.key_seq`)), stringArgs(keys)...)
+		q, args := s.headReadSQL(keys, perKey)
+		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, q), args...)
 		if err != nil {
 			return err
 		}
@@ -1213,6 +1211,40 @@ ORDER BY p.ordering_key, p.key_seq`)), stringArgs(keys)...)
 		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
 	}
 	return out, nil
+}
+
+// headWindowKeys is the most keys whose heads ClaimHeads reads through a
+// window each (headReadSQL); more are read in one range.
+const headWindowKeys = 32
+
+// headReadSQL is ClaimHeads' read of keys' NEW and RETRY events, in key
+// and number order. For up to headWindowKeys keys it reads of each key
+// and status the first perKey+1 events only (the head and a run behind
+// it), as one subquery each: a key with a deep backlog then costs a claim
+// the run it can take, not a read of the whole backlog (which made
+// draining one key of n events cost ~n²/1,000 row reads). An event in
+// flight further down the key is not seen here; the lease statement's
+// check of the heads (no other event of the key leased) still keeps the
+// key's head from going out beside it.
+func (s *Store) headReadSQL(keys []string, perKey int) (string, []any) {
+	cols := `p.ordering_key AS ordering_key, p.id AS id, p.status AS status, p.key_seq AS key_seq,
+  CASE WHEN p.locked_until > ` + s.d.now + ` THEN 1 WHEN p.available_at > ` + s.d.now + ` THEN 2 ELSE 0 END AS busy
+FROM ` + s.table + ` p` + s.byKey()
+	if len(keys) > headWindowKeys {
+		return s.rebind(`SELECT ` + cols + ` WHERE p.status IN (0, 2) AND p.ordering_key` + keyIs(len(keys)) + ` AND p.key_seq IS NOT NULL
+ORDER BY ordering_key, key_seq`), stringArgs(keys)
+	}
+	limit := strconv.Itoa(perKey + 1)
+	parts := make([]string, 0, 2*len(keys))
+	args := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		for _, st := range []string{"0", "2"} {
+			parts = append(parts, `SELECT * FROM (SELECT `+cols+` WHERE p.status = `+st+` AND p.ordering_key = ? AND p.key_seq IS NOT NULL
+ORDER BY p.key_seq LIMIT `+limit+`) h`+strconv.Itoa(len(parts)))
+			args = append(args, k)
+		}
+	}
+	return s.rebind(strings.Join(parts, "\nUNION ALL\n") + "\nORDER BY ordering_key, key_seq"), args
 }
 
 // leaseFreeWait bounds leaseFree's wait for a row another transaction

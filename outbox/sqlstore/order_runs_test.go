@@ -109,6 +109,41 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 				}
 			}
 			wantIDs(t, "ClaimHeads(e) behind a dead event", got, e2, e3)
+
+			// A head replayed while an event far down its key is in
+			// flight (OrderedSkipDead went on without it) waits for that
+			// one, however far down: a claim reads a window of each key's
+			// first events only, and the lease still finds the one leased.
+			skip := driver.OrderFilter{Skip: []string{"ord"}}
+			var g []string
+			for range 10 {
+				g = append(g, insertKeyed(t, db, st, skip, "g", 0).ID)
+			}
+			claimSkip := func(run int) []string {
+				t.Helper()
+				rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute, Run: run}, []string{"g"}, skip)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, r := range rows {
+					ids = append(ids, r.ID)
+				}
+				return ids
+			}
+			wantIDs(t, "ClaimHeads(g), run 0", claimSkip(0), g[0])
+			if ok, err := st.MarkDead(ctx, "b", g[0], "poison"); err != nil || !ok {
+				t.Fatalf("MarkDead = %v, %v", ok, err)
+			}
+			wantIDs(t, "ClaimHeads(g) past its dead head, run 10", claimSkip(10), g[1:]...)
+			done(t, st, g[1:8]...) // g[8] and g[9] still in flight
+			if n, err := st.Replay(ctx, g[:1]); err != nil || n != 1 {
+				t.Fatalf("Replay = %d, %v", n, err)
+			}
+			wantIDs(t, "ClaimHeads(g), run 0, its replayed head behind an event in flight 8 further down", claimSkip(0))
+			wantIDs(t, "ClaimHeads(g), run 10, the same", claimSkip(10))
+			done(t, st, g[8:]...)
+			wantIDs(t, "ClaimHeads(g) once the events in flight are done", claimSkip(10), g[0])
 		})
 	}
 }
