@@ -37,7 +37,7 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 				t.Helper()
 				return insertKeyed(t, db, st, f, key, 0).ID
 			}
-			claim := func(run int, keys ...string) []string {
+			claimUnder := func(f driver.OrderFilter, run int, keys ...string) []string {
 				t.Helper()
 				rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute, Run: run}, keys, f)
 				if err != nil {
@@ -51,6 +51,10 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 					ids = append(ids, r.ID)
 				}
 				return ids
+			}
+			claim := func(run int, keys ...string) []string {
+				t.Helper()
+				return claimUnder(f, run, keys...)
 			}
 			var a []string
 			for range 6 {
@@ -121,15 +125,7 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 			}
 			claimSkip := func(run int) []string {
 				t.Helper()
-				rows, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 10, Lease: time.Minute, Run: run}, []string{"g"}, skip)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var ids []string
-				for _, r := range rows {
-					ids = append(ids, r.ID)
-				}
-				return ids
+				return claimUnder(skip, run, "g")
 			}
 			wantIDs(t, "ClaimHeads(g), run 0", claimSkip(0), g[0])
 			if ok, err := st.MarkDead(ctx, "b", g[0], "poison"); err != nil || !ok {
