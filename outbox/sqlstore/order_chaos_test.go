@@ -334,6 +334,7 @@ func TestOrderedThroughARollingDeploy(t *testing.T) {
 							}
 						}
 						t.Logf("key %d: %d of %d delivered; next:%s", k, len(g), len(w), sb.String())
+						logPendingOfKey(t, st, numberedKey(k))
 					}
 				}
 				mu.Unlock()
@@ -359,5 +360,33 @@ func TestOrderedThroughARollingDeploy(t *testing.T) {
 			}
 			t.Logf("%d transactions, %d events committed, %d rolled back", txs, want, len(led.rolled))
 		})
+	}
+}
+
+// logPendingOfKey logs, for a test that found key stalled, the key's
+// events not DONE and their deliveries not DONE, each with its lease
+// (owner and end, as stored) beside the time now: whether a live lease
+// holds the key, and whose.
+func logPendingOfKey(t *testing.T, st *sqlstore.Store, key string) {
+	t.Helper()
+	db := st.DB()
+	now := time.Now().UTC()
+	rows, err := db.Query(db.Rebind(`SELECT o.key_seq, o.status, COALESCE(o.locked_by, ''), o.locked_until, COALESCE(d.subscription, ''), d.status, COALESCE(d.locked_by, ''), d.locked_until
+FROM `+st.Table()+` o LEFT JOIN `+st.DeliveriesTable()+` d ON d.event_id = o.id AND d.status <> 1
+WHERE o.ordering_key = ? AND o.status <> 1 ORDER BY o.key_seq LIMIT 12`), key)
+	if err != nil {
+		t.Logf("pending of %s: %v", key, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var seq, status int64
+		var owner, sub, dOwner string
+		var until, dStatus, dUntil any
+		if err := rows.Scan(&seq, &status, &owner, &until, &sub, &dStatus, &dOwner, &dUntil); err != nil {
+			t.Logf("pending of %s: %v", key, err)
+			return
+		}
+		t.Logf("   pending %s #%d: status %d lease %q until %v; delivery %q status %v lease %q until %v (now %v)", key, seq, status, owner, until, sub, dStatus, dOwner, dUntil, now)
 	}
 }
