@@ -72,8 +72,12 @@ func Postgres(t testing.TB) *sqlx.DB {
 func SQLite(t testing.TB) *sqlx.DB {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "test.db")
-	dsn := strings.Replace(sqlstore.SQLiteDSN(path), "busy_timeout(5000)", "busy_timeout(30000)", 1)
-	db, err := sqlx.Open("sqlite", dsn)
+	dsn := sqlstore.SQLiteDSN(path)
+	long := strings.Replace(dsn, "busy_timeout(5000)", "busy_timeout(30000)", 1)
+	if long == dsn {
+		t.Fatalf("testdb: sqlstore.SQLiteDSN no longer sets busy_timeout(5000) (%s): update the test timeout here", dsn)
+	}
+	db, err := sqlx.Open("sqlite", long)
 	if err != nil {
 		t.Fatalf("open sqlite: %v", err)
 	}
