@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -20,15 +21,12 @@ import (
 // the events behind a head to the instance that holds it (Row.KeyAfter,
 // ClaimRequest.Run).
 //
-// One difference: sqlstore locks the key from the publishing INSERT until
-// the transaction ends, so that the sequence is the commit order of the
-// publishers. The in-memory store has no row locks: it numbers an event
-// when it is inserted (Store.mu held), so two transactions publishing one
-// key at once are numbered in insert order, whatever order they commit
-// in. The events of open transactions count as pending (they are NEW), so
-// a later publisher of the key never gets the head while an earlier one
-// is still open; a rolled-back event leaves a gap in the sequence, which
-// is harmless (the head is the lowest pending number).
+// Like sqlstore, publishing an event of a key locks the key until the
+// transaction ends: another transaction publishing the key waits for it
+// (or fails with ErrDeadlock if it holds a key the first waits for, as a
+// database would), so that the sequence is the commit order of the
+// publishers and a rolled-back transaction gives its numbers back (no
+// gaps).
 
 // MaxOrderingKeyLen is the longest ordering key the store accepts, in
 // bytes, as sqlstore's table.
@@ -131,13 +129,72 @@ func head(es []*memEvent) *memEvent {
 	return nil
 }
 
+// ErrDeadlock is returned by InsertOrdered when the transaction would wait
+// for a key held by a transaction that waits, directly or not, for a key
+// it holds: like a database, the store refuses the wait instead of
+// hanging both. Roll the transaction back and try again.
+var ErrDeadlock = errors.New("outboxtest: deadlock: this transaction and another each wait for an ordering key the other holds; roll back and retry")
+
+// lockKey makes tx the holder of key until it ends, waiting while another
+// open transaction holds it.
+func (s *Store) lockKey(ctx context.Context, tx *Tx, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		h := s.keyHolder[key]
+		if h == nil || h == tx {
+			break
+		}
+		for u := h; u != nil; u = u.waitingFor {
+			if u == tx {
+				return ErrDeadlock
+			}
+		}
+		tx.waitingFor = h
+		ended := h.endedChan()
+		s.mu.Unlock()
+		select {
+		case <-ended:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		tx.waitingFor = nil
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	if s.keyHolder[key] == nil {
+		s.keyHolder[key] = tx
+		if tx.keyBase == nil {
+			tx.keyBase = map[string]int64{}
+		}
+		tx.keyBase[key] = s.keySeq[key]
+	}
+	return nil
+}
+
+// unlockKeys releases the keys tx holds, giving their numbers back if it
+// rolled back. The caller holds s.mu.
+func (s *Store) unlockKeys(tx *Tx, rolledBack bool) {
+	for k, base := range tx.keyBase {
+		if s.keyHolder[k] == tx {
+			delete(s.keyHolder, k)
+			if rolledBack {
+				s.keySeq[k] = base
+			}
+		}
+	}
+	close(tx.endedChan())
+}
+
 // unstage forgets the ordered rows of a transaction that ended.
-func (s *Store) unstage(rows []*memEvent) {
+func (s *Store) unstage(rows []*memEvent, tx *Tx) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range rows {
 		delete(s.staging, e)
 	}
+	s.unlockKeys(tx, true)
 }
 
 // InsertOrdered implements driver.OrderedStore: the row is numbered next
@@ -155,6 +212,9 @@ func (s *Store) InsertOrdered(ctx context.Context, exec outbox.Execer, row *driv
 	}
 	tx, err := s.txOf(exec)
 	if err != nil {
+		return false, false, err
+	}
+	if err := s.lockKey(ctx, tx, row.OrderingKey); err != nil {
 		return false, false, err
 	}
 	tx.mu.Lock()

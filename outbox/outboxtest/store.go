@@ -57,8 +57,10 @@ type Store struct {
 	subs    map[string]*memSub
 	changed chan struct{} // closed and replaced on every change
 
-	keySeq  map[string]int64       // ordering key -> last number given
-	staging map[*memEvent]struct{} // ordered rows of open transactions
+	keySeq    map[string]int64       // ordering key -> last number given
+	keyHolder map[string]*Tx         // ordering key -> the open transaction that publishes it
+	staging   map[*memEvent]struct{} // ordered rows of open transactions
+	effects   []TxEffect             // what Tx handlers committed (DeliverInTx)
 }
 
 type memEvent struct {
@@ -102,13 +104,14 @@ type memSub struct {
 // NewStore returns an empty store.
 func NewStore(opts ...Option) *Store {
 	s := &Store{
-		now:     time.Now,
-		events:  map[string]*memEvent{},
-		deliv:   map[string]map[string]*memDelivery{},
-		subs:    map[string]*memSub{},
-		changed: make(chan struct{}),
-		keySeq:  map[string]int64{},
-		staging: map[*memEvent]struct{}{},
+		now:       time.Now,
+		events:    map[string]*memEvent{},
+		deliv:     map[string]map[string]*memDelivery{},
+		subs:      map[string]*memSub{},
+		changed:   make(chan struct{}),
+		keySeq:    map[string]int64{},
+		keyHolder: map[string]*Tx{},
+		staging:   map[*memEvent]struct{}{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -164,6 +167,22 @@ type Tx struct {
 	mu   sync.Mutex
 	rows []*memEvent
 	done bool
+
+	// Guarded by the Store's mu: the ordering keys it holds, with their
+	// numbers before it took them; the transaction it waits for; closed
+	// when it ends.
+	keyBase    map[string]int64
+	waitingFor *Tx
+	ended      chan struct{}
+}
+
+// endedChan returns the channel closed when tx ends. The caller holds the
+// Store's mu.
+func (tx *Tx) endedChan() chan struct{} {
+	if tx.ended == nil {
+		tx.ended = make(chan struct{})
+	}
+	return tx.ended
 }
 
 // Begin starts a transaction. ctx carries the logger for hooks that
@@ -199,10 +218,12 @@ func (tx *Tx) commit() error {
 	}
 	for _, e := range rows {
 		if _, dup := s.events[e.row.ID]; dup {
+			s.unlockKeys(tx, true)
 			s.mu.Unlock()
 			return fmt.Errorf("outboxtest: commit: event id %q exists already", e.row.ID)
 		}
 	}
+	s.unlockKeys(tx, false)
 	for _, e := range rows {
 		s.seq++
 		e.seq = s.seq
@@ -229,7 +250,7 @@ func (tx *Tx) rollback() error {
 	rows := tx.rows
 	tx.done, tx.rows = true, nil
 	tx.mu.Unlock()
-	tx.st.unstage(rows)
+	tx.st.unstage(rows, tx)
 	return nil
 }
 

@@ -1,0 +1,232 @@
+package sim
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
+)
+
+// direct injects the seed's faults until ctx ends: every so often it
+// picks one and applies it.
+func (w *world) direct(ctx context.Context) {
+	joined := false
+	for {
+		t := time.NewTimer(w.dur(200*time.Millisecond, 3*time.Second))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		switch r := w.intn(100); {
+		case r < 10:
+			if nd := w.pickLive(2); nd != nil {
+				nd.crash()
+			}
+		case r < 22:
+			if nd := w.pickLive(2); nd != nil {
+				nd.close(w.closeWait())
+			}
+		case r < 30:
+			if nd := w.pickLive(1); nd != nil {
+				nd.freeze(w.dur(w.cfg.Lease/2, 2*w.cfg.Lease))
+			}
+		case r < 40:
+			if !joined {
+				joined = true
+				w.join()
+			}
+		case r < 55:
+			w.restartOne()
+		case r < 63:
+			w.outage()
+		case r < 71:
+			w.pauseOne(ctx)
+		case r < 80:
+			w.replay()
+		case r < 86:
+			w.skipBlocked()
+		}
+	}
+}
+
+// closeWait is the time a Close gets: none, a little, or enough.
+func (w *world) closeWait() time.Duration {
+	switch w.intn(4) {
+	case 0:
+		return 0
+	case 1:
+		return w.dur(0, 50*time.Millisecond)
+	case 2:
+		return w.dur(0, 2*time.Second)
+	}
+	return 10 * time.Second
+}
+
+// pickLive returns a live node, if at least minLive are live.
+func (w *world) pickLive(minLive int) *node {
+	live := w.liveNodes()
+	if len(live) < minLive {
+		return nil
+	}
+	return live[w.intn(len(live))]
+}
+
+// join starts a node that runs the base set and one subscription more: a
+// rolling deploy.
+func (w *world) join() {
+	extra := extras[w.intn(len(extras))]
+	w.mu.Lock()
+	w.specs = append(w.specs, extra)
+	w.mu.Unlock()
+	subs := append(slices.Clone(w.base), extra)
+	nd := w.startNode(subs, true)
+	w.mu.Lock()
+	off := w.faultsOff
+	w.mu.Unlock()
+	if !off {
+		var wg = &nd.closeWG
+		nd.produce(wg)
+	}
+}
+
+// restartOne starts a new node in place of one that crashed or closed,
+// with its subscriptions (a process restarted).
+func (w *world) restartOne() {
+	w.mu.Lock()
+	var gone []*node
+	for _, nd := range w.nodes {
+		if !nd.alive() && !nd.replaced {
+			gone = append(gone, nd)
+		}
+	}
+	w.mu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	old := gone[w.intn(len(gone))]
+	old.replaced = true
+	nd := w.startNode(old.subs, false)
+	w.mu.Lock()
+	off := w.faultsOff
+	w.mu.Unlock()
+	if !off {
+		nd.produce(&nd.closeWG)
+	}
+}
+
+// outage takes a subscription's destination down for a while: its
+// handlers answer Unavailable.
+func (w *world) outage() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sp := w.specs[w.rng.IntN(len(w.specs))]
+	d := time.Duration(w.rng.Int64N(int64(5 * time.Second)))
+	w.outages[sp.name] = w.now() + d
+	w.logLocked("OUTAGE of %s for %v", sp.name, d)
+}
+
+// pauseOne pauses a subscription for a while.
+func (w *world) pauseOne(ctx context.Context) {
+	nd := w.pickLive(1)
+	if nd == nil {
+		return
+	}
+	sp := nd.subs[w.intn(len(nd.subs))]
+	if err := nd.ob.Pause(context.Background(), sp.name); err != nil {
+		w.logf("pause %s: %v", sp.name, err)
+		return
+	}
+	d := w.dur(0, 3*time.Second)
+	w.logf("%s: PAUSE %s for %v", nd.name, sp.name, d)
+	w.mu.Lock()
+	w.paused[sp.name] = true
+	w.mu.Unlock()
+	go func() {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		w.resume(sp.name)
+	}()
+}
+
+// resume resumes sub through a live node (until one takes it).
+func (w *world) resume(sub string) {
+	for {
+		nd := w.pickLive(1)
+		if nd != nil {
+			if err := nd.ob.Resume(context.Background(), sub); err == nil {
+				w.mu.Lock()
+				delete(w.paused, sub)
+				w.mu.Unlock()
+				w.logf("%s: RESUME %s", nd.name, sub)
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// replay makes the dead letters due again.
+func (w *world) replay() {
+	nd := w.pickLive(1)
+	if nd == nil {
+		return
+	}
+	n, err := nd.ob.Replay(context.Background(), outbox.DeadFilter{}, false)
+	w.logf("%s: REPLAY dead letters: %d, %v", nd.name, n, err)
+}
+
+// skipBlocked gives up on the dead events that block keys.
+func (w *world) skipBlocked() {
+	nd := w.pickLive(1)
+	if nd == nil {
+		return
+	}
+	bks, err := nd.ob.BlockedKeys(context.Background(), "", 10)
+	if err != nil || len(bks) == 0 {
+		return
+	}
+	var ids []string
+	for _, bk := range bks {
+		ids = append(ids, bk.EventID)
+	}
+	w.mu.Lock()
+	for _, id := range ids {
+		w.skipped[id] = true
+	}
+	w.mu.Unlock()
+	n, err := nd.ob.SkipDead(context.Background(), ids...)
+	w.logf("%s: SKIP dead %v: %d, %v", nd.name, ids, n, err)
+}
+
+// heal ends the faults: frozen nodes thaw, outages and pauses end, and
+// every subscription set that no live node runs is started again.
+func (w *world) heal() {
+	w.mu.Lock()
+	w.outages = map[string]time.Duration{}
+	var paused []string
+	for s := range w.paused {
+		paused = append(paused, s)
+	}
+	nodes := slices.Clone(w.nodes)
+	w.mu.Unlock()
+	slices.Sort(paused)
+	for _, s := range paused {
+		w.resume(s)
+	}
+	for _, nd := range nodes {
+		nd.frozen.Store(0)
+	}
+	for _, nd := range nodes {
+		if !nd.alive() && !nd.replaced {
+			nd.replaced = true
+			w.startNode(nd.subs, false)
+		}
+	}
+}

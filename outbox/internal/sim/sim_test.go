@@ -1,0 +1,93 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+var (
+	seeds = flag.Int("seeds", 200, "number of seeds to run (make sim sets it)")
+	from  = flag.Uint64("from", 1, "first seed")
+)
+
+// TestSim runs seeds from -from on, -seeds of them, each in its own
+// synctest bubble, and fails with the command that replays the first
+// failing seed. SIM_SEED=n runs seed n alone and prints its trace.
+func TestSim(t *testing.T) {
+	if s := os.Getenv("SIM_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("SIM_SEED=%q: want a number", s)
+		}
+		var res Result
+		synctest.Test(t, func(t *testing.T) { res = Run(seed, Options{Trace: true, EngineLogs: true}) })
+		for _, line := range res.Trace {
+			t.Log(line)
+		}
+		report(t, res)
+		return
+	}
+	start := time.Now()
+	var failed atomic.Int64
+	var mu sync.Mutex
+	var first []Result
+	var committed, virtual atomic.Int64
+	workers := 4
+	next := make(chan uint64)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for seed := range next {
+				var res Result
+				synctest.Test(t, func(t *testing.T) { res = Run(seed, Options{}) })
+				committed.Add(int64(res.Committed))
+				virtual.Add(int64(res.Elapsed))
+				if res.Failed() {
+					failed.Add(1)
+					mu.Lock()
+					first = append(first, res)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range uint64(*seeds) {
+		if failed.Load() >= 5 {
+			break
+		}
+		next <- *from + i
+	}
+	close(next)
+	wg.Wait()
+	t.Logf("%d seeds from %d in %v: %d committed events, %v of virtual time; %d failed",
+		*seeds, *from, time.Since(start).Round(time.Millisecond), committed.Load(), time.Duration(virtual.Load()).Round(time.Second), failed.Load())
+	for _, res := range first {
+		report(t, res)
+	}
+}
+
+func report(t *testing.T, res Result) {
+	t.Helper()
+	if !res.Failed() {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d broke %d promises:\n", res.Seed, len(res.Violations))
+	for i, v := range res.Violations {
+		if i == 10 {
+			fmt.Fprintf(&b, "  … and %d more\n", len(res.Violations)-10)
+			break
+		}
+		fmt.Fprintf(&b, "  %s\n", v)
+	}
+	fmt.Fprintf(&b, "replay: make sim SIM_SEED=%d", res.Seed)
+	t.Error(b.String())
+}

@@ -1,0 +1,337 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"os"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/outboxtest"
+)
+
+// Options select what a run does beyond its seed.
+type Options struct {
+	// Trace keeps every line of the run's trace (else only the last
+	// lines are kept, for a failure's report).
+	Trace bool
+	// EngineLogs adds the engines' warnings and errors to the trace.
+	EngineLogs bool
+}
+
+// Result is what a run found.
+type Result struct {
+	Seed       uint64
+	Violations []string
+	Trace      []string
+	// Events committed, deliveries checked, nodes started.
+	Committed, Owed, Nodes int
+	// Elapsed is the virtual time the run took.
+	Elapsed time.Duration
+}
+
+// Failed reports whether the run broke a promise.
+func (r Result) Failed() bool { return len(r.Violations) > 0 }
+
+// world is one run: the store, the nodes, the workload's record and the
+// checks. Every field after mu is guarded by it.
+type world struct {
+	seed  uint64
+	opts  Options
+	cfg   outbox.Config
+	store *outboxtest.Store
+	start time.Time
+	specs []spec // the subscriptions of the run (base set, then extras)
+	base  []spec // what every first-generation node runs
+	knobs knobs
+	// faultsEnd is closed when the fault phase ends: producers stop.
+	faultsEnd chan struct{}
+
+	mu         sync.Mutex
+	rng        *rand.Rand
+	tick       int64
+	trace      []string
+	events     []*event
+	byID       map[string]*event
+	regAt      map[string]int64 // subscription -> tick its registration was seen committed
+	calls      []*call
+	inflight   map[string][]*call // subscription+key -> ordered calls running
+	nodes      []*node
+	violations []string
+	skipped    map[string]bool          // event ids given up by SkipDead
+	outages    map[string]time.Duration // subscription -> end of its destination's outage
+	paused     map[string]bool
+	faultsOff  bool
+}
+
+// knobs are the seed's intensities.
+type knobs struct {
+	failRate    float64 // share of handler calls that fail in some way
+	storeErr    float64 // share of store calls failing (half before, half after the effect)
+	slowStore   time.Duration
+	faultPhase  time.Duration
+	txGap       time.Duration
+	maxTxEvents int
+	keys        int
+}
+
+// txState is the state of an event's transaction.
+type txState int8
+
+const (
+	open txState = iota
+	committing
+	committed
+	rollingBack
+	rolledBack
+)
+
+var stateNames = [...]string{"is open", "is committing", "committed", "is rolling back", "rolled back"}
+
+type event struct {
+	n           int
+	id          string
+	typ         outbox.EventType
+	key         string
+	state       txState
+	commitStart int64
+	node        string
+}
+
+// call is one handler call of a subscription.
+type call struct {
+	sub     string
+	n       int
+	key     string
+	node    *node
+	attempt int
+	start   time.Duration
+	end     time.Duration
+	ok      bool
+	zombie  bool // its node crashed or froze during it
+	running bool
+}
+
+const traceKeep = 400
+
+// liveTrace prints the trace as it is written (SIM_LIVE=1), to follow a
+// run that does not end.
+var liveTrace = os.Getenv("SIM_LIVE") != ""
+
+func (w *world) now() time.Duration { return time.Since(w.start) }
+
+// logf adds a line to the trace.
+func (w *world) logf(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.logLocked(format, args...)
+}
+
+func (w *world) logLocked(format string, args ...any) {
+	line := fmt.Sprintf("%9.3fs ", w.now().Seconds()) + fmt.Sprintf(format, args...)
+	w.trace = append(w.trace, line)
+	if liveTrace {
+		fmt.Fprintln(os.Stderr, line)
+	}
+	if !w.opts.Trace && len(w.trace) > 2*traceKeep {
+		w.trace = slices.Clone(w.trace[len(w.trace)-traceKeep:])
+	}
+}
+
+// violate records a broken promise.
+func (w *world) violate(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.violateLocked(format, args...)
+}
+
+func (w *world) violateLocked(format string, args ...any) {
+	msg := fmt.Sprintf("at %.3fs: ", w.now().Seconds()) + fmt.Sprintf(format, args...)
+	w.violations = append(w.violations, msg)
+	w.logLocked("VIOLATION %s", msg)
+}
+
+// nextTick returns the next number of the run's logical clock, which
+// orders registrations and commits.
+func (w *world) nextTick() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tick++
+	return w.tick
+}
+
+// intn and friends draw from the seed's generator. Draws made by
+// goroutines that run at the same virtual instant may come in either
+// order; the director and the producers draw at distinct instants.
+func (w *world) intn(n int) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rng.IntN(n)
+}
+
+func (w *world) chance(p float64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rng.Float64() < p
+}
+
+func (w *world) dur(lo, hi time.Duration) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(w.rng.Int64N(int64(hi-lo)))
+}
+
+// hash is a deterministic number in [0, 1) for the given parts: the
+// outcome of a handler call does not depend on when it runs.
+func (w *world) hash(parts ...any) float64 {
+	h := fnv.New64a()
+	fmt.Fprint(h, w.seed)
+	for _, p := range parts {
+		fmt.Fprint(h, "|", p)
+	}
+	return float64(h.Sum64()>>11) / (1 << 53)
+}
+
+// Run runs the simulation of seed. It must be called inside a
+// testing/synctest bubble (synctest.Test), which it leaves with no
+// goroutine of its own running.
+func Run(seed uint64, opts Options) Result {
+	w := newWorld(seed, opts)
+	w.logf("seed %d: %d base subscriptions %s; lease %v, poll %v..%v, attempts %d, timeout %v; fail %.2f, store errors %.3f, slow %v; fault phase %v",
+		seed, len(w.base), specNames(w.base), w.cfg.Lease, w.cfg.PollInterval, w.cfg.PollMaxInterval, w.cfg.MaxAttempts,
+		w.cfg.ListenerTimeout, w.knobs.failRate, w.knobs.storeErr, w.knobs.slowStore, w.knobs.faultPhase)
+	w.run()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ncommitted := 0
+	for _, e := range w.events {
+		if e.state == committed {
+			ncommitted++
+		}
+	}
+	return Result{Seed: seed, Violations: slices.Clone(w.violations), Trace: slices.Clone(w.trace),
+		Committed: ncommitted, Nodes: len(w.nodes), Elapsed: w.now()}
+}
+
+func newWorld(seed uint64, opts Options) *world {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	w := &world{seed: seed, opts: opts, store: outboxtest.NewStore(), start: time.Now(), rng: rng,
+		byID: map[string]*event{}, regAt: map[string]int64{}, inflight: map[string][]*call{}, skipped: map[string]bool{},
+		outages: map[string]time.Duration{}, paused: map[string]bool{}, faultsEnd: make(chan struct{})}
+	w.cfg = outbox.Config{
+		Workers:             1 + rng.IntN(4),
+		HotQueueSize:        []int{2, 8, 64}[rng.IntN(3)],
+		ColdQueueSize:       []int{4, 16, 64}[rng.IntN(3)],
+		PollInterval:        time.Duration(100+rng.IntN(900)) * time.Millisecond,
+		PollBatchSize:       []int{1, 5, 50}[rng.IntN(3)],
+		SkipRecent:          []time.Duration{-1, 200 * time.Millisecond, time.Second}[rng.IntN(3)],
+		Lease:               time.Duration(2+rng.IntN(8)) * time.Second,
+		ListenerTimeout:     time.Duration(300+rng.IntN(1200)) * time.Millisecond,
+		MaxAttempts:         2 + rng.IntN(4),
+		Retry:               retryPolicy{base: 50 * time.Millisecond, max: time.Second},
+		CompletionBatchSize: []int{1, 10, 100}[rng.IntN(3)],
+		CompletionLinger:    []time.Duration{-1, 10 * time.Millisecond, 100 * time.Millisecond}[rng.IntN(3)],
+		StatsInterval:       -1,
+		NoListenerDelay:     time.Duration(200+rng.IntN(2000)) * time.Millisecond,
+	}
+	w.cfg.PollMaxInterval = w.cfg.PollInterval * time.Duration(1+rng.IntN(8))
+	w.knobs = knobs{
+		failRate:    []float64{0, 0.05, 0.2, 0.4}[rng.IntN(4)],
+		storeErr:    []float64{0, 0, 0.01, 0.05}[rng.IntN(4)],
+		slowStore:   []time.Duration{0, time.Millisecond, 20 * time.Millisecond, 200 * time.Millisecond}[rng.IntN(4)],
+		faultPhase:  time.Duration(5+rng.IntN(25)) * time.Second,
+		txGap:       time.Duration(20+rng.IntN(400)) * time.Millisecond,
+		maxTxEvents: 1 + rng.IntN(5),
+		keys:        1 + rng.IntN(6),
+	}
+	w.base = pickSpecs(rng)
+	w.specs = slices.Clone(w.base)
+	if opts.EngineLogs {
+		w.cfg.Logger = slog.New(slog.NewTextHandler(traceWriter{w}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	} else {
+		w.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return w
+}
+
+type traceWriter struct{ w *world }
+
+func (t traceWriter) Write(p []byte) (int, error) {
+	t.w.logf("log: %s", strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// retryPolicy is an exponential back-off without jitter: the same seed
+// retries at the same times.
+type retryPolicy struct{ base, max time.Duration }
+
+func (r retryPolicy) Delay(failures int) time.Duration {
+	d := r.base
+	for i := 1; i < failures && d < r.max; i++ {
+		d *= 2
+	}
+	return min(d, r.max)
+}
+
+// Bound is the longest an owed delivery may take, once faults stop, to be
+// done or dead: its events' leases run out (2 leases: one that a frozen
+// or crashed instance held, one for a claim cut short), the poller comes
+// round (PollMaxInterval) and each attempt of the events before it in its
+// key, and its own, fails after at most ListenerTimeout and waits the
+// longest retry delay and a poll; a circuit opened by an outage probes
+// again within circuitMaxProbe; an event handed back by an instance
+// without the subscription waits NoListenerDelay. keyLen is the most
+// events of one ordering key.
+func Bound(cfg outbox.Config, retryMax time.Duration, keyLen int) time.Duration {
+	perAttempt := cfg.ListenerTimeout + retryMax + cfg.PollMaxInterval + time.Second
+	perEvent := time.Duration(cfg.MaxAttempts) * perAttempt
+	return 2*cfg.Lease + cfg.PollMaxInterval + cfg.NoListenerDelay + circuitMaxProbe + time.Duration(max(1, keyLen))*perEvent
+}
+
+// run is the whole simulation: start the nodes, run the workload and the
+// faults, stop the faults, wait for the bound, check, close.
+func (w *world) run() {
+	n := 2 + w.intn(4)
+	for range n {
+		w.startNode(w.base, false)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { w.direct(ctx) })
+	for _, nd := range w.liveNodes() {
+		nd.produce(&wg)
+	}
+	time.Sleep(w.knobs.faultPhase)
+	stop()
+	close(w.faultsEnd)
+	w.mu.Lock()
+	w.faultsOff = true
+	w.mu.Unlock()
+	wg.Wait()
+	w.heal()
+	w.logf("faults stop")
+	w.settle()
+	w.closeAll()
+}
+
+func (w *world) liveNodes() []*node {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*node
+	for _, nd := range w.nodes {
+		if nd.alive() {
+			out = append(out, nd)
+		}
+	}
+	return out
+}
