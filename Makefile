@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test lint vet bench bench-ordered bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -20,6 +20,13 @@ test: vet
 		(cd $$m && TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -race -count=1 -timeout 15m ./...) || exit 1; \
 	done
 	@if [ -s $(SKIPLOG) ]; then echo "== database suites that did not run:"; sort -u $(SKIPLOG) | sed 's|$(CURDIR)/||'; else echo "== every database suite ran"; fi
+
+## sim: the deterministic simulation of the engine (outbox/internal/sim; docs/design/simulation.md): SEEDS seeds (default 2000) from SIM_FROM, SIM_FAULTS fault classes (default all); SIM_SEED=n replays one seed and prints its trace.
+SEEDS      ?= 2000
+SIM_FROM   ?= 1
+SIM_FAULTS ?= all
+sim:
+	SIM_RUN=1 SIM_SEED=$(SIM_SEED) $(GO) test -count=1 -timeout 60m -run 'TestSim$$' ./outbox/internal/sim/ -seeds $(SEEDS) -from $(SIM_FROM) -faults $(SIM_FAULTS) $(if $(SIM_SEED),-v)
 
 ## run: start the demo orders service (embedded SQLite in ./data; see demo/restapi/README.md).
 run:

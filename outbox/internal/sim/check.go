@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"slices"
 	"time"
 
@@ -104,6 +106,24 @@ func (w *world) settle() {
 			}
 			w.logLocked("settled: %d problems, %d pending, bound %v", len(problems), pending, bound)
 			w.mu.Unlock()
+			if pending > 0 {
+				w.dumpKeys()
+				if os.Getenv("SIM_PROBE") != "" {
+					var subs []string
+					for _, sp := range w.specsNow() {
+						subs = append(subs, sp.name)
+					}
+					ds, err := w.store.ClaimDeliveries(context.Background(), driver.ClaimRequest{Owner: "probe", Limit: 1000, Lease: time.Second}, subs, w.filter())
+					w.logf("probe: ClaimDeliveries(%v) = %d, %v", subs, len(ds), err)
+					for _, d := range ds {
+						w.logf("probe: %s/%s", d.ID, d.Subscription)
+					}
+				}
+				if os.Getenv("SIM_STACKS") != "" {
+					buf := make([]byte, 1<<22)
+					os.Stderr.Write(buf[:runtime.Stack(buf, true)])
+				}
+			}
 			w.checkOrder()
 			return
 		}
@@ -133,7 +153,7 @@ func (w *world) bound() time.Duration {
 // are pending.
 func (w *world) owed() (problems []string, pending int) {
 	ctx := context.Background()
-	blocked := w.blockedKeys()
+	blocked := w.blocked()
 	effects := map[string]int{}
 	for _, ef := range w.store.TxEffects() {
 		effects[ef.EventID+"/"+ef.Subscription]++
@@ -194,7 +214,7 @@ func (w *world) inspect(ctx context.Context, id string) (outbox.Record, error, b
 
 // judge tells, for an event not delivered to sp, whether that is
 // allowed (dead, skipped, blocked), a loss, or pending.
-func (w *world) judge(e *event, sp spec, rec outbox.Record, blocked map[string]bool) (problem string, pending bool) {
+func (w *world) judge(e *event, sp spec, rec outbox.Record, blocked map[string]int64) (problem string, pending bool) {
 	where := fmt.Sprintf("event #%d (%s, type %s, key %q, seq %d, published on %s) for subscription %s", e.n, e.id, e.typ, e.key, rec.KeySeq, e.node, sp.name)
 	if rec.Status == outbox.StatusDead {
 		return "", false
@@ -220,10 +240,28 @@ func (w *world) judge(e *event, sp spec, rec outbox.Record, blocked map[string]b
 		}
 		return "LOST: " + where + ": recorded DONE, never delivered to it", false
 	}
-	if sp.order == outbox.Ordered && e.key != "" && blocked[sp.name+"|"+e.key] {
+	if b := blocked[sp.name+"|"+e.key]; sp.order == outbox.Ordered && b > 0 && rec.KeySeq > b {
 		return "", false
 	}
 	return fmt.Sprintf("PENDING: %s: %s (owner %q, attempts %d) after the bound", where, status, rec.Owner, rec.Attempts), true
+}
+
+// dumpKeys writes the state of every ordered event to the trace, key by
+// key, to show what holds a stalled key.
+func (w *world) dumpKeys() {
+	w.mu.Lock()
+	evs := slices.Clone(w.events)
+	w.mu.Unlock()
+	for _, e := range evs {
+		if e.state != committed || e.key == "" {
+			continue
+		}
+		rec, err := w.store.Inspect(context.Background(), e.id)
+		if err != nil || rec.KeySeq == 0 {
+			continue
+		}
+		w.logf("key %s seq %d: #%d %s type %s, %s owner %q attempts %d, deliveries %s", e.key, rec.KeySeq, e.n, e.id, e.typ, rec.Status, rec.Owner, rec.Attempts, deliveries(rec))
+	}
 }
 
 func deliveries(rec outbox.Record) string {
@@ -234,31 +272,39 @@ func deliveries(rec outbox.Record) string {
 	return fmt.Sprint(out)
 }
 
-// blockedKeys returns the keys blocked for each blocking ordered
-// subscription, as subscription|key.
-func (w *world) blockedKeys() map[string]bool {
-	out := map[string]bool{}
-	nd := w.pickLive(1)
-	if nd == nil {
-		return out
-	}
-	after := ""
-	for {
-		bks, err := w.store.BlockedKeys(context.Background(), w.filter(), after, 100)
-		if err != nil || len(bks) == 0 {
-			return out
+// blocked returns, as subscription|key, the keys blocked for a blocking
+// ordered subscription, with the number of the dead event that blocks
+// each: an event of the key dead for it (or dead as a whole) and not
+// skipped. Events after that number wait for it, by design.
+func (w *world) blocked() map[string]int64 {
+	w.mu.Lock()
+	evs := slices.Clone(w.events)
+	specs := slices.Clone(w.specs)
+	w.mu.Unlock()
+	out := map[string]int64{}
+	for _, e := range evs {
+		if e.state != committed || e.key == "" {
+			continue
 		}
-		for _, bk := range bks {
-			if bk.Subscription == "" {
-				for _, sp := range w.specsNow() {
-					out[sp.name+"|"+bk.Key] = true
-				}
-			} else {
-				out[bk.Subscription+"|"+bk.Key] = true
+		rec, err := w.store.Inspect(context.Background(), e.id)
+		if err != nil || rec.KeySeq == 0 {
+			continue
+		}
+		for _, sp := range specs {
+			if sp.order != outbox.Ordered || !sp.takes(e.typ) {
+				continue
 			}
-			after = bk.Key
+			dead := rec.Status == outbox.StatusDead
+			for _, d := range rec.Deliveries {
+				dead = dead || (d.Subscription == sp.name && d.Status == outbox.StatusDead)
+			}
+			k := sp.name + "|" + e.key
+			if dead && (out[k] == 0 || rec.KeySeq < out[k]) {
+				out[k] = rec.KeySeq
+			}
 		}
 	}
+	return out
 }
 
 func (w *world) specsNow() []spec {

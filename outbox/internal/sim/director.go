@@ -11,6 +11,7 @@ import (
 // direct injects the seed's faults until ctx ends: every so often it
 // picks one and applies it.
 func (w *world) direct(ctx context.Context) {
+	w.faultCtx = ctx
 	joined := false
 	for {
 		t := time.NewTimer(w.dur(200*time.Millisecond, 3*time.Second))
@@ -20,33 +21,47 @@ func (w *world) direct(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		switch r := w.intn(100); {
-		case r < 10:
-			if nd := w.pickLive(2); nd != nil {
-				nd.crash()
-			}
-		case r < 22:
-			if nd := w.pickLive(2); nd != nil {
-				nd.close(w.closeWait())
-			}
-		case r < 30:
-			if nd := w.pickLive(1); nd != nil {
-				nd.freeze(w.dur(w.cfg.Lease/2, 2*w.cfg.Lease))
-			}
-		case r < 40:
-			if !joined {
-				joined = true
-				w.join()
-			}
-		case r < 55:
-			w.restartOne()
-		case r < 63:
+		w.act(w.intn(100), &joined)
+	}
+}
+
+// act applies the fault numbered r (0–99), if its class is on.
+func (w *world) act(r int, joined *bool) {
+	on := w.opts.Faults.on
+	switch {
+	case r < 10:
+		if nd := w.pickLive(2); nd != nil && on("crash") {
+			nd.crash()
+		}
+	case r < 22:
+		if nd := w.pickLive(2); nd != nil && on("close") {
+			nd.close(w.closeWait())
+		}
+	case r < 30:
+		if nd := w.pickLive(1); nd != nil && on("freeze") {
+			nd.freeze(w.dur(w.cfg.Lease/2, 2*w.cfg.Lease))
+		}
+	case r < 40:
+		if !*joined && on("join") {
+			*joined = true
+			w.join()
+		}
+	case r < 55:
+		w.restartOne()
+	case r < 63:
+		if on("outage") {
 			w.outage()
-		case r < 71:
-			w.pauseOne(ctx)
-		case r < 80:
+		}
+	case r < 71:
+		if on("pause") {
+			w.pauseOne(w.faultCtx)
+		}
+	case r < 80:
+		if on("replay") {
 			w.replay()
-		case r < 86:
+		}
+	case r < 86:
+		if on("skip") {
 			w.skipBlocked()
 		}
 	}

@@ -290,7 +290,7 @@ func (nd *node) transact() {
 func (w *world) newEvent(nd *node) *event {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	e := &event{n: len(w.events) + 1, typ: eventTypes[w.rng.IntN(len(eventTypes))], node: nd.name}
+	e := &event{n: len(w.events) + 1, typ: w.types[w.rng.IntN(len(w.types))], node: nd.name}
 	if w.rng.IntN(4) > 0 {
 		e.key = fmt.Sprintf("k%d", 1+w.rng.IntN(w.knobs.keys))
 	}

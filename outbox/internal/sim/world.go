@@ -6,8 +6,8 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
-	"os"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +24,44 @@ type Options struct {
 	Trace bool
 	// EngineLogs adds the engines' warnings and errors to the trace.
 	EngineLogs bool
+	// Faults are the fault classes the run may inject; nil: all of them
+	// (FaultClasses).
+	Faults Faults
+}
+
+// FaultClasses are the classes of faults a run injects: crash (an
+// instance stops without Close), close (Close with a cancelled, short or
+// long context), freeze (an instance's goroutines stop for up to two
+// leases), join (a rolling deploy: an instance with one subscription
+// more), outage (a destination answers Unavailable), pause (a
+// subscription is paused, then resumed), replay (dead letters are
+// replayed), skip (dead events that block keys are skipped), storeerr (a
+// store call fails before or after it took effect), slow (store calls
+// take up to 200 ms), orphan (events of a type no subscription takes).
+var FaultClasses = []string{"crash", "close", "freeze", "join", "outage", "pause", "replay", "skip", "storeerr", "slow", "orphan"}
+
+// Faults is a set of fault classes; nil means every class.
+type Faults map[string]bool
+
+func (f Faults) on(class string) bool { return f == nil || f[class] }
+
+// ParseFaults reads a comma-separated list of fault classes ("all" or
+// "": every class; "none": no fault).
+func ParseFaults(s string) (Faults, error) {
+	switch s {
+	case "", "all":
+		return nil, nil
+	case "none":
+		return Faults{}, nil
+	}
+	f := Faults{}
+	for _, c := range strings.Split(s, ",") {
+		if !slices.Contains(FaultClasses, c) {
+			return nil, fmt.Errorf("sim: unknown fault class %q; the classes are %s, or all, or none", c, strings.Join(FaultClasses, ","))
+		}
+		f[c] = true
+	}
+	return f, nil
 }
 
 // Result is what a run found.
@@ -48,11 +86,13 @@ type world struct {
 	cfg   outbox.Config
 	store *outboxtest.Store
 	start time.Time
-	specs []spec // the subscriptions of the run (base set, then extras)
-	base  []spec // what every first-generation node runs
+	specs []spec             // the subscriptions of the run (base set, then extras)
+	base  []spec             // what every first-generation node runs
+	types []outbox.EventType // the types published
 	knobs knobs
 	// faultsEnd is closed when the fault phase ends: producers stop.
 	faultsEnd chan struct{}
+	faultCtx  context.Context // the director's: ends with the fault phase
 
 	mu         sync.Mutex
 	rng        *rand.Rand
@@ -254,8 +294,23 @@ func newWorld(seed uint64, opts Options) *world {
 		maxTxEvents: 1 + rng.IntN(5),
 		keys:        1 + rng.IntN(6),
 	}
+	if !opts.Faults.on("storeerr") {
+		w.knobs.storeErr = 0
+	}
+	if !opts.Faults.on("slow") {
+		w.knobs.slowStore = 0
+	}
 	w.base = pickSpecs(rng)
 	w.specs = slices.Clone(w.base)
+	for _, t := range eventTypes {
+		taken := false
+		for _, sp := range w.base {
+			taken = taken || sp.takes(t)
+		}
+		if taken || opts.Faults.on("orphan") {
+			w.types = append(w.types, t)
+		}
+	}
 	if opts.EngineLogs {
 		w.cfg.Logger = slog.New(slog.NewTextHandler(traceWriter{w}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	} else {
