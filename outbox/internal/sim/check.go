@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"iter"
 	"os"
 	"runtime"
 	"slices"
@@ -249,18 +250,30 @@ func (w *world) judge(e *event, sp spec, rec outbox.Record, blocked map[string]i
 // dumpKeys writes the state of every ordered event to the trace, key by
 // key, to show what holds a stalled key.
 func (w *world) dumpKeys() {
+	for e, rec := range w.numbered() {
+		w.logf("key %s seq %d: #%d %s type %s, %s owner %q attempts %d, deliveries %s", e.key, rec.KeySeq, e.n, e.id, e.typ, rec.Status, rec.Owner, rec.Attempts, deliveries(rec))
+	}
+}
+
+// numbered yields the committed events numbered in their key, with
+// their records as the store has them now.
+func (w *world) numbered() iter.Seq2[*event, outbox.Record] {
 	w.mu.Lock()
 	evs := slices.Clone(w.events)
 	w.mu.Unlock()
-	for _, e := range evs {
-		if e.state != committed || e.key == "" {
-			continue
+	return func(yield func(*event, outbox.Record) bool) {
+		for _, e := range evs {
+			if e.state != committed || e.key == "" {
+				continue
+			}
+			rec, err := w.store.Inspect(context.Background(), e.id)
+			if err != nil || rec.KeySeq == 0 {
+				continue
+			}
+			if !yield(e, rec) {
+				return
+			}
 		}
-		rec, err := w.store.Inspect(context.Background(), e.id)
-		if err != nil || rec.KeySeq == 0 {
-			continue
-		}
-		w.logf("key %s seq %d: #%d %s type %s, %s owner %q attempts %d, deliveries %s", e.key, rec.KeySeq, e.n, e.id, e.typ, rec.Status, rec.Owner, rec.Attempts, deliveries(rec))
 	}
 }
 
@@ -277,19 +290,9 @@ func deliveries(rec outbox.Record) string {
 // each: an event of the key dead for it (or dead as a whole) and not
 // skipped. Events after that number wait for it, by design.
 func (w *world) blocked() map[string]int64 {
-	w.mu.Lock()
-	evs := slices.Clone(w.events)
-	specs := slices.Clone(w.specs)
-	w.mu.Unlock()
+	specs := w.specsNow()
 	out := map[string]int64{}
-	for _, e := range evs {
-		if e.state != committed || e.key == "" {
-			continue
-		}
-		rec, err := w.store.Inspect(context.Background(), e.id)
-		if err != nil || rec.KeySeq == 0 {
-			continue
-		}
+	for e, rec := range w.numbered() {
 		for _, sp := range specs {
 			if sp.order != outbox.Ordered || !sp.takes(e.typ) {
 				continue
