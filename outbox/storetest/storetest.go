@@ -111,6 +111,7 @@ func Run(t *testing.T, h Harness) {
 		{"Method/ClaimDeliveries", testMethodClaimDeliveries},
 		{"Method/DeliveryWrites", testMethodDeliveryWrites},
 		{"Method/DueNow", testMethodDueNow},
+		{"Method/ReleaseOwner", testMethodReleaseOwner},
 		{"Ordered/Numbering", testOrderNumbering},
 		{"Ordered/HeadLeasedToOwner", testOrderHeadLeasedToOwner},
 		{"Ordered/LeasedAfterOwnersEvent", testOrderLeasedAfterOwnersEvent},
