@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // dispatcher delivers events to subscriptions: it owns the hot queue
@@ -255,8 +257,12 @@ func (d *dispatcher) offerFollower(it *item) offerResult {
 	return offerQueued
 }
 
-// handBack empties the queues and releases the leases of what was in them.
-func (d *dispatcher) handBack() {
+// handBack empties the queues and the chains of ordered events waiting
+// behind others, and returns how many events it took. Close releases
+// their leases afterwards with everything else this instance holds
+// (releaseHeld); a store that cannot release by owner has them released
+// here, by id, under the same bound.
+func (d *dispatcher) handBack() int {
 	var items []*item
 	for {
 		var it *item
@@ -274,17 +280,20 @@ func (d *dispatcher) handBack() {
 	// queued.
 	items = append(items, d.keys.drain()...)
 	if len(items) == 0 {
-		return
+		return 0
 	}
-	ids, keys := leaseNames(items)
-	ctx, cancel := d.storeCtx()
-	defer cancel()
-	d.leases.releaseLeases(ctx, ids, "release leases on close")
-	d.leases.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
+	if _, ok := d.store.(driver.OwnerReleaser); !ok {
+		ids, keys := leaseNames(items)
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		d.leases.releaseLeases(ctx, ids, "release leases on close")
+		d.leases.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
+	}
 	for _, it := range items {
 		d.inflight.release(it.key())
 	}
 	d.log.Info("handed queued events back to the database", slog.Int("events", len(items)))
+	return len(items)
 }
 
 // enqueueHot hands a committed event to the dispatcher. It never blocks: a

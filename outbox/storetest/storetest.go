@@ -92,6 +92,8 @@ func Run(t *testing.T, h Harness) {
 		{"NeverCompletesWithoutListener", testNeverCompletesWithoutListener},
 		{"PublishOnlyInstanceClaimsNothing", testPublishOnlyInstanceClaimsNothing},
 		{"CloseDuringClaimStrandsNothing", testCloseDuringClaim},
+		{"CloseAfterALateClaim/Events", testCloseAfterALateClaim},
+		{"CloseAfterALateClaim/Deliveries", testCloseAfterALateDeliveryClaim},
 		{"CommitAfterCloseIsHandedBack", testCommitAfterClose},
 		{"UnstorableErrorTextStillCounts", testUnstorableErrorText},
 		{"ReclaimWhileFinishing", testReclaimWhileFinishing},
