@@ -75,8 +75,8 @@ func (d *dispatcher) start(ctx context.Context, subs []*subscription) {
 // what they hold, and whatever is left in the queues is handed back to the
 // database.
 //
-// It reports which of them it stopped waiting for once the engine's life
-// had ended (see runner.stop): a worker inside a database call that
+// It reports which of them it stopped waiting for at the end of Close's
+// patience (see runner.stop): a worker inside a database call that
 // ignores its context. Such a worker finds the completer and the batchers
 // closed when it comes back, and what it finished is delivered again once
 // its lease runs out.
@@ -101,7 +101,7 @@ func (d *dispatcher) drain(ctx context.Context, subs []*subscription) (stuck []s
 }
 
 // wait waits for wg; if ctx ends first, it cancels the handlers and
-// waits for wg still, until the engine's life ends. It reports whether wg
+// waits for wg still, until Close's patience ends. It reports whether wg
 // was done.
 func (d *dispatcher) wait(ctx context.Context, wg *sync.WaitGroup) bool {
 	done := make(chan struct{})
@@ -112,12 +112,7 @@ func (d *dispatcher) wait(ctx context.Context, wg *sync.WaitGroup) bool {
 	case <-ctx.Done():
 		d.cancel()
 	}
-	select {
-	case <-done:
-		return true
-	case <-d.life.Done():
-		return waitBriefly(done)
-	}
+	return waitUntil(done, d.patience)
 }
 
 // closeGrace is how long Close waits, after its own context ended, for

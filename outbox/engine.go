@@ -49,6 +49,11 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return ErrClosed // Close came meanwhile, and found nothing started
 	}
 	o.started = true
+	// Every part stops by the end of the engine's life at the latest,
+	// whenever Close comes to stop it: each has then had Close's last
+	// grace period to return before Close gives up waiting for it.
+	ctx, stopParts := context.WithCancel(ctx)
+	context.AfterFunc(o.life, stopParts)
 	o.health.pollBeat.Store(time.Now().UnixNano())
 	o.m.QueueCapacities(cap(o.disp.hot), cap(o.disp.cold))
 	o.disp.start(ctx, o.reg.load().local)
@@ -80,12 +85,13 @@ func (o *Outbox) Start(ctx context.Context) error {
 //
 // Close returns soon after ctx ends even when the database does not
 // answer: the engine's writes end a grace period (one second) after ctx,
-// answered or not. The last
+// answered or not, and the parts get one more to return. The last
 // release, the one write Close must finish, has its own bound of five
 // seconds from when it starts, whatever ctx. What Close could not write is
 // delivered again once its lease runs out (at least once; nothing is
 // lost). A database call that ignores its context (go-sql-driver/mysql
-// cannot cut a COMMIT short) is not waited for past that point: Close returns an error naming the part still inside it, whose
+// cannot cut a COMMIT short) is not waited for past the second grace
+// period: Close returns an error naming the part still inside it, whose
 // goroutine ends when the call returns; a claim that call commits after
 // the last release stays leased to this instance until its lease runs
 // out. Setting readTimeout and writeTimeout in a MySQL DSN bounds such
@@ -111,6 +117,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	// end closeGrace after ctx, answered or not: a database that does not
 	// answer costs Close no more than that. What they could not write is
 	// at least once still: leases run out, and the events go out again.
+	// The parts then have closeGrace more to return.
 	closing := make(chan struct{})
 	var watch sync.WaitGroup
 	watch.Go(func() {
@@ -121,10 +128,14 @@ func (o *Outbox) Close(ctx context.Context) error {
 		}
 		t := time.NewTimer(closeGrace)
 		defer t.Stop()
-		select {
-		case <-closing:
-		case <-t.C:
-			o.endLife()
+		for _, end := range []context.CancelFunc{o.endLife, o.endWait} {
+			select {
+			case <-closing:
+				return
+			case <-t.C:
+				end()
+				t.Reset(closeGrace)
+			}
 		}
 	})
 	defer func() {
@@ -147,19 +158,19 @@ func (o *Outbox) Close(ctx context.Context) error {
 			stuck = append(stuck, part)
 		}
 	}
-	stop("poller", o.poller.stop(o.life))
-	stop("sequencer", o.seq.stop(o.life))
+	stop("poller", o.poller.stop(o.patience))
+	stop("sequencer", o.seq.stop(o.patience))
 	stuck = append(stuck, o.disp.drain(ctx, o.reg.load().local)...)
 	// Events given back to the poller's list of leases to release after
 	// its last cycle (behind one of their key that failed, or dropped from
 	// a full queue) would stay leased to this instance, and their keys
 	// stalled, until the lease ran out: release them now.
 	o.poller.releaseDropped()
-	stop("completer", o.comp.stop(o.life))
-	stop("lease keeper", o.leases.stop(o.life))
-	stop("registrar", o.reg.stop(o.life))
-	stop("sampler", o.sampler.stop(o.life))
-	stop("cleaner", o.cleaner.stop(o.life))
+	stop("completer", o.comp.stop(o.patience))
+	stop("lease keeper", o.leases.stop(o.patience))
+	stop("registrar", o.reg.stop(o.patience))
+	stop("sampler", o.sampler.stop(o.patience))
+	stop("cleaner", o.cleaner.stop(o.patience))
 	err := o.disp.waitStragglers(ctx)
 	o.releaseHeld(ctx)
 	if len(stuck) > 0 {
