@@ -40,39 +40,34 @@ func (r *runner) start(ctx context.Context, run func(context.Context)) {
 	}()
 }
 
-// stopGrace is how long a part's goroutine, its context cancelled, may
-// take to return once the engine's life has ended before Close gives up
-// waiting for it.
-const stopGrace = 100 * time.Millisecond
-
-// waitBriefly waits up to stopGrace for done; it reports whether done
-// was closed.
-func waitBriefly(done <-chan struct{}) bool {
-	t := time.NewTimer(stopGrace)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
 // stop cancels the goroutine's context and waits for it to return, or
-// for life to end: a goroutine inside a database call that ignores its
-// context (a MySQL COMMIT on a connection that stopped answering) cannot
-// be cut short. It reports whether the goroutine returned; if not, it
-// returns when that call does, on its own.
-func (r *runner) stop(life context.Context) bool {
+// for until to end (Close's patience: a grace period after the engine's
+// life, which cancelled every part's context). A goroutine still running
+// then is inside a database call that ignores its context (a MySQL COMMIT
+// on a connection that stopped answering): it cannot be cut short, and
+// returns when that call does, on its own. stop reports whether the
+// goroutine returned.
+func (r *runner) stop(until context.Context) bool {
 	if r.cancel == nil {
 		return true
 	}
 	r.cancel()
+	return waitUntil(r.done, until)
+}
+
+// waitUntil waits for done or for until to end; it reports whether done
+// was closed.
+func waitUntil(done <-chan struct{}, until context.Context) bool {
 	select {
-	case <-r.done:
+	case <-done:
 		return true
-	case <-life.Done():
-		return waitBriefly(r.done)
+	case <-until.Done():
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -83,10 +83,10 @@ func (c *completer) add(it *item) {
 	c.log.Warn("delivered after Close stopped waiting: the event will be delivered again once its lease runs out", slog.String("event_id", it.env.ID))
 }
 
-// stop writes what is left and waits for the goroutine, or for life to
+// stop writes what is left and waits for the goroutine, or for until to
 // end (see runner.stop); it reports whether the goroutine returned.
 // Nothing may be added after.
-func (c *completer) stop(life context.Context) bool {
+func (c *completer) stop(until context.Context) bool {
 	// No add may send on in once it is closed: quit releases those
 	// waiting for room, the lock waits for them to be gone.
 	close(c.quit)
@@ -96,12 +96,7 @@ func (c *completer) stop(life context.Context) bool {
 	if c.done == nil {
 		return true
 	}
-	select {
-	case <-c.done:
-		return true
-	case <-life.Done():
-		return waitBriefly(c.done)
-	}
+	return waitUntil(c.done, until)
 }
 
 // run takes what the workers have finished, waiting up to the linger for

@@ -154,8 +154,9 @@ type Config struct {
 	SubscriptionExpiry time.Duration
 
 	// InstanceID names this instance as the owner of the events it claims.
-	// It must be unique among the live instances sharing a table. Defaults
-	// to host name, process id and a random suffix.
+	// It must be unique among the live instances sharing a table: Close
+	// releases every lease held under it. Defaults to host name, process
+	// id and a random suffix.
 	InstanceID string
 	// Logger receives the engine's logs. Payloads and header values are
 	// never logged. Defaults to slog.Default().

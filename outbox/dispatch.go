@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // dispatcher delivers events to subscriptions: it owns the hot queue
@@ -73,8 +75,8 @@ func (d *dispatcher) start(ctx context.Context, subs []*subscription) {
 // what they hold, and whatever is left in the queues is handed back to the
 // database.
 //
-// It reports which of them it stopped waiting for once the engine's life
-// had ended (see runner.stop): a worker inside a database call that
+// It reports which of them it stopped waiting for at the end of Close's
+// patience (see runner.stop): a worker inside a database call that
 // ignores its context. Such a worker finds the completer and the batchers
 // closed when it comes back, and what it finished is delivered again once
 // its lease runs out.
@@ -99,7 +101,7 @@ func (d *dispatcher) drain(ctx context.Context, subs []*subscription) (stuck []s
 }
 
 // wait waits for wg; if ctx ends first, it cancels the handlers and
-// waits for wg still, until the engine's life ends. It reports whether wg
+// waits for wg still, until Close's patience ends. It reports whether wg
 // was done.
 func (d *dispatcher) wait(ctx context.Context, wg *sync.WaitGroup) bool {
 	done := make(chan struct{})
@@ -110,12 +112,7 @@ func (d *dispatcher) wait(ctx context.Context, wg *sync.WaitGroup) bool {
 	case <-ctx.Done():
 		d.cancel()
 	}
-	select {
-	case <-done:
-		return true
-	case <-d.life.Done():
-		return waitBriefly(done)
-	}
+	return waitUntil(done, d.patience)
 }
 
 // closeGrace is how long Close waits, after its own context ended, for
@@ -255,8 +252,12 @@ func (d *dispatcher) offerFollower(it *item) offerResult {
 	return offerQueued
 }
 
-// handBack empties the queues and releases the leases of what was in them.
-func (d *dispatcher) handBack() {
+// handBack empties the queues and the chains of ordered events waiting
+// behind others, and returns how many events it took. Close releases
+// their leases afterwards with everything else this instance holds
+// (releaseHeld); a store that cannot release by owner has them released
+// here, by id, under the same bound.
+func (d *dispatcher) handBack() int {
 	var items []*item
 	for {
 		var it *item
@@ -274,17 +275,20 @@ func (d *dispatcher) handBack() {
 	// queued.
 	items = append(items, d.keys.drain()...)
 	if len(items) == 0 {
-		return
+		return 0
 	}
-	ids, keys := leaseNames(items)
-	ctx, cancel := d.storeCtx()
-	defer cancel()
-	d.leases.releaseLeases(ctx, ids, "release leases on close")
-	d.leases.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
+	if _, ok := d.store.(driver.OwnerReleaser); !ok {
+		ids, keys := leaseNames(items)
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		d.leases.releaseLeases(ctx, ids, "release leases on close")
+		d.leases.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
+	}
 	for _, it := range items {
 		d.inflight.release(it.key())
 	}
 	d.log.Info("handed queued events back to the database", slog.Int("events", len(items)))
+	return len(items)
 }
 
 // enqueueHot hands a committed event to the dispatcher. It never blocks: a

@@ -202,13 +202,17 @@
 // New builds an Outbox; Start launches its goroutines; Close(ctx) stops the
 // poller, lets the workers deliver what is queued until ctx ends, then
 // cancels running handlers, hands the rest back to the database, writes
-// the last completions and waits for every goroutine. Both are safe to
-// call twice; Close works without Start. Cancelling Start's context stops
-// the engine without draining: to drain on shutdown, give Start a context
-// that outlives the signal (context.WithoutCancel) and call Close. An
-// event committed after Close began is handed back to the table at once,
-// for another instance; a claim already running when Close began finishes,
-// and what it took is handed back.
+// the last completions, waits for every goroutine, and last releases
+// every lease the instance still holds, through the store's
+// [driver.OwnerReleaser]: nothing stays leased to a closed instance, even
+// when Close cut a hand-back or a DONE short, or a claim answered after
+// Close's grace period. Both are safe to call twice; Close works without
+// Start. Cancelling Start's context stops the engine without draining: to
+// drain on shutdown, give Start a context that outlives the signal
+// (context.WithoutCancel) and call Close. An event committed after Close
+// began is handed back to the table at once, for another instance; a
+// claim already running when Close began finishes, and what it took is
+// handed back.
 //
 // # Retention
 //

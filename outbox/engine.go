@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 // storeTimeout bounds the engine's own writes (completion, retry, lease
@@ -46,6 +49,11 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return ErrClosed // Close came meanwhile, and found nothing started
 	}
 	o.started = true
+	// Every part stops by the end of the engine's life at the latest,
+	// whenever Close comes to stop it: each has then had Close's last
+	// grace period to return before Close gives up waiting for it.
+	ctx, stopParts := context.WithCancel(ctx)
+	context.AfterFunc(o.life, stopParts)
 	o.health.pollBeat.Store(time.Now().UnixNano())
 	o.m.QueueCapacities(cap(o.disp.hot), cap(o.disp.cold))
 	o.disp.start(ctx, o.reg.load().local)
@@ -67,20 +75,27 @@ func (o *Outbox) Start(ctx context.Context) error {
 
 // Close stops the engine: it stops the poller, lets the workers deliver
 // what is queued until ctx is done, then cancels the handlers still
-// running, hands the rest back to the database (releasing their leases so
-// any instance can take them at once), writes the last completions, and
-// waits for every goroutine it started. Events published after Close stay
-// in the table for the poller of another or the next instance.
+// running, hands the rest back to the database, writes the last
+// completions, waits for every goroutine it started, and last releases
+// every lease this instance still holds (driver.OwnerReleaser), so that
+// any instance can take those events at once: what it handed back, and
+// whatever Close cut short on the way (a claim that answered late, a DONE
+// it could not write). Events published after Close stay in the table
+// for the poller of another or the next instance.
 //
-// Close returns soon after ctx ends (within two grace periods of one
-// second) even when the database does not answer: the writes it has not
-// finished a grace period after ctx ended are given up, and the events
-// they would have recorded or handed back are delivered again once their
-// leases run out (at least once; nothing is lost). A database call that
-// ignores its context (go-sql-driver/mysql cannot cut a COMMIT short) is
-// not waited for past that point: Close returns an error naming the part
-// still inside it, whose goroutine ends when the call returns. Setting
-// readTimeout and writeTimeout in a MySQL DSN bounds such calls.
+// Close returns soon after ctx ends even when the database does not
+// answer: the engine's writes end a grace period (one second) after ctx,
+// answered or not, and the parts get one more to return. The last
+// release, the one write Close must finish, has its own bound of five
+// seconds from when it starts, whatever ctx. What Close could not write is
+// delivered again once its lease runs out (at least once; nothing is
+// lost). A database call that ignores its context (go-sql-driver/mysql
+// cannot cut a COMMIT short) is not waited for past the second grace
+// period: Close returns an error naming the part still inside it, whose
+// goroutine ends when the call returns; a claim that call commits after
+// the last release stays leased to this instance until its lease runs
+// out. Setting readTimeout and writeTimeout in a MySQL DSN bounds such
+// calls.
 //
 // Close may be called without Start and more than once; a second call
 // waits for the first and returns nil. It returns an error if ctx ended
@@ -102,6 +117,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	// end closeGrace after ctx, answered or not: a database that does not
 	// answer costs Close no more than that. What they could not write is
 	// at least once still: leases run out, and the events go out again.
+	// The parts then have closeGrace more to return.
 	closing := make(chan struct{})
 	var watch sync.WaitGroup
 	watch.Go(func() {
@@ -112,10 +128,14 @@ func (o *Outbox) Close(ctx context.Context) error {
 		}
 		t := time.NewTimer(closeGrace)
 		defer t.Stop()
-		select {
-		case <-closing:
-		case <-t.C:
-			o.endLife()
+		for _, end := range []context.CancelFunc{o.endLife, o.endWait} {
+			select {
+			case <-closing:
+				return
+			case <-t.C:
+				end()
+				t.Reset(closeGrace)
+			}
 		}
 	})
 	defer func() {
@@ -124,7 +144,10 @@ func (o *Outbox) Close(ctx context.Context) error {
 	}()
 
 	if !started {
-		o.disp.handBack()
+		// Only what Publish leased here, waiting for Start, can be held.
+		if o.disp.handBack() > 0 || len(o.poller.dropped) > 0 {
+			o.releaseHeld(ctx)
+		}
 		return nil
 	}
 	// In order: nothing new is claimed; what is queued is delivered (or
@@ -135,24 +158,56 @@ func (o *Outbox) Close(ctx context.Context) error {
 			stuck = append(stuck, part)
 		}
 	}
-	stop("poller", o.poller.stop(o.life))
-	stop("sequencer", o.seq.stop(o.life))
+	stop("poller", o.poller.stop(o.patience))
+	stop("sequencer", o.seq.stop(o.patience))
 	stuck = append(stuck, o.disp.drain(ctx, o.reg.load().local)...)
 	// Events given back to the poller's list of leases to release after
 	// its last cycle (behind one of their key that failed, or dropped from
 	// a full queue) would stay leased to this instance, and their keys
 	// stalled, until the lease ran out: release them now.
 	o.poller.releaseDropped()
-	stop("completer", o.comp.stop(o.life))
-	stop("lease keeper", o.leases.stop(o.life))
-	stop("registrar", o.reg.stop(o.life))
-	stop("sampler", o.sampler.stop(o.life))
-	stop("cleaner", o.cleaner.stop(o.life))
+	stop("completer", o.comp.stop(o.patience))
+	stop("lease keeper", o.leases.stop(o.patience))
+	stop("registrar", o.reg.stop(o.patience))
+	stop("sampler", o.sampler.stop(o.patience))
+	stop("cleaner", o.cleaner.stop(o.patience))
 	err := o.disp.waitStragglers(ctx)
+	o.releaseHeld(ctx)
 	if len(stuck) > 0 {
 		err = errors.Join(err, fmt.Errorf("outbox: close: the %s did not return: blocked in a database call that ignores its context (on MySQL, a COMMIT on a connection that stopped answering); it returns when the driver does", strings.Join(stuck, ", ")))
 	}
 	return err
+}
+
+// releaseTimeout bounds Close's last write, the release of every lease
+// the instance still holds, from when it starts: it is not cut short with
+// the engine's other writes, so that a machine too loaded to finish them
+// within the grace period still leaves nothing leased to the closed
+// instance.
+const releaseTimeout = 5 * time.Second
+
+// releaseHeld gives up every lease this instance holds, once nothing of
+// it runs any more (Close's last step). Instance ids are unique among live
+// instances (Config.InstanceID), so it takes nothing from another. A part
+// Close gave up waiting for may still commit a claim after it: that claim
+// waits out its lease.
+func (o *Outbox) releaseHeld(ctx context.Context) {
+	r, ok := o.store.(driver.OwnerReleaser)
+	if !ok {
+		return // handBack released what was queued, by id
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	start := time.Now()
+	n, err := r.ReleaseOwner(ctx, o.cfg.InstanceID)
+	o.m.Statement("release", n, time.Since(start))
+	if err != nil {
+		o.log.Error("release the leases left on close; their events are delivered again once the leases run out", slog.Any("error", err))
+		return
+	}
+	if n > 0 {
+		o.log.Info("released the leases left on close", slog.Int("leases", n))
+	}
 }
 
 // QueueDepths returns the current lengths of the hot and cold queues.

@@ -84,11 +84,15 @@ type deps struct {
 	m      Metrics
 	health *health
 
-	// life bounds the engine's own writes (storeCtx): it ends closeGrace
-	// after Close's context, so that Close returns in time even when the
-	// database does not answer.
+	// life bounds the engine's own writes (storeCtx) and the contexts of
+	// its parts: it ends closeGrace after Close's context, so that Close
+	// returns in time even when the database does not answer.
 	life    context.Context
 	endLife context.CancelFunc
+	// patience ends closeGrace after life: Close stops waiting then for
+	// a part that has not returned (see runner.stop).
+	patience context.Context
+	endWait  context.CancelFunc
 }
 
 // storeCtx returns the context of one of the engine's own writes: at most
@@ -123,6 +127,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 		health: &health{},
 	}
 	d.life, d.endLife = context.WithCancel(context.Background())
+	d.patience, d.endWait = context.WithCancel(context.Background())
 	o := &Outbox{deps: d, closeDone: make(chan struct{})}
 	o.reg = newRegistrar(d)
 	o.disp = newDispatcher(d)

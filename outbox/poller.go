@@ -245,7 +245,8 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	// a COMMIT cancelled on the way may still have succeeded on the
 	// server, and rows leased to this instance but in none of its queues
 	// would wait out a whole lease. What it took goes to the cold queue,
-	// which Close drains or hands back.
+	// which Close drains or hands back; and whatever is still leased here
+	// once every part has stopped, Close releases last (releaseHeld).
 	ctx, cancel := p.storeCtx()
 	defer cancel()
 	claimStart := time.Now()

@@ -322,6 +322,22 @@ type BatchInserter interface {
 	InsertBatch(ctx context.Context, exec Execer, rows []Row, owner string, lease time.Duration) error
 }
 
+// OwnerReleaser is implemented by stores that can give up every lease
+// one owner holds in one call. outbox.Outbox.Close calls it last, once
+// every part of the engine has stopped: whatever Close cut short on the
+// way (a hand-back, a claim that answered after its grace period, a DONE
+// never written), nothing stays leased to the closed instance until its
+// lease runs out.
+type OwnerReleaser interface {
+	// ReleaseOwner gives up owner's leases on every NEW or RETRY event
+	// and delivery it holds, as Release and ReleaseDeliveries with delay
+	// 0 do, and returns how many it released. It must not wait for rows
+	// that other transactions hold (an application's insert not yet
+	// committed, another instance's claim): rows committed leased to
+	// owner after it read them are left as they are.
+	ReleaseOwner(ctx context.Context, owner string) (int, error)
+}
+
 // Cleaner is implemented by stores that can delete delivered rows.
 type Cleaner interface {
 	// Cleanup deletes up to limit DONE rows (and DEAD rows too if

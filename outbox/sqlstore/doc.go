@@ -51,7 +51,8 @@
 //
 // The Store also implements driver.StatsReader, driver.DeadLetterStore
 // (ListDead, Replay), driver.Cleaner (Cleanup deletes DONE, and optionally
-// DEAD, rows in batches, never undelivered ones) and driver.Inspector.
+// DEAD, rows in batches, never undelivered ones), driver.Inspector and
+// driver.OwnerReleaser (ReleaseOwner, the last step of Close).
 // Migrations live in the migrations package, one folder per dialect;
 // Migrate applies them under a database lock and records them in
 // <table>_schema.

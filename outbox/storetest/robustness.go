@@ -21,6 +21,8 @@ type hookedStore struct {
 	driver.Store
 	driver.DeliveryStore
 	claim func(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error)
+	// claimDeliveries replaces ClaimDeliveries.
+	claimDeliveries func(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error)
 	// record wraps the writes of failed deliveries (Split and
 	// FailDelivery): write performs the real one.
 	record func(ctx context.Context, ws []driver.DeliveryWrite, write func() (bool, error)) (bool, error)
@@ -37,6 +39,13 @@ func (s *hookedStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]dri
 	return s.Store.Claim(ctx, req)
 }
 
+func (s *hookedStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
+	if s.claimDeliveries != nil {
+		return s.claimDeliveries(ctx, req, subs, f)
+	}
+	return s.DeliveryStore.ClaimDeliveries(ctx, req, subs, f)
+}
+
 func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
 	write := func() (bool, error) { return s.DeliveryStore.Split(ctx, owner, id, ws) }
 	if s.record != nil {
@@ -51,6 +60,23 @@ func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k driver.D
 		return s.record(ctx, []driver.DeliveryWrite{w}, write)
 	}
 	return write()
+}
+
+// ownerReleasing is a hookedStore that keeps the OwnerReleaser of the
+// store it wraps (a hookedStore alone hides it: Close then hands back by
+// id).
+type ownerReleasing struct {
+	*hookedStore
+	driver.OwnerReleaser
+}
+
+// releasingByOwner returns s with the wrapped store's OwnerReleaser, if
+// byOwner and it has one, or else s.
+func (s *hookedStore) releasingByOwner(byOwner bool) driver.Store {
+	if r, ok := s.Store.(driver.OwnerReleaser); ok && byOwner {
+		return ownerReleasing{s, r}
+	}
+	return s
 }
 
 // outboxOn is e.outbox over another store (a wrapper of e.store).
@@ -207,7 +233,7 @@ func testCloseDuringClaim(t *testing.T, e *env) {
 		cfg := fastConfig()
 		cfg.StatsInterval = -1
 		cfg.InstanceID = fmt.Sprintf("closer-%d", i)
-		ob := e.outboxOn(t, st, cfg)
+		ob := e.outboxOn(t, st.releasingByOwner(i%2 == 0), cfg)
 		ob.Handle("all", func(ctx context.Context, _ outbox.Event) error { <-ctx.Done(); return ctx.Err() })
 		start(t, ob)
 		<-claiming
@@ -234,6 +260,97 @@ func testCloseDuringClaim(t *testing.T, e *env) {
 		if rec := e.wantStatus(t, id, outbox.StatusNew); rec.Attempts != 0 {
 			t.Fatalf("event %s: %d attempts after cancelled deliveries; want 0", id, rec.Attempts)
 		}
+	}
+}
+
+// A claim that the database commits after Close cut it off (the engine's
+// grace period over, the claim's context cancelled; a COMMIT the driver
+// could not cut short, answered late) leaves nothing leased to the closed
+// instance: Close gets an already-cancelled context, and the claim
+// answers, its rows leased, only once its context has ended. Both claims
+// of a poll: events, and the deliveries of split events.
+func testCloseAfterALateClaim(t *testing.T, e *env) {
+	ids := e.insertRows(t, 20, "", 0)
+	claimed := make(chan struct{}, 1)
+	st := hooked(e.store)
+	st.claim = func(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
+		return e.store.Claim(answerLate(ctx, claimed), req)
+	}
+	for _, byOwner := range []bool{false, true} {
+		e.closeAfterLateClaim(t, st, byOwner, claimed)
+		stranded := 0
+		for _, id := range ids {
+			if rec := e.inspect(t, id); rec.Owner != "" {
+				stranded++
+			}
+		}
+		if stranded > 0 {
+			t.Fatalf("%d of %d events left leased to the closed instance after a claim that answered late (released by owner: %v); want 0", stranded, len(ids), byOwner)
+		}
+	}
+}
+
+func testCloseAfterALateDeliveryClaim(t *testing.T, e *env) {
+	ctx := context.Background()
+	ids := e.insertRows(t, 20, "setup", time.Minute)
+	for _, id := range ids {
+		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "all", Status: outbox.StatusNew}}); err != nil || !ok {
+			t.Fatalf("split: %v %v", ok, err)
+		}
+	}
+	claimed := make(chan struct{}, 1)
+	st := hooked(e.store)
+	st.claimDeliveries = func(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
+		return e.ds().ClaimDeliveries(answerLate(ctx, claimed), req, subs, f)
+	}
+	for _, byOwner := range []bool{false, true} {
+		e.closeAfterLateClaim(t, st, byOwner, claimed)
+		stranded := 0
+		for _, id := range ids {
+			rec := e.inspect(t, id)
+			if len(rec.Deliveries) != 1 {
+				t.Fatalf("event %s: %d deliveries; want 1", id, len(rec.Deliveries))
+			}
+			if d := rec.Deliveries[0]; d.Owner != "" {
+				stranded++
+			} else if d.Attempts != 0 {
+				t.Errorf("event %s: %d attempts after a cancelled delivery; want 0", id, d.Attempts)
+			}
+		}
+		if stranded > 0 {
+			t.Fatalf("%d of %d deliveries left leased to the closed instance after a claim that answered late (released by owner: %v); want 0", stranded, len(ids), byOwner)
+		}
+	}
+}
+
+// answerLate signals claimed, waits for ctx, a claim's, to end, and
+// returns the context in which the claim is made all the same.
+func answerLate(ctx context.Context, claimed chan<- struct{}) context.Context {
+	select {
+	case claimed <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return context.WithoutCancel(ctx)
+}
+
+// closeAfterLateClaim starts an instance over st, whose claim signals
+// claimed and answers late, and closes it with a cancelled context once
+// that claim is under way. With byOwner, Close may release by owner
+// (driver.OwnerReleaser, if the store has it), else only by id.
+func (e *env) closeAfterLateClaim(t *testing.T, st *hookedStore, byOwner bool, claimed <-chan struct{}) {
+	t.Helper()
+	cfg := fastConfig()
+	cfg.StatsInterval = -1
+	cfg.InstanceID = fmt.Sprintf("late-claimer-%v", byOwner)
+	ob := e.outboxOn(t, st.releasingByOwner(byOwner), cfg)
+	ob.Handle("all", func(ctx context.Context, _ outbox.Event) error { <-ctx.Done(); return ctx.Err() })
+	start(t, ob)
+	<-claimed
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // hand back at once, do not drain
+	if err := ob.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
 	}
 }
 
