@@ -328,3 +328,7 @@ func (f *faultyStore) DueKeys(ctx context.Context, after string, limit int) ([]s
 func (f *faultyStore) DeliverInTx(ctx context.Context, eventID, sub string, fn func(tx driver.DBTx) error) (bool, error) {
 	return wrap(ctx, f, func() (bool, error) { return f.Store.DeliverInTx(ctx, eventID, sub, fn) })
 }
+
+func (f *faultyStore) ReleaseOwner(ctx context.Context, owner string) (int, error) {
+	return wrap(ctx, f, func() (int, error) { return f.Store.ReleaseOwner(ctx, owner) })
+}
