@@ -15,8 +15,10 @@ import (
 
 // Claim implements driver.Store: one short transaction (READ COMMITTED on
 // MySQL and PostgreSQL, so it does not block concurrent inserts) selects
-// due rows with FOR UPDATE SKIP LOCKED and leases them to req.Owner.
-// Deadlocks and lock-wait timeouts are retried.
+// due rows with FOR UPDATE SKIP LOCKED and leases them to req.Owner; on
+// MySQL/MariaDB the rows are found first by plain reads and locked by
+// primary key (see Dialect.findFirst). Deadlocks and lock-wait timeouts
+// are retried.
 func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	if req.Limit <= 0 {
 		return nil, nil
