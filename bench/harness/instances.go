@@ -284,24 +284,7 @@ func RunInstances(ctx context.Context, d *Dialect, dsn string, o InstancesOption
 	stop()
 	o.Log("%s: load done (%d published, %d acknowledged); closing %d instances with %v each", d.Name, published.Load(), nacked.Load(), len(obs), o.CloseTimeout)
 
-	var cmu sync.Mutex
-	for _, ob := range obs {
-		wg.Go(func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.CloseTimeout)
-			defer cancel()
-			start := time.Now()
-			err := ob.Close(cctx)
-			took := time.Since(start)
-			cmu.Lock()
-			defer cmu.Unlock()
-			res.CloseMax = max(res.CloseMax, took)
-			if err != nil {
-				res.CloseErrors++
-				res.CloseError = err.Error()
-			}
-		})
-	}
-	wg.Wait()
+	res.CloseMax, res.CloseErrors, res.CloseError = closeInstances(ctx, obs, o.CloseTimeout)
 	lw1, lt1 := lockWaits(ctx, d, edb)
 	if lw0 >= 0 && lw1 >= 0 {
 		res.LockWaits, res.LockWaitTime = lw1-lw0, lt1-lt0
@@ -312,26 +295,57 @@ func RunInstances(ctx context.Context, d *Dialect, dsn string, o InstancesOption
 	res.Statements = m.stats()
 
 	// Every acknowledged event must be DONE (the table keeps them).
-	rows, err := edb.QueryxContext(ctx, `SELECT id FROM `+first.Table()+` WHERE status <> 1`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return res, err
-		}
-		res.Pending++
-		if _, ok := acked.Load(id); ok {
-			res.NotDone++
-		}
-	}
-	if err := rows.Close(); err != nil {
+	if res.Pending, res.NotDone, err = countNotDone(ctx, edb, first.Table(), &acked); err != nil {
 		return res, err
 	}
 	res.Load = loadAverage()
-	return res, rows.Err()
+	return res, nil
+}
+
+// closeInstances closes every engine of obs at once, each with timeout,
+// and returns the longest Close, the number that failed and one error.
+func closeInstances(ctx context.Context, obs []*outbox.Outbox, timeout time.Duration) (longest time.Duration, failed int, msg string) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, ob := range obs {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+			defer cancel()
+			start := time.Now()
+			err := ob.Close(cctx)
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			longest = max(longest, took)
+			if err != nil {
+				failed++
+				msg = err.Error()
+			}
+		})
+	}
+	wg.Wait()
+	return longest, failed, msg
+}
+
+// countNotDone returns the rows of table not DONE, and how many of them
+// are in acked.
+func countNotDone(ctx context.Context, db *sqlx.DB, table string, acked *sync.Map) (pending, notDone int, err error) {
+	rows, err := db.QueryxContext(ctx, `SELECT id FROM `+table+` WHERE status <> 1`)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return 0, 0, err
+		}
+		pending++
+		if _, ok := acked.Load(id); ok {
+			notDone++
+		}
+	}
+	return pending, notDone, rows.Err()
 }
 
 func pollName(d time.Duration) string {
