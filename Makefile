@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-instances bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -53,6 +53,10 @@ bench:
 ## bench-ordered: only the ordered-subscription rows (16 producers over 1,000 keys; per repeat raw SQL without then with the key-row upsert (the raw floor; BENCHFLAGS=-ordered-raw=false skips them), then Unordered, then Ordered subscription; MariaDB and PostgreSQL; ~3 min); replaces the section "Ordered subscriptions" of BENCHMARKS.md (make bench includes the rows).
 bench-ordered:
 	cd bench && $(GO) run ./cmd/outboxbench -only-ordered -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-instances: only the many-instances rows (50 engines in one process on one table, default PollInterval and 50 ms, 500 events/s, then Close with 5 s; MariaDB and PostgreSQL; ~4 min): claim, DONE and lease-renewal p99 and the acknowledged events left not DONE; replaces the section "Many instances" of BENCHMARKS.md (make bench includes the rows).
+bench-instances:
+	cd bench && $(GO) run ./cmd/outboxbench -only-instances -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes LOAD.md.
 bench-load:

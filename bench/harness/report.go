@@ -23,6 +23,8 @@ type Report struct {
 	// OrderedHeader, if set, is printed under the section "Ordered
 	// subscriptions" (a run of that section alone: its time and load).
 	OrderedHeader string `json:",omitempty"`
+	// Instances are the many-instances rows (issue 33, defect 4).
+	Instances []InstancesResult `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -502,6 +504,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 			r.WriteOrdered(w)
 			break
 		}
+	}
+	if len(r.Instances) > 0 {
+		p("")
+		WriteInstances(w, r.Instances, "")
 	}
 	if len(r.Load) > 0 {
 		p("")

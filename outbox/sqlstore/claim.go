@@ -15,8 +15,10 @@ import (
 
 // Claim implements driver.Store: one short transaction (READ COMMITTED on
 // MySQL and PostgreSQL, so it does not block concurrent inserts) selects
-// due rows with FOR UPDATE SKIP LOCKED and leases them to req.Owner.
-// Deadlocks and lock-wait timeouts are retried.
+// due rows with FOR UPDATE SKIP LOCKED and leases them to req.Owner; on
+// MySQL/MariaDB the rows are found first by plain reads and locked by
+// primary key (see Dialect.findFirst). Deadlocks and lock-wait timeouts
+// are retried.
 func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	if req.Limit <= 0 {
 		return nil, nil
@@ -31,6 +33,91 @@ func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Ro
 }
 
 func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []driver.Row, err error) {
+	if s.d.findFirst {
+		return s.claimFound(ctx, req)
+	}
+	tx, err := s.beginClaim(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, rollback(tx))
+		}
+	}()
+	sel := func(out []driver.Row, at bool, q string, args ...any) ([]driver.Row, any, error) {
+		return selectRows(ctx, tx, out, at, q, args...)
+	}
+	// Due retries first, up to a quarter of the batch so that a backlog of
+	// new events cannot starve them, then new events for the rest.
+	out, _, err := sel(nil, false, s.q.claimRetry, max(1, req.Limit/4))
+	if err != nil {
+		return nil, err
+	}
+	if out, err = s.claimNewRows(sel, out, req); err != nil {
+		return nil, err
+	}
+	return s.leaseClaimed(ctx, tx, req, out)
+}
+
+// claimFound is the claim of a dialect that finds first (see
+// Dialect.findFirst): plain reads of the due rows' ids, outside any
+// transaction (a poll that finds nothing due costs one or two reads and
+// holds no lock), then one short transaction that locks those rows by
+// primary key, skipping the ones another claim holds, decides the WHERE
+// again on each, and leases what it locked.
+func (s *Store) claimFound(ctx context.Context, req driver.ClaimRequest) (_ []driver.Row, err error) {
+	sel := func(out []driver.Row, at bool, q string, args ...any) ([]driver.Row, any, error) {
+		return s.findRows(ctx, out, at, q, args...)
+	}
+	found, _, err := sel(nil, false, s.q.claimRetry, max(1, req.Limit/4))
+	if err != nil {
+		return nil, err
+	}
+	if found, err = s.claimNewRows(sel, found, req); err != nil || len(found) == 0 {
+		return nil, err
+	}
+	ids := make([]string, len(found))
+	for i := range found {
+		ids[i] = found[i].ID
+	}
+	tx, err := s.beginClaim(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, rollback(tx))
+		}
+	}()
+	rs, err := tx.QueryContext(ctx, s.claimLockSQL(len(ids)), s.idArgs(ids, max(0, req.SkipRecent.Microseconds()))...)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: lock: %w", err)
+	}
+	locked := make(map[string]driver.Row, len(ids))
+	for rs.Next() {
+		r, err := scanRow(rs)
+		if err != nil {
+			rs.Close()
+			return nil, fmt.Errorf("sqlstore: claim: scan: %w", err)
+		}
+		locked[r.ID] = r
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: lock: %w", err)
+	}
+	out := make([]driver.Row, 0, len(locked))
+	for _, id := range ids { // in the order found: retries, then by due time
+		if r, ok := locked[id]; ok {
+			out = append(out, r)
+		}
+	}
+	return s.leaseClaimed(ctx, tx, req, out)
+}
+
+// beginClaim begins a claim's transaction, READ COMMITTED where the
+// dialect has it.
+func (s *Store) beginClaim(ctx context.Context) (*sqlx.Tx, error) {
 	opts := &sql.TxOptions{}
 	if s.d.readCommitted {
 		opts.Isolation = sql.LevelReadCommitted
@@ -39,20 +126,12 @@ func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []dri
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: begin: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, rollback(tx))
-		}
-	}()
-	// Due retries first, up to a quarter of the batch so that a backlog of
-	// new events cannot starve them, then new events for the rest.
-	out, _, err := selectRows(ctx, tx, nil, false, s.q.claimRetry, max(1, req.Limit/4))
-	if err != nil {
-		return nil, err
-	}
-	if out, err = s.claimNewRows(ctx, tx, out, req); err != nil {
-		return nil, err
-	}
+	return tx, nil
+}
+
+// leaseClaimed leases out, the rows a claim's transaction tx locked, to
+// req.Owner and commits tx. The caller rolls tx back on an error.
+func (s *Store) leaseClaimed(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, out []driver.Row) ([]driver.Row, error) {
 	if len(out) == 0 {
 		return nil, tx.Commit()
 	}
@@ -79,6 +158,42 @@ func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []dri
 	return out, nil
 }
 
+// findRows is selectRows for the plain reads of a claim that finds first:
+// q selects the id (and with at, the available_at) of each row, on the
+// database, outside any transaction, limited on the server to ctx's
+// deadline (see bounded). The rows carry their id alone.
+func (s *Store) findRows(ctx context.Context, out []driver.Row, at bool, q string, args ...any) (_ []driver.Row, last any, _ error) {
+	if limit := args[len(args)-1].(int); limit <= 0 {
+		return out, nil, nil
+	}
+	rs, err := s.db.QueryContext(ctx, s.bounded(ctx, q), args...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sqlstore: claim: find: %w", err)
+	}
+	dest := []any{nil, &last}
+	for rs.Next() {
+		var id string
+		dest[0] = &id
+		if !at {
+			dest = dest[:1]
+		}
+		if err := rs.Scan(dest...); err != nil {
+			rs.Close()
+			return nil, nil, fmt.Errorf("sqlstore: claim: find: %w", err)
+		}
+		out = append(out, driver.Row{ID: id})
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return nil, nil, fmt.Errorf("sqlstore: claim: find: %w", err)
+	}
+	return out, last, nil
+}
+
+// selector runs one of a claim's SELECTs (s.q.claimRetry, claimNew,
+// claimNewAfter), appending its rows to out; with at, each row carries its
+// available_at too, and the last one is returned.
+type selector func(out []driver.Row, at bool, q string, args ...any) ([]driver.Row, any, error)
+
 // claimCursor is where an owner's last full claim of NEW rows ended: the
 // available_at (as the driver returned it, bound back as is) and id of its
 // last row. The next claim resumes after it instead of at the front of the
@@ -101,14 +216,14 @@ const frontEvery = 16
 
 // claimNewRows appends to out the NEW rows of a claim, up to req.Limit
 // rows in all.
-func (s *Store) claimNewRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row, req driver.ClaimRequest) ([]driver.Row, error) {
+func (s *Store) claimNewRows(sel selector, out []driver.Row, req driver.ClaimRequest) ([]driver.Row, error) {
 	want := req.Limit - len(out)
 	if want <= 0 {
 		return out, nil
 	}
 	skip := max(0, req.SkipRecent.Microseconds())
 	if !s.d.claimCursor {
-		out, _, err := selectRows(ctx, tx, out, true, s.q.claimNew, skip, want)
+		out, _, err := sel(out, true, s.q.claimNew, skip, want)
 		return out, err
 	}
 	s.mu.Lock()
@@ -118,7 +233,7 @@ func (s *Store) claimNewRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row,
 	var last any
 	var err error
 	if ok && cur.resumed < frontEvery {
-		out, last, err = selectRows(ctx, tx, out, true, s.q.claimNewAfter, cur.at, cur.at, cur.id, skip, want)
+		out, last, err = sel(out, true, s.q.claimNewAfter, cur.at, cur.at, cur.id, skip, want)
 		if err != nil {
 			return nil, err
 		}
@@ -132,7 +247,7 @@ func (s *Store) claimNewRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row,
 			for _, r := range out[n:] {
 				seen[r.ID] = true
 			}
-			more, _, err := selectRows(ctx, tx, nil, true, s.q.claimNew, skip, want-got)
+			more, _, err := sel(nil, true, s.q.claimNew, skip, want-got)
 			if err != nil {
 				return nil, err
 			}
@@ -144,7 +259,7 @@ func (s *Store) claimNewRows(ctx context.Context, tx *sqlx.Tx, out []driver.Row,
 			ok, last = false, nil
 		}
 	} else {
-		out, last, err = selectRows(ctx, tx, out, true, s.q.claimNew, skip, want)
+		out, last, err = sel(out, true, s.q.claimNew, skip, want)
 		if err != nil {
 			return nil, err
 		}

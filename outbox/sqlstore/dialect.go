@@ -73,6 +73,17 @@ type Dialect struct {
 	byIDStatus string
 	// idArray binds the ids of a by-id write as one array (see idIn).
 	idArray bool
+	// findFirst: a claim finds its rows with plain reads outside any
+	// transaction, then locks them by primary key (claimFound). InnoDB's
+	// locking read over the (status, available_at) index locks every
+	// entry it examines, those it rejects too (the events other
+	// instances hold leased), and keeps the locks on the index entries
+	// until the claim commits: with 50 instances claiming every 50 ms,
+	// the DONE writes and lease renewals of those events waited behind
+	// one claim after another (DONE p99 2.4 s, 1,173 locks held by one
+	// claim of at most 200 rows). PostgreSQL locks only the rows it
+	// returns.
+	findFirst bool
 }
 
 // statusByID returns the status column for the WHERE of by-id writes.
@@ -108,6 +119,7 @@ var (
 		writeTx:         true,
 		byID:            " FORCE INDEX (PRIMARY)",
 		claimCursor:     true,
+		findFirst:       true,
 		migrationLock:   "SELECT GET_LOCK(?, ?)",
 		lockTimeout:     true,
 		migrationUnlock: "SELECT RELEASE_LOCK(?)",

@@ -177,6 +177,10 @@ VALUES `
 	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `, ?)`
 	update := `UPDATE ` + t + d.byID
 	kept, _ := s.keptSQL()
+	cols, lock := rowColumns, d.lock
+	if d.findFirst {
+		cols, lock = "id", ""
+	}
 	return queries{
 		update:       update,
 		inspect:      s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
@@ -187,24 +191,26 @@ VALUES `
 		// gives the order and the LIMIT stops the scan: with IN (0, 2) the
 		// database sorts every due row, and a claim costs time in
 		// proportion to the backlog. A NEW row's available_at is its
-		// insert time, so SkipRecent is a bound on the same index.
-		claimNew: s.rebind(`SELECT ` + rowColumns + `, available_at FROM ` + t + `
+		// insert time, so SkipRecent is a bound on the same index. Where
+		// the dialect finds first (Dialect.findFirst) these are plain
+		// reads of ids, and claimLockSQL locks what they found.
+		claimNew: s.rebind(`SELECT ` + cols + `, available_at FROM ` + t + `
 WHERE status = 0 AND available_at <= ` + d.nowMinus + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
-ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + d.lock),
+ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
 		// claimNew resumed after (available_at, id) of the last row claimed.
 		// The index is forced, and the cursor is a bound on available_at
 		// alone (the tie broken by a filter): else MariaDB reads the index
 		// from the front of status = 0 ("ref"), which is what the cursor
 		// is there to avoid.
-		claimNewAfter: s.rebind(`SELECT ` + rowColumns + `, available_at FROM ` + t + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
+		claimNewAfter: s.rebind(`SELECT ` + cols + `, available_at FROM ` + t + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
 WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
-ORDER BY available_at, id LIMIT ?` + d.lock),
-		claimRetry: s.rebind(`SELECT ` + rowColumns + ` FROM ` + t + `
+ORDER BY available_at, id LIMIT ?` + lock),
+		claimRetry: s.rebind(`SELECT ` + cols + ` FROM ` + t + `
 WHERE status = 2 AND available_at <= ` + d.now + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
-ORDER BY available_at LIMIT ?` + d.lock),
+ORDER BY available_at LIMIT ?` + lock),
 		markRetry: s.rebind(update + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		markDead: s.rebind(update + ` SET status = 3, attempts = attempts + 1, done_at = ` + d.now + `, last_error = ?, locked_by = NULL, locked_until = NULL
@@ -229,6 +235,19 @@ func claimTieBreak(d *Dialect) string {
 // which carries the dialect's primary-key hint: with hundreds of ids on a
 // table of a few thousand rows, MariaDB otherwise scans the whole primary
 // key (and at REPEATABLE READ would lock all of it).
+
+// claimLockSQL is the locking read of a claim that found its n rows
+// first (Dialect.findFirst): by primary key, so that it locks those rows
+// only, and with the whole WHERE of the finding reads decided again on
+// each row's latest version (another claim may have leased it meanwhile,
+// or its owner written it DONE). Its one parameter before the ids is
+// SkipRecent in microseconds.
+func (s *Store) claimLockSQL(n int) string {
+	d := s.d
+	return s.rebind(`SELECT ` + rowColumns + ` FROM ` + s.table + d.byID + `
+WHERE ((status = 2 AND available_at <= ` + d.now + `) OR (status = 0 AND available_at <= ` + d.nowMinus + `))
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL AND id` + s.idIn(n) + d.lock)
+}
 
 func (s *Store) leaseSQL(n int) string {
 	return s.rebind(s.q.update + ` SET locked_by = ?, locked_until = ` + s.d.nowPlus + ` WHERE id` + s.idIn(n))

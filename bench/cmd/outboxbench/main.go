@@ -95,6 +95,15 @@ func main() {
 		orderedKeys = flag.Int("ordered-keys", harness.OrderedKeys, "diagnosis: ordering keys of the ordered rows instead of 1,000 (a number far above the events of a run makes nearly every event its key's first)")
 		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
 		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
+		instOn      = flag.Bool("instances", true, "run the many-instances rows: -instances-n engines on one table under a steady load, at each poll interval of -instances-polls, then Close with 5 s (see -only-instances)")
+		onlyInst    = flag.Bool("only-instances", false, "run the many-instances rows only (-db, -instances-* apply) and replace the section \"Many instances\" of -out with them (make bench-instances)")
+		instN       = flag.Int("instances-n", 50, "engines of the many-instances rows")
+		instPolls   = flag.String("instances-polls", "0,50ms", "PollInterval of the many-instances rows; 0 is the default Config")
+		instRate    = flag.Int("instances-rate", 500, "publish load of the many-instances rows, events/s")
+		instDur     = flag.Duration("instances-duration", 20*time.Second, "load time of each many-instances row before Close")
+		instReps    = flag.Int("instances-repeats", 2, "repeats of each many-instances row")
+		instPerTx   = flag.Int("instances-per-tx", 1, "diagnosis: events per producer transaction of the many-instances rows")
+		instHot     = flag.Int("instances-hot-every", 2, "diagnosis: every n-th transaction of the many-instances rows publishes through a subscribing engine (hot path), the others through one without subscriptions; -1: none")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -185,10 +194,15 @@ func main() {
 		fatal("-backlog: %v", err)
 	}
 	if *onlyLoad {
-		dialects, concs, sizes, *memN, *connOn, *orderedOn = nil, nil, nil, 0, false, false
+		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn = nil, nil, nil, 0, false, false, false
 	}
 	harness.OrderedPollInterval = *orderedPoll
 	harness.OrderedKeys = *orderedKeys
+	instOpts := instancesFlags{n: *instN, polls: *instPolls, rate: *instRate, duration: *instDur, repeats: *instReps, perTx: *instPerTx, hotEvery: *instHot}
+	if *onlyInst {
+		onlyInstancesRun(ctx, dialects, dsnOf, *out, instOpts)
+		return
+	}
 	if *onlyOrdered {
 		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedRaw, *orderedInst, *orderedProf)
 		return
@@ -215,6 +229,9 @@ func main() {
 	withMariaDB := slices.Contains(dialects, harness.MariaDB)
 	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
+	if *instOn {
+		est += time.Duration(len(dialects)*len(strings.Split(*instPolls, ","))**instReps) * (*instDur + 10*time.Second)
+	}
 	if *orderedOn {
 		est += orderedEstimate(len(dialects), *repeats, *duration, *orderedRaw, *orderedInst)
 	}
@@ -250,6 +267,10 @@ func main() {
 			memory(ctx, dr, *dsn, *memN)
 		}
 		db.Close()
+	}
+
+	if *instOn && len(dialects) > 0 {
+		rep.Instances = runInstances(ctx, dialects, dsnOf, instOpts)
 	}
 
 	if *connOn {
