@@ -666,22 +666,27 @@ func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []dri
 		}
 	}
 	for _, k := range keys {
-		e := s.events[k.EventID]
-		if e == nil || e.row.Status != outbox.StatusSplit {
-			continue
-		}
-		left := false
-		for _, d := range s.deliv[k.EventID] {
-			left = left || d.status != outbox.StatusDone
-		}
-		if !left {
-			e.row.Status, e.doneAt = outbox.StatusDone, now
-		}
+		s.completeSplit(k.EventID, now)
 	}
 	if n > 0 {
 		s.touch()
 	}
 	return n, nil
+}
+
+// completeSplit makes a split event DONE once none of its deliveries is
+// left undone. The caller holds s.mu.
+func (s *Store) completeSplit(id string, now time.Time) {
+	e := s.events[id]
+	if e == nil || e.row.Status != outbox.StatusSplit {
+		return
+	}
+	for _, d := range s.deliv[id] {
+		if d.status != outbox.StatusDone {
+			return
+		}
+	}
+	e.row.Status, e.doneAt = outbox.StatusDone, now
 }
 
 // FailDelivery implements driver.DeliveryStore.

@@ -88,15 +88,7 @@ func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx 
 		ds[sub] = d
 	}
 	d.status, d.doneAt, d.owner, d.lockedUntil = outbox.StatusDone, now, "", time.Time{}
-	if e := s.events[eventID]; e != nil && e.row.Status == outbox.StatusSplit {
-		left := false
-		for _, d := range ds {
-			left = left || d.status != outbox.StatusDone
-		}
-		if !left {
-			e.row.Status, e.doneAt = outbox.StatusDone, now
-		}
-	}
+	s.completeSplit(eventID, now)
 	s.effects = append(s.effects, tx.staged...)
 	s.touch()
 	return false, nil

@@ -25,33 +25,12 @@ func testMethodReleaseOwner(t *testing.T, e *env) {
 	if n, err := e.store.MarkDone(ctx, "me", done); err != nil || n != 1 {
 		t.Fatalf("MarkDone: %d, %v", n, err)
 	}
-	// Deliveries: split events, one delivery claimed by me, one by other.
-	split := e.insertRows(t, 2, "setup", time.Minute)
-	for _, id := range split {
-		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "t", Status: outbox.StatusNew}}); err != nil || !ok {
-			t.Fatalf("split: %v %v", ok, err)
-		}
-	}
-	for owner, sub := range map[string]string{"me": "s", "other": "t"} {
-		if got, err := e.ds().ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 10, Lease: time.Minute}, []string{sub}, driver.OrderFilter{}); err != nil || len(got) != len(split) {
-			t.Fatalf("ClaimDeliveries(%s): %d, %v; want %d", owner, len(got), err, len(split))
-		}
-	}
+	split := splitClaimedByTwo(t, e)
 	// A row leased to me in a transaction still open: not released, and
 	// not waited for (where two writers can be open at once).
-	var open Tx
-	var uncommitted string
-	if e.h.ConcurrentWriters {
-		var err error
-		if open, err = e.begin(ctx); err != nil {
-			t.Fatal(err)
-		}
+	open, uncommitted := openLeasedRow(t, e, "me")
+	if open != nil {
 		defer open.Rollback()
-		uncommitted = outbox.NewID()
-		row := driver.Row{ID: uncommitted, Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
-		if err := e.store.Insert(ctx, open, &row, "me", time.Minute); err != nil {
-			t.Fatal(err)
-		}
 	}
 
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -74,14 +53,7 @@ func testMethodReleaseOwner(t *testing.T, e *env) {
 		}
 	}
 	e.wantStatus(t, done[0], outbox.StatusDone)
-	for _, id := range split {
-		for _, d := range e.inspect(t, id).Deliveries {
-			want := map[string]string{"s": "", "t": "other"}[d.Subscription]
-			if d.Owner != want {
-				t.Errorf("event %s, delivery to %s: owner %q after ReleaseOwner(me); want %q", id, d.Subscription, d.Owner, want)
-			}
-		}
-	}
+	wantDeliveryOwners(t, e, split, map[string]string{"s": "", "t": "other"})
 	// Free again: any instance claims them at once.
 	if got, err := e.store.Claim(ctx, driver.ClaimRequest{Owner: "next", Limit: 10, Lease: time.Minute, SkipRecent: -1}); err != nil || len(got) != len(mine) {
 		t.Errorf("a claim after ReleaseOwner took %d events (%v); want %d", len(got), err, len(mine))
@@ -92,6 +64,59 @@ func testMethodReleaseOwner(t *testing.T, e *env) {
 		}
 		if rec := e.inspect(t, uncommitted); rec.Owner != "me" {
 			t.Errorf("event %s, committed after ReleaseOwner(me): owner %q; want me", uncommitted, rec.Owner)
+		}
+	}
+}
+
+// splitClaimedByTwo writes two split events, each with a delivery to s
+// claimed by "me" and one to t claimed by "other", and returns their ids.
+func splitClaimedByTwo(t *testing.T, e *env) []string {
+	t.Helper()
+	ctx := context.Background()
+	split := e.insertRows(t, 2, "setup", time.Minute)
+	for _, id := range split {
+		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "t", Status: outbox.StatusNew}}); err != nil || !ok {
+			t.Fatalf("split: %v %v", ok, err)
+		}
+	}
+	for owner, sub := range map[string]string{"me": "s", "other": "t"} {
+		if got, err := e.ds().ClaimDeliveries(ctx, driver.ClaimRequest{Owner: owner, Limit: 10, Lease: time.Minute}, []string{sub}, driver.OrderFilter{}); err != nil || len(got) != len(split) {
+			t.Fatalf("ClaimDeliveries(%s): %d, %v; want %d", owner, len(got), err, len(split))
+		}
+	}
+	return split
+}
+
+// openLeasedRow inserts a row leased to owner in a transaction it leaves
+// open, where the store allows two writers at once; else it returns nil.
+func openLeasedRow(t *testing.T, e *env, owner string) (Tx, string) {
+	t.Helper()
+	if !e.h.ConcurrentWriters {
+		return nil, ""
+	}
+	ctx := context.Background()
+	open, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := outbox.NewID()
+	row := driver.Row{ID: id, Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
+	if err := e.store.Insert(ctx, open, &row, owner, time.Minute); err != nil {
+		open.Rollback()
+		t.Fatal(err)
+	}
+	return open, id
+}
+
+// wantDeliveryOwners checks the owner of each delivery of the events,
+// by subscription.
+func wantDeliveryOwners(t *testing.T, e *env, ids []string, want map[string]string) {
+	t.Helper()
+	for _, id := range ids {
+		for _, d := range e.inspect(t, id).Deliveries {
+			if d.Owner != want[d.Subscription] {
+				t.Errorf("event %s, delivery to %s: owner %q after ReleaseOwner(me); want %q", id, d.Subscription, d.Owner, want[d.Subscription])
+			}
 		}
 	}
 }

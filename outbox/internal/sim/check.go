@@ -74,7 +74,7 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int) *call {
 func (w *world) end(c *call, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	c.running, c.end = false, w.now()
+	c.running = false
 	c.ok = ok && !c.node.crashed.Load()
 	if w.opts.Trace {
 		w.logLocked("%s: #%d to %s, attempt %d: ok=%v", c.node.name, c.n, c.sub, c.attempt, c.ok)
@@ -109,17 +109,6 @@ func (w *world) settle() {
 			w.mu.Unlock()
 			if pending > 0 {
 				w.dumpKeys()
-				if os.Getenv("SIM_PROBE") != "" {
-					var subs []string
-					for _, sp := range w.specsNow() {
-						subs = append(subs, sp.name)
-					}
-					ds, err := w.store.ClaimDeliveries(context.Background(), driver.ClaimRequest{Owner: "probe", Limit: 1000, Lease: time.Second}, subs, w.filter())
-					w.logf("probe: ClaimDeliveries(%v) = %d, %v", subs, len(ds), err)
-					for _, d := range ds {
-						w.logf("probe: %s/%s", d.ID, d.Subscription)
-					}
-				}
 				if os.Getenv("SIM_STACKS") != "" {
 					buf := make([]byte, 1<<22)
 					os.Stderr.Write(buf[:runtime.Stack(buf, true)])
@@ -173,7 +162,7 @@ func (w *world) owed() (problems []string, pending int) {
 		}
 		var rec outbox.Record
 		var recErr error
-		read := false
+		read := false // rec is read once, for the first owed delivery not made
 		for _, sp := range w.specs {
 			reg := w.regAt[sp.name]
 			if !sp.takes(e.typ) || reg == 0 || reg >= e.commitStart {
@@ -190,7 +179,8 @@ func (w *world) owed() (problems []string, pending int) {
 				continue
 			}
 			if !read {
-				rec, recErr, read = w.inspect(ctx, e.id)
+				rec, recErr = w.store.Inspect(ctx, e.id)
+				read = true
 			}
 			if recErr != nil {
 				problems = append(problems, fmt.Sprintf("event #%d (%s): %v", e.n, e.id, recErr))
@@ -206,11 +196,6 @@ func (w *world) owed() (problems []string, pending int) {
 		}
 	}
 	return problems, pending
-}
-
-func (w *world) inspect(ctx context.Context, id string) (outbox.Record, error, bool) {
-	rec, err := w.store.Inspect(ctx, id)
-	return rec, err, true
 }
 
 // judge tells, for an event not delivered to sp, whether that is
@@ -314,20 +299,6 @@ func (w *world) specsNow() []spec {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.specs)
-}
-
-// filter is the order filter of every ordered subscription of the run.
-func (w *world) filter() driver.OrderFilter {
-	var f driver.OrderFilter
-	for _, sp := range w.specsNow() {
-		switch sp.order {
-		case outbox.Ordered:
-			f.Block = append(f.Block, sp.name)
-		case outbox.OrderedSkipDead:
-			f.Skip = append(f.Skip, sp.name)
-		}
-	}
-	return f
 }
 
 // checkOrder checks, per ordered subscription and key, that the first

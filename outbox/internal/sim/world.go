@@ -69,8 +69,8 @@ type Result struct {
 	Seed       uint64
 	Violations []string
 	Trace      []string
-	// Events committed, deliveries checked, nodes started.
-	Committed, Owed, Nodes int
+	// Events committed, instances started.
+	Committed, Nodes int
 	// Elapsed is the virtual time the run took.
 	Elapsed time.Duration
 }
@@ -153,7 +153,6 @@ type call struct {
 	node    *node
 	attempt int
 	start   time.Duration
-	end     time.Duration
 	ok      bool
 	zombie  bool // its node crashed or froze during it
 	running bool
