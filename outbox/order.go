@@ -119,25 +119,6 @@ func (r *registry) indexOrder() {
 	}
 	slices.Sort(r.filter.Block)
 	slices.Sort(r.filter.Skip)
-	r.filter.Wanted = r.wanted
-}
-
-// wanted reports whether a subscription that takes type t, here or on
-// another instance, is not among behind: only then is an event of t
-// worth claiming while those subscriptions owe earlier events of its key
-// (driver.OrderFilter.Wanted).
-func (r *registry) wanted(t string, behind []string) bool {
-	for _, s := range r.match(EventType(t)) {
-		if !slices.Contains(behind, s.Name) {
-			return true
-		}
-	}
-	for _, name := range r.owedElsewhere(EventType(t)) {
-		if !slices.Contains(behind, name) {
-			return true
-		}
-	}
-	return false
 }
 
 // orderFilter returns the names of the ordered subscriptions, here and on

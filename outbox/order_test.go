@@ -1026,11 +1026,7 @@ func TestOrderedBacklogGoesOutInRuns(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := outboxtest.NewStore()
 				l := newOrderLog(t)
-				var a41 atomic.Value
 				l.fail = func(ev outbox.Event, attempt int) error {
-					if string(ev.JSON) == `{"i":41}` {
-						a41.Store(ev.Path)
-					}
 					if attempt == 1 && (string(ev.JSON) == `{"i":1}` || (failInRun && string(ev.JSON) == `{"i":20}`)) {
 						return errors.New("first attempt fails")
 					}
@@ -1057,8 +1053,12 @@ func TestOrderedBacklogGoesOutInRuns(t *testing.T) {
 					settle(10 * time.Millisecond)
 				}
 				if !failInRun {
-					// Published here during the run: leased here behind the
-					// run's end (Row.KeyAfter), it joins the chain.
+					// Published here during the run: it goes out after the
+					// run, by whichever path (the events behind A1 were
+					// claimed while A1 waited for its retry and recorded
+					// deferred for proj: a key's head is leased even when
+					// only subscriptions behind take it, so that it never
+					// holds the key back for the others).
 					wantNotAll(t, l.delivered("Order:A"), len(ids))
 					ids = append(ids, publishKey(t, ob, st, "A", 41))
 				}
@@ -1078,9 +1078,6 @@ func TestOrderedBacklogGoesOutInRuns(t *testing.T) {
 				// find the key in hand take nothing and are not counted.
 				if n, want := m.took.Load()-before, int64(2+btoi(failInRun)); n > want {
 					t.Errorf("the sequencer's claims took events %d times for a backlog of 39 events of one key; want at most %d: the backlog in one run", n, want)
-				}
-				if p, _ := a41.Load().(outbox.Path); !failInRun && p != outbox.PathHot {
-					t.Errorf("A41, published during the run, came by path %v; want hot (from the run's chain)", p)
 				}
 			})
 		})

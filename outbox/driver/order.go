@@ -25,20 +25,6 @@ type OrderFilter struct {
 	// Skip are the ordered subscriptions whose dead deliveries hold
 	// nothing back.
 	Skip []string
-	// Wanted, if set, tells ClaimHeads whether a head of event type t is
-	// worth leasing while the subscriptions behind (Row.Behind, not empty
-	// when it is asked) owe earlier events of its key: whether some other
-	// subscription takes t. A head not wanted is not leased: it stays
-	// whole, and the key waits for the subscriptions behind, as it would
-	// for them anyway, without splitting every later event into
-	// deliveries. Nil: every head is wanted.
-	Wanted func(eventType string, behind []string) bool
-}
-
-// IsWanted reports whether a head of type t, with the subscriptions
-// behind, is to be leased: nobody behind, no Wanted, or Wanted says so.
-func (f OrderFilter) IsWanted(t string, behind []string) bool {
-	return len(behind) == 0 || f.Wanted == nil || f.Wanted(t, behind)
 }
 
 // Empty reports whether f names no subscription.
@@ -141,14 +127,15 @@ type OrderedStore interface {
 	// at a time). Each row's Behind names the subscriptions of f for which
 	// an earlier event of the key is pending (see OrderFilter), or which
 	// have a delivery of another event of the key under a live lease; a
-	// store that cannot tell must not lease the row. A head that is not
-	// f.IsWanted is not leased.
+	// store that cannot tell must not lease the row. A head is leased even
+	// when every subscription that takes it is behind: the engine records
+	// it as deferred for them, and the key goes on for the others.
 	//
 	// With req.Run > 0 it may also lease, behind a head, some of the
 	// events that follow it in its key (req.Run over the keys asked for:
 	// req.Run/len(keys) a key, len(keys) at most req.Limit), numbered one
 	// after another (KeySeq head+1, head+2, …), each NEW or RETRY as a
-	// whole, due, free and wanted: a run that the caller delivers in order,
+	// whole, due and free: a run that the caller delivers in order,
 	// each once the one before it succeeded (or, for the subscriptions of
 	// Behind, was deferred), with no claim between them. Each event of a
 	// run has its head's Behind: those subscriptions owe it the head too.

@@ -299,9 +299,6 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 				r.Behind = append(r.Behind, sub)
 			}
 		}
-		if !f.IsWanted(r.Type, r.Behind) {
-			continue
-		}
 		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
 		out = append(out, r)
 		out = s.leaseRun(out, byKey[k], h, req.Owner, req.Lease, req.Run/len(keys), r.Behind, f, now)
@@ -313,7 +310,7 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 }
 
 // leaseRun leases to owner up to run events of es that follow h without a
-// gap, NEW or RETRY as a whole, due, free and wanted under f with h's
+// gap, NEW or RETRY as a whole, due and free, with h's
 // behind, which they get, and appends them to out. The caller holds s.mu.
 func (s *Store) leaseRun(out []driver.Row, es []*memEvent, h *memEvent, owner string, lease time.Duration, run int, behind []string, f driver.OrderFilter, now time.Time) []driver.Row {
 	if run <= 0 {
@@ -324,7 +321,7 @@ func (s *Store) leaseRun(out []driver.Row, es []*memEvent, h *memEvent, owner st
 		if e.row.KeySeq <= seq {
 			continue
 		}
-		if n == run || e.row.KeySeq != seq+1 || !undone(e.row.Status) || e.availableAt.After(now) || !free(e.lockedUntil, now) || !f.IsWanted(e.row.Type, behind) {
+		if n == run || e.row.KeySeq != seq+1 || !undone(e.row.Status) || e.availableAt.After(now) || !free(e.lockedUntil, now) {
 			break
 		}
 		r := cloneRow(&e.row)

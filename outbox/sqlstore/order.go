@@ -1146,25 +1146,16 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		if err != nil {
 			return err
 		}
-		// Only the heads worth it: some subscription that takes the
-		// event is not behind. An event of a run has its head's Behind:
-		// the subscriptions behind owe it the head too.
-		wanted := out[:0]
+		// An event of a run has its head's Behind: the subscriptions
+		// behind owe it the head too. Every head is leased, even one
+		// that only subscriptions behind take: left whole, it would
+		// hold its key back for the others too.
 		var headBehind []string
-		for _, r := range out {
-			if isHead[r.ID] {
-				headBehind = subs[r.ID]
+		for i := range out {
+			if isHead[out[i].ID] {
+				headBehind = subs[out[i].ID]
 			}
-			r.Behind = headBehind
-			if f.IsWanted(r.Type, r.Behind) {
-				wanted = append(wanted, r)
-			}
-		}
-		if out = wanted; len(runs) > 0 {
-			out = runsOf(out, isHead) // an event not wanted ends its run
-		}
-		if len(out) == 0 {
-			return nil
+			out[i].Behind = headBehind
 		}
 		ids := make([]string, len(out))
 		for i := range out {

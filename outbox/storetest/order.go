@@ -416,22 +416,6 @@ func testOrderSplitHolds(t *testing.T, e *env) {
 	} {
 		_, next := e.splitHead(t, c.name, c.write)
 		what := "ClaimHeads behind a split event with a " + c.name + " delivery"
-		// A head nobody but the subscriptions behind wants stays whole.
-		unwanted := bothS
-		unwanted.Wanted = func(typ string, behind []string) bool {
-			if typ != string(typeA) || len(behind) == 0 {
-				t.Errorf("%s: Wanted(%q, %v): want the head's type and who is behind", what, typ, behind)
-			}
-			return false
-		}
-		if got := claimHeads(t, os, "a", minute, unwanted, c.name); c.holds {
-			wantIDs(t, what+", wanted by nobody else", got)
-		} else {
-			wantIDs(t, what+", nobody behind", got, next)
-			if err := e.store.Release(context.Background(), "a", got, 0); err != nil {
-				t.Fatal(err)
-			}
-		}
 		got, behind := claimHeadsBehind(t, os, "a", minute, bothS, c.name)
 		wantIDs(t, what, got, next)
 		if c.holds {
