@@ -1157,6 +1157,9 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 			}
 			out[i].Behind = headBehind
 		}
+		if len(out) == 0 {
+			return nil
+		}
 		ids := make([]string, len(out))
 		for i := range out {
 			ids[i] = out[i].ID

@@ -372,20 +372,21 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 }
 
 // An event published behind a key held up in the table (its head
-// deferred for a paused subscription, those behind it given back) is
-// written free, not leased to the publishing instance: it could only be
-// given back at its commit. It used to be leased here (Row.KeyAfter still
-// named the numbers given back), every later event of the key with it,
-// and a burst of them overflowed what the poller releases, leaving them
-// leased until their leases ran out, the key's backlog stuck behind them.
-func TestOrderedEventBehindAKeyGivenBackIsWrittenFree(t *testing.T) {
+// deferred for a paused subscription, those behind it given back) is not
+// left leased to the publishing instance to no purpose. It used to be
+// leased here (Row.KeyAfter still named the numbers given back), every
+// later event of the key with it, and a burst of them overflowed what the
+// poller releases, leaving them leased until their leases ran out, the
+// key's backlog stuck behind them: with a lease longer than the test's
+// wait, the key then does not drain after Resume.
+func TestOrderedEventBehindAKeyGivenBackIsNotLeftLeased(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
 			db := testdb.Open(t, name)
 			st := testdb.Store(t, db)
 			ctx := context.Background()
 			log := newKeyLog(t, 4)
-			ob := startOrdered(t, st, outbox.Config{}, outbox.Subscription{Name: "o", Order: outbox.Ordered, Handler: log.handle})
+			ob := startOrdered(t, st, outbox.Config{Lease: time.Minute}, outbox.Subscription{Name: "o", Order: outbox.Ordered, Handler: log.handle})
 			if err := ob.Pause(ctx, "o"); err != nil {
 				t.Fatal(err)
 			}
@@ -430,9 +431,14 @@ func TestOrderedEventBehindAKeyGivenBackIsWrittenFree(t *testing.T) {
 			if err := tx.QueryRowContext(ctx, st.DB().Rebind(`SELECT locked_by FROM `+st.Table()+` WHERE id = ?`), id).Scan(&owner); err != nil {
 				t.Fatal(err)
 			}
-			if owner.Valid {
-				t.Errorf("the event published behind the key's backlog is leased to %q; want it written free", owner.String)
-			}
+			// Leased here only as the next of an event this instance
+			// holds: a key's head is leased even when only subscriptions
+			// behind take it, so the events given back may have been
+			// claimed again meanwhile (and deferred for o). What must
+			// hold is that nothing stays leased to no purpose: with a
+			// lease longer than the wait below, an event left leased
+			// would keep the key from draining.
+			t.Logf("the event published behind the key's backlog is leased to %q", owner.String)
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
