@@ -49,7 +49,8 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int) *call {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e := w.events[n-1]
-	c := &call{sub: sp.name, n: n, key: e.key, node: nd, attempt: ev.Attempt, start: w.now(), running: true}
+	c := &call{sub: sp.name, n: n, key: e.key, node: nd, attempt: ev.Attempt, start: w.now(), running: true,
+		zombie: w.now() < time.Duration(nd.stale.Load())}
 	w.calls = append(w.calls, c)
 	if w.opts.Trace {
 		w.logLocked("%s: deliver #%d (key %q seq %d) to %s, attempt %d", nd.name, n, e.key, seq, sp.name, ev.Attempt)
@@ -60,7 +61,7 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int) *call {
 	if seq > 0 {
 		k := sp.name + "|" + e.key
 		for _, o := range w.inflight[k] {
-			if o.running && !o.zombie {
+			if o.running && !o.zombie && !c.zombie {
 				w.violateLocked("two events of key %s in flight to ordered %s: #%d (attempt %d, on %s since %.3fs) and #%d (attempt %d, on %s)",
 					e.key, sp.name, o.n, o.attempt, o.node.name, o.start.Seconds(), n, ev.Attempt, nd.name)
 			}
@@ -321,7 +322,7 @@ func (w *world) checkOrder() {
 	highest := map[string]last{}
 	seen := map[string]bool{}
 	for _, c := range calls {
-		if !ordered[c.sub] || c.key == "" {
+		if !ordered[c.sub] || c.key == "" || c.zombie {
 			continue
 		}
 		first := fmt.Sprint(c.n, "/", c.sub)

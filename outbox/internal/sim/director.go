@@ -150,24 +150,31 @@ func (w *world) pauseOne(ctx context.Context) {
 		return
 	}
 	sp := nd.subs[w.intn(len(nd.subs))]
-	if err := nd.ob.Pause(context.Background(), sp.name); err != nil {
-		w.logf("pause %s: %v", sp.name, err)
-		return
-	}
+	// A Pause that failed may have taken effect all the same (an error
+	// after the write): it is resumed like one that did not fail.
+	octx, cancel := opContext()
+	defer cancel()
+	err := nd.ob.Pause(octx, sp.name)
 	d := w.dur(0, 3*time.Second)
-	w.logf("%s: PAUSE %s for %v", nd.name, sp.name, d)
+	w.logf("%s: PAUSE %s for %v (%v)", nd.name, sp.name, d, err)
 	w.mu.Lock()
 	w.paused[sp.name] = true
 	w.mu.Unlock()
-	go func() {
+	w.bg.Go(func() {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
-		case <-ctx.Done():
+			w.resume(sp.name)
+		case <-ctx.Done(): // heal resumes it
 			t.Stop()
 		}
-		w.resume(sp.name)
-	}()
+	})
+}
+
+// opContext bounds an operator's call: the instance it goes to may crash
+// meanwhile, and a crashed instance does not answer.
+func opContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Second)
 }
 
 // resume resumes sub through a live node (until one takes it).
@@ -175,7 +182,10 @@ func (w *world) resume(sub string) {
 	for {
 		nd := w.pickLive(1)
 		if nd != nil {
-			if err := nd.ob.Resume(context.Background(), sub); err == nil {
+			ctx, cancel := opContext()
+			err := nd.ob.Resume(ctx, sub)
+			cancel()
+			if err == nil {
 				w.mu.Lock()
 				delete(w.paused, sub)
 				w.mu.Unlock()
@@ -193,7 +203,9 @@ func (w *world) replay() {
 	if nd == nil {
 		return
 	}
-	n, err := nd.ob.Replay(context.Background(), outbox.DeadFilter{}, false)
+	ctx, cancel := opContext()
+	defer cancel()
+	n, err := nd.ob.Replay(ctx, outbox.DeadFilter{}, false)
 	w.logf("%s: REPLAY dead letters: %d, %v", nd.name, n, err)
 }
 
@@ -203,7 +215,9 @@ func (w *world) skipBlocked() {
 	if nd == nil {
 		return
 	}
-	bks, err := nd.ob.BlockedKeys(context.Background(), "", 10)
+	ctx, cancel := opContext()
+	defer cancel()
+	bks, err := nd.ob.BlockedKeys(ctx, "", 10)
 	if err != nil || len(bks) == 0 {
 		return
 	}
@@ -216,13 +230,14 @@ func (w *world) skipBlocked() {
 		w.skipped[id] = true
 	}
 	w.mu.Unlock()
-	n, err := nd.ob.SkipDead(context.Background(), ids...)
+	n, err := nd.ob.SkipDead(ctx, ids...)
 	w.logf("%s: SKIP dead %v: %d, %v", nd.name, ids, n, err)
 }
 
 // heal ends the faults: frozen nodes thaw, outages and pauses end, and
 // every subscription set that no live node runs is started again.
 func (w *world) heal() {
+	w.bg.Wait()
 	w.mu.Lock()
 	w.outages = map[string]time.Duration{}
 	var paused []string

@@ -23,14 +23,25 @@ type node struct {
 	st   *faultyStore
 
 	crashed atomic.Bool
-	closed  atomic.Bool // Close called
-	frozen  atomic.Int64
+	closed  atomic.Bool  // Close called
+	frozen  atomic.Int64 // virtual time the freeze ends
+	stale   atomic.Int64 // virtual time until which its calls may be those of lapsed leases
 	// reaped: the crashed node's blocked store calls may return (with
 	// an error, changing nothing) so that its goroutines end.
 	reaped   chan struct{}
 	stopP    chan struct{} // stops the producer
 	closeWG  sync.WaitGroup
 	replaced bool // a new node took its place (guarded by the director)
+}
+
+// dead is a crashed node's store call: it changes nothing and does not
+// answer until the caller gives up or the run reaps the node.
+func (nd *node) dead(ctx context.Context) error {
+	select {
+	case <-nd.reaped:
+	case <-ctx.Done():
+	}
+	return errCrashed
 }
 
 func (nd *node) alive() bool { return !nd.crashed.Load() && !nd.closed.Load() }
@@ -109,6 +120,10 @@ func first(s []string, n int) []string { return s[:min(n, len(s))] }
 func (nd *node) freeze(d time.Duration) {
 	nd.frozen.Store(int64(nd.w.now() + d))
 	if d > nd.w.cfg.Lease/2 {
+		// Its leases may run out meanwhile: what it delivers until its
+		// handlers' calls of before the thaw are over may be delivered
+		// elsewhere too (at least once, not a broken order).
+		nd.stale.Store(int64(nd.w.now() + d + nd.w.cfg.Lease + nd.w.cfg.ListenerTimeout))
 		nd.w.zombify(nd)
 	}
 	nd.w.logf("%s FROZEN for %v", nd.name, d)
@@ -136,12 +151,11 @@ type faultyStore struct {
 // before runs before every call: it waits while the node is frozen or
 // slow, blocks a crashed node's call until it is reaped, and may fail the
 // call before it takes effect.
-func (f *faultyStore) before() error {
+func (f *faultyStore) before(ctx context.Context) error {
 	nd, w := f.nd, f.nd.w
 	nd.pause()
 	if nd.crashed.Load() {
-		<-nd.reaped
-		return errCrashed
+		return nd.dead(ctx)
 	}
 	w.mu.Lock()
 	off := w.faultsOff
@@ -153,8 +167,7 @@ func (f *faultyStore) before() error {
 		time.Sleep(w.dur(0, s))
 	}
 	if nd.crashed.Load() {
-		<-nd.reaped
-		return errCrashed
+		return nd.dead(ctx)
 	}
 	if w.knobs.storeErr > 0 && w.chance(w.knobs.storeErr/2) {
 		f.markFault()
@@ -184,9 +197,9 @@ func (f *faultyStore) markFault() {
 }
 
 // wrap runs a write with the node's faults.
-func wrap[T any](f *faultyStore, call func() (T, error)) (T, error) {
+func wrap[T any](ctx context.Context, f *faultyStore, call func() (T, error)) (T, error) {
 	var zero T
-	if err := f.before(); err != nil {
+	if err := f.before(ctx); err != nil {
 		return zero, err
 	}
 	v, err := call()
@@ -201,8 +214,8 @@ func wrap[T any](f *faultyStore, call func() (T, error)) (T, error) {
 
 // claimWrap runs a claim: an error after it took effect undoes it first,
 // as the store contract asks (a claim that failed leased nothing).
-func claimWrap[T any](f *faultyStore, call func() ([]T, error), undo func([]T)) ([]T, error) {
-	if err := f.before(); err != nil {
+func claimWrap[T any](ctx context.Context, f *faultyStore, call func() ([]T, error), undo func([]T)) ([]T, error) {
+	if err := f.before(ctx); err != nil {
 		return nil, err
 	}
 	v, err := call()
@@ -217,19 +230,19 @@ func claimWrap[T any](f *faultyStore, call func() ([]T, error), undo func([]T)) 
 }
 
 func (f *faultyStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
-	return claimWrap(f, func() ([]driver.Row, error) { return f.Store.Claim(ctx, req) }, func(rows []driver.Row) {
+	return claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.Claim(ctx, req) }, func(rows []driver.Row) {
 		f.Store.Release(context.Background(), req.Owner, rowIDs(rows), 0)
 	})
 }
 
 func (f *faultyStore) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, of driver.OrderFilter) ([]driver.Row, error) {
-	return claimWrap(f, func() ([]driver.Row, error) { return f.Store.ClaimHeads(ctx, req, keys, of) }, func(rows []driver.Row) {
+	return claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.ClaimHeads(ctx, req, keys, of) }, func(rows []driver.Row) {
 		f.Store.Release(context.Background(), req.Owner, rowIDs(rows), 0)
 	})
 }
 
 func (f *faultyStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, of driver.OrderFilter) ([]driver.Delivery, error) {
-	return claimWrap(f, func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
+	return claimWrap(ctx, f, func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
 		keys := make([]driver.DeliveryKey, len(ds))
 		for i, d := range ds {
 			keys[i] = driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
@@ -247,28 +260,28 @@ func rowIDs(rows []driver.Row) []string {
 }
 
 func (f *faultyStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
-	return wrap(f, func() (int, error) { return f.Store.MarkDone(ctx, owner, ids) })
+	return wrap(ctx, f, func() (int, error) { return f.Store.MarkDone(ctx, owner, ids) })
 }
 
 func (f *faultyStore) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
-	return wrap(f, func() (bool, error) { return f.Store.MarkRetry(ctx, owner, id, delay, errText) })
+	return wrap(ctx, f, func() (bool, error) { return f.Store.MarkRetry(ctx, owner, id, delay, errText) })
 }
 
 func (f *faultyStore) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
-	return wrap(f, func() (bool, error) { return f.Store.MarkDead(ctx, owner, id, errText) })
+	return wrap(ctx, f, func() (bool, error) { return f.Store.MarkDead(ctx, owner, id, errText) })
 }
 
 func (f *faultyStore) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
-	return wrap(f, func() (int, error) { return f.Store.ExtendLeases(ctx, owner, ids, lease) })
+	return wrap(ctx, f, func() (int, error) { return f.Store.ExtendLeases(ctx, owner, ids, lease) })
 }
 
 func (f *faultyStore) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
-	_, err := wrap(f, func() (struct{}, error) { return struct{}{}, f.Store.Release(ctx, owner, ids, delay) })
+	_, err := wrap(ctx, f, func() (struct{}, error) { return struct{}{}, f.Store.Release(ctx, owner, ids, delay) })
 	return err
 }
 
 func (f *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
-	return wrap(f, func() ([]driver.SubscriptionState, error) {
+	return wrap(ctx, f, func() ([]driver.SubscriptionState, error) {
 		st, err := f.Store.SyncSubscriptions(ctx, subs)
 		if err == nil {
 			f.nd.w.registered(subs)
@@ -278,42 +291,42 @@ func (f *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.Subsc
 }
 
 func (f *faultyStore) SetPaused(ctx context.Context, name string, paused bool) (bool, error) {
-	return wrap(f, func() (bool, error) { return f.Store.SetPaused(ctx, name, paused) })
+	return wrap(ctx, f, func() (bool, error) { return f.Store.SetPaused(ctx, name, paused) })
 }
 
 func (f *faultyStore) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite) (bool, error) {
-	return wrap(f, func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes) })
+	return wrap(ctx, f, func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes) })
 }
 
 func (f *faultyStore) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
-	return wrap(f, func() (int, error) { return f.Store.CompleteDeliveries(ctx, owner, keys) })
+	return wrap(ctx, f, func() (int, error) { return f.Store.CompleteDeliveries(ctx, owner, keys) })
 }
 
 func (f *faultyStore) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, dw driver.DeliveryWrite) (bool, error) {
-	return wrap(f, func() (bool, error) { return f.Store.FailDelivery(ctx, owner, key, dw) })
+	return wrap(ctx, f, func() (bool, error) { return f.Store.FailDelivery(ctx, owner, key, dw) })
 }
 
 func (f *faultyStore) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
-	return wrap(f, func() (int, error) { return f.Store.ExtendDeliveryLeases(ctx, owner, keys, lease) })
+	return wrap(ctx, f, func() (int, error) { return f.Store.ExtendDeliveryLeases(ctx, owner, keys, lease) })
 }
 
 func (f *faultyStore) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
-	_, err := wrap(f, func() (struct{}, error) { return struct{}{}, f.Store.ReleaseDeliveries(ctx, owner, keys, delay) })
+	_, err := wrap(ctx, f, func() (struct{}, error) { return struct{}{}, f.Store.ReleaseDeliveries(ctx, owner, keys, delay) })
 	return err
 }
 
 func (f *faultyStore) DueNow(ctx context.Context, sub string) (int, error) {
-	return wrap(f, func() (int, error) { return f.Store.DueNow(ctx, sub) })
+	return wrap(ctx, f, func() (int, error) { return f.Store.DueNow(ctx, sub) })
 }
 
 func (f *faultyStore) KeysDone(ctx context.Context, evs []driver.KeyDone, of driver.OrderFilter) error {
-	_, err := wrap(f, func() (struct{}, error) { return struct{}{}, f.Store.KeysDone(ctx, evs, of) })
+	_, err := wrap(ctx, f, func() (struct{}, error) { return struct{}{}, f.Store.KeysDone(ctx, evs, of) })
 	return err
 }
 
 func (f *faultyStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
 	var later []string
-	n, err := wrap(f, func() (int, error) {
+	n, err := wrap(ctx, f, func() (int, error) {
 		n, l, err := f.Store.MarkDoneKeys(ctx, owner, ids, evs)
 		later = l
 		return n, err
@@ -322,13 +335,13 @@ func (f *faultyStore) MarkDoneKeys(ctx context.Context, owner string, ids []stri
 }
 
 func (f *faultyStore) DueKeys(ctx context.Context, after string, limit int) ([]string, error) {
-	return wrap(f, func() ([]string, error) { return f.Store.DueKeys(ctx, after, limit) })
+	return wrap(ctx, f, func() ([]string, error) { return f.Store.DueKeys(ctx, after, limit) })
 }
 
 func (f *faultyStore) DeliverInTx(ctx context.Context, eventID, sub string, fn func(tx driver.DBTx) error) (bool, error) {
-	return wrap(f, func() (bool, error) { return f.Store.DeliverInTx(ctx, eventID, sub, fn) })
+	return wrap(ctx, f, func() (bool, error) { return f.Store.DeliverInTx(ctx, eventID, sub, fn) })
 }
 
 func (f *faultyStore) ReleaseOwner(ctx context.Context, owner string) (int, error) {
-	return wrap(f, func() (int, error) { return f.Store.ReleaseOwner(ctx, owner) })
+	return wrap(ctx, f, func() (int, error) { return f.Store.ReleaseOwner(ctx, owner) })
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,6 +98,12 @@ func report(t *testing.T, res Result) {
 			break
 		}
 		fmt.Fprintf(&b, "  %s\n", v)
+	}
+	if len(res.Trace) > 0 {
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("sim-seed-%d.trace", res.Seed))
+		if err := os.WriteFile(path, []byte(strings.Join(res.Trace, "\n")+"\n"), 0o644); err == nil {
+			fmt.Fprintf(&b, "the end of its trace: %s\n", path)
+		}
 	}
 	fmt.Fprintf(&b, "replay: make sim SIM_SEED=%d SIM_FAULTS=%s", res.Seed, *faults)
 	t.Error(b.String())

@@ -173,6 +173,10 @@ var errHandler = errors.New("sim: handler failed")
 // subscription, writes through the transaction.
 func (w *world) deliver(ctx context.Context, nd *node, sp spec, ev outbox.Event, effect func() error) (err error) {
 	nd.pause()
+	if nd.crashed.Load() {
+		<-ctx.Done() // a dead process calls nothing
+		return errCrashed
+	}
 	n := number(ev)
 	c := w.begin(nd, sp, ev, n)
 	defer func() {

@@ -93,6 +93,7 @@ type world struct {
 	// faultsEnd is closed when the fault phase ends: producers stop.
 	faultsEnd chan struct{}
 	faultCtx  context.Context // the director's: ends with the fault phase
+	bg        sync.WaitGroup  // the director's timers (resumes), waited for by heal
 
 	mu         sync.Mutex
 	rng        *rand.Rand
