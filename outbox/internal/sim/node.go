@@ -129,12 +129,15 @@ func (nd *node) freeze(d time.Duration) {
 	nd.w.logf("%s FROZEN for %v", nd.name, d)
 }
 
-// pause waits while the node is frozen.
+// pause waits while the node is frozen, in steps, so that a thaw (heal)
+// ends the wait.
 func (nd *node) pause() {
-	if until := time.Duration(nd.frozen.Load()); until > 0 {
-		if d := until - nd.w.now(); d > 0 {
-			time.Sleep(d)
+	for {
+		d := time.Duration(nd.frozen.Load()) - nd.w.now()
+		if d <= 0 {
+			return
 		}
+		time.Sleep(min(d, 100*time.Millisecond))
 	}
 }
 
