@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
 // Subscriptions across instances through a rolling restart: three
@@ -281,4 +282,16 @@ func TestSubscriptionAddedByAnotherInstanceIsOwedFromItsRegistration(t *testing.
 			t.Logf("%d events committed after the registration, every one delivered to b", len(owed))
 		})
 	}
+}
+
+// regNow returns the registry's version now, for a completing write
+// (MarkDone, MarkDoneKeys, Split) that must not be refused for a stale
+// registry.
+func regNow(t testing.TB, st *sqlstore.Store) int64 {
+	t.Helper()
+	reg, err := st.SyncSubscriptions(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("SyncSubscriptions: %v", err)
+	}
+	return reg.Version
 }
