@@ -159,7 +159,7 @@ func (w *world) pauseOne(ctx context.Context) {
 	w.mu.Lock()
 	w.paused[sp.name] = true
 	w.mu.Unlock()
-	go func() {
+	w.pauses.Go(func() {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
@@ -167,12 +167,19 @@ func (w *world) pauseOne(ctx context.Context) {
 			t.Stop()
 		}
 		w.resume(sp.name)
-	}()
+	})
 }
 
-// resume resumes sub through a live node (until one takes it).
+// resume resumes sub through a live node (until one takes it, or
+// another resume did).
 func (w *world) resume(sub string) {
 	for {
+		w.mu.Lock()
+		paused := w.paused[sub]
+		w.mu.Unlock()
+		if !paused {
+			return
+		}
 		nd := w.pickLive(1)
 		if nd != nil {
 			if err := nd.ob.Resume(context.Background(), sub); err == nil {
@@ -235,6 +242,9 @@ func (w *world) heal() {
 	for _, s := range paused {
 		w.resume(s)
 	}
+	// A pause's own resume that failed (a store error) and waits to try
+	// again returns now: nothing of it may outlive the run.
+	w.pauses.Wait()
 	for _, nd := range nodes {
 		nd.frozen.Store(0)
 	}

@@ -108,6 +108,7 @@ type world struct {
 	skipped    map[string]bool          // event ids given up by SkipDead
 	outages    map[string]time.Duration // subscription -> end of its destination's outage
 	paused     map[string]bool
+	pauses     sync.WaitGroup // the resumes of pauseOne
 	faultsOff  bool
 }
 
