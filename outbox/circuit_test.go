@@ -56,11 +56,11 @@ func (s *countingStore) FailDelivery(ctx context.Context, owner string, k driver
 	return s.Store.FailDelivery(ctx, owner, k, w)
 }
 
-func (s *countingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
+func (s *countingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
 	s.mu.Lock()
 	s.splits++
 	s.mu.Unlock()
-	return s.Store.Split(ctx, owner, id, ws)
+	return s.Store.Split(ctx, owner, id, ws, registry)
 }
 
 // A destination down for 10 minutes of (virtual) time under steady

@@ -45,11 +45,11 @@ func (s *hangingStore) deafCall(name string) bool {
 	return true
 }
 
-func (s *hangingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
+func (s *hangingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
 	if s.deafCall("Split") {
 		return false, errors.New("connection reset")
 	}
-	return s.Store.Split(ctx, owner, id, ws)
+	return s.Store.Split(ctx, owner, id, ws, registry)
 }
 
 func (s *hangingStore) wait(ctx context.Context) error {
@@ -58,11 +58,11 @@ func (s *hangingStore) wait(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (s *hangingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (s *hangingStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	if s.hang.Load() {
 		return 0, s.wait(ctx)
 	}
-	return s.Store.MarkDone(ctx, owner, ids)
+	return s.Store.MarkDone(ctx, owner, ids, registry)
 }
 
 func (s *hangingStore) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
@@ -269,16 +269,16 @@ func (s *slowStore) late(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (s *slowStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (s *slowStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	if s.slow.Load() {
 		return 0, s.late(ctx)
 	}
-	return s.Store.MarkDone(ctx, owner, ids)
+	return s.Store.MarkDone(ctx, owner, ids, registry)
 }
 
-func (s *slowStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
+func (s *slowStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
 	if s.slow.Load() {
-		return nil, s.late(ctx)
+		return driver.Registration{}, s.late(ctx)
 	}
 	return s.Store.SyncSubscriptions(ctx, subs)
 }

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,6 +26,9 @@ type completer struct {
 	m         Metrics
 	seq       *sequencer
 	keys      *keyTable // the dispatcher's
+	// fence takes back the events whose DONE the store refused for a
+	// stale registry (the dispatcher).
+	fence registryFence
 	// own says this instance leases the ordered events it publishes (the
 	// hot path is on): see the use of keyTable.lastCommitted.
 	own      bool
@@ -146,13 +151,21 @@ func (c *completer) run() {
 			}
 		}
 		var later map[string]bool // nil: every key may have events waiting
+		var refused map[*item]bool
 		if len(ids) > 0 {
-			later = c.markDone(ids, done)
+			later, refused = c.markDoneFenced(batch, ids, done)
 		}
 		if len(keys) > 0 {
 			c.completeDeliveries(keys)
 		}
 		for _, it := range batch {
+			if refused[it] {
+				// Not written: given back below, its key named then.
+				if recordsKey(it) && c.pending.done(it.env.OrderingKey, false) {
+					c.seq.name(it.env.OrderingKey)
+				}
+				continue
+			}
 			c.inflight.release(it.key())
 			if recordsKey(it) {
 				// Asked again: the next event may have come since.
@@ -167,7 +180,147 @@ func (c *completer) run() {
 			}
 			c.seq.next(it) // the sequencer records it (its number unknown here)
 		}
+		c.giveBackRefused(refused)
 	}
+}
+
+// markDoneFenced is markDoneByRegistry, and for the events refused for
+// a stale registry that owe the same subscriptions under the new one
+// (recheck), the same write again with its version.
+func (c *completer) markDoneFenced(batch []*item, ids []string, done []driver.KeyDone) (later map[string]bool, refused map[*item]bool) {
+	later, refused = c.markDoneByRegistry(batch, ids, done)
+	if len(refused) == 0 || c.fence == nil {
+		return later, refused
+	}
+	its, v := refusedItems(refused)
+	ctx, cancel := c.storeCtx()
+	again := c.fence.recheck(ctx, v, its)
+	cancel()
+	if len(again) == 0 {
+		return later, refused
+	}
+	ids = make([]string, 0, len(again))
+	var adone []driver.KeyDone
+	for _, it := range again {
+		ids = append(ids, it.env.ID)
+		if j := slices.IndexFunc(done, func(k driver.KeyDone) bool { return k.EventID == it.env.ID }); j >= 0 {
+			adone = append(adone, done[j])
+		}
+	}
+	l, r := c.markDoneByRegistry(again, ids, adone)
+	for _, it := range again {
+		refused[it] = r[it]
+	}
+	if later != nil && l != nil {
+		maps.Copy(later, l)
+	} else if l == nil {
+		later = nil
+	}
+	return later, refused
+}
+
+// refusedItems lists the items refused holds as refused, and the newest
+// registry version among them.
+func refusedItems(refused map[*item]bool) ([]*item, int64) {
+	var its []*item
+	v := int64(-1)
+	for it, r := range refused {
+		if r {
+			its = append(its, it)
+			v = max(v, it.registry)
+		}
+	}
+	return its, v
+}
+
+// markDoneByRegistry writes ids, the whole events of batch, DONE with
+// done (their ordered ones), one write per registry version the events'
+// subscriptions were decided by (one, unless the registry was learned
+// again while the batch gathered). It returns the keys whose later
+// events may wait in the table (nil: any may), and the events whose
+// write the store refused for a stale registry.
+func (c *completer) markDoneByRegistry(batch []*item, ids []string, done []driver.KeyDone) (later map[string]bool, refused map[*item]bool) {
+	v := int64(-1)
+	mixed := false
+	for _, it := range batch {
+		if it.sub == nil {
+			mixed = mixed || (v >= 0 && it.registry != v)
+			v = max(v, it.registry)
+		}
+	}
+	if !mixed {
+		later, err := c.markDone(ids, done, v)
+		if fenced(err) {
+			refused = map[*item]bool{}
+			for _, it := range batch {
+				refused[it] = it.sub == nil
+			}
+		}
+		return later, refused
+	}
+	// Rare: write each version's events apart.
+	later = map[string]bool{}
+	for _, group := range byRegistry(batch) {
+		gids := make([]string, len(group))
+		var gdone []driver.KeyDone
+		for i, it := range group {
+			gids[i] = it.env.ID
+			if j := slices.IndexFunc(done, func(k driver.KeyDone) bool { return k.EventID == it.env.ID }); j >= 0 {
+				gdone = append(gdone, done[j])
+			}
+		}
+		l, err := c.markDone(gids, gdone, group[0].registry)
+		switch {
+		case fenced(err):
+			if refused == nil {
+				refused = map[*item]bool{}
+			}
+			for _, it := range group {
+				refused[it] = true
+			}
+		case l == nil:
+			later = nil
+		case later != nil:
+			maps.Copy(later, l)
+		}
+	}
+	return later, refused
+}
+
+// byRegistry groups the whole events of batch by the registry version
+// their subscriptions were decided by.
+func byRegistry(batch []*item) [][]*item {
+	var out [][]*item
+	at := map[int64]int{}
+	for _, it := range batch {
+		if it.sub != nil {
+			continue
+		}
+		i, ok := at[it.registry]
+		if !ok {
+			i = len(out)
+			at[it.registry] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], it)
+	}
+	return out
+}
+
+// giveBackRefused hands the events whose DONE was refused for a stale
+// registry to the dispatcher, which learns the registry again and gives
+// them back to be delivered anew.
+func (c *completer) giveBackRefused(refused map[*item]bool) {
+	if len(refused) == 0 || c.fence == nil {
+		return
+	}
+	its, v := refusedItems(refused)
+	if len(its) == 0 {
+		return
+	}
+	ctx, cancel := c.storeCtx()
+	defer cancel()
+	c.fence.registryChanged(ctx, v, its)
 }
 
 // sharedKeysLinger is the completion writer's linger while ordering keys
@@ -229,37 +382,42 @@ func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
 }
 
 // markDone writes ids DONE, and records done, the ordered events among
-// them, on their keys. It returns the keys of done whose later events
-// may wait in the table, or nil if it cannot tell.
-func (c *completer) markDone(ids []string, done []driver.KeyDone) map[string]bool {
+// them, on their keys, if the registry's version is still registry. It
+// returns the keys of done whose later events may wait in the table, or
+// nil if it cannot tell, and the write's error (logged here, but for a
+// refusal for a stale registry, which the caller handles).
+func (c *completer) markDone(ids []string, done []driver.KeyDone, registry int64) (map[string]bool, error) {
 	ctx, cancel := c.storeCtx()
 	defer cancel()
 	start := time.Now()
 	var later map[string]bool
 	n, err := retryStore(ctx, func() (int, error) {
 		if len(done) > 0 && c.seq.ostore != nil {
-			n, keys, err := c.seq.ostore.MarkDoneKeys(ctx, c.owner, ids, done)
+			n, keys, err := c.seq.ostore.MarkDoneKeys(ctx, c.owner, ids, done, registry)
 			later = make(map[string]bool, len(keys))
 			for _, k := range keys {
 				later[k] = true
 			}
 			return n, err
 		}
-		return c.store.MarkDone(ctx, c.owner, ids)
+		return c.store.MarkDone(ctx, c.owner, ids, registry)
 	})
 	c.m.Statement("mark_done", n, time.Since(start))
+	if fenced(err) {
+		return nil, err // given back by the caller
+	}
 	if err != nil {
 		// The rows keep their lease and are delivered again once it
 		// expires: at least once, never lost.
 		c.health.completeFails.Add(1)
 		c.log.Error("mark events done; they will be delivered again", slog.Int("events", len(ids)), slog.Any("error", err))
-		return nil
+		return nil, err
 	}
 	c.health.completeFails.Store(0)
 	if n < len(ids) {
 		c.log.Warn("lease lost on delivered events: another instance owns them", slog.Int("events", len(ids)-n))
 	}
-	return later
+	return later, nil
 }
 
 // keyCompletions counts, per ordering key, the events handed to the

@@ -26,6 +26,13 @@ type item struct {
 	// handedOn: delivered, and the next event of its key, which waited
 	// here behind it, is on its way (keyTable).
 	handedOn bool
+	// registry is the version of the registry snapshot by which process
+	// decided the subscriptions the event owes (registry.version): the
+	// write that completes it (MarkDone, MarkDoneKeys, Split) carries it.
+	registry int64
+	// owed are the subscriptions of other instances the event owes by
+	// that snapshot (registry.owedElsewhere).
+	owed []string
 
 	// The join of the subscriptions' outcomes.
 	mu      sync.Mutex
@@ -117,6 +124,7 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			return
 		}
 		owed = reg.owedElsewhere(it.env.Type)
+		it.registry, it.owed = reg.version, owed
 	}
 	ev := Event{Envelope: it.env, Attempt: it.attempts + 1, Path: it.path}
 	it.pending = 1 // this call's own share, settled at the end
@@ -308,6 +316,17 @@ func (d *dispatcher) finish(it *item) {
 	d.recordFailures(it)
 }
 
+// splitFenced makes write, and if the store refused it for a stale
+// registry while the event owes the same subscriptions under the new one
+// (recheck), makes it again with the new version.
+func (d *dispatcher) splitFenced(ctx context.Context, it *item, writes []driver.DeliveryWrite, write func([]driver.DeliveryWrite) (bool, error)) (bool, error) {
+	held, err := write(writes)
+	if fenced(err) && len(d.recheck(ctx, it.registry, []*item{it})) == 1 {
+		held, err = write(writes) // it.registry is the new version now
+	}
+	return held, err
+}
+
 // canDeliver reports whether one of the subscriptions named is here, not
 // paused, with its circuit closed.
 func (d *dispatcher) canDeliver(names []string) bool {
@@ -337,11 +356,10 @@ func onlyBehind(it *item) bool {
 	return some
 }
 
-// recordFailures writes the state of the subscriptions that did not
-// deliver the item.
-func (d *dispatcher) recordFailures(it *item) {
-	ctx, cancel := d.storeCtx()
-	defer cancel()
+// failureWrites returns the delivery writes of the subscriptions that
+// did not deliver it, logging each, and the shortest delay of those to be
+// retried (-1: none).
+func (d *dispatcher) failureWrites(it *item) ([]driver.DeliveryWrite, time.Duration) {
 	var writes []driver.DeliveryWrite
 	var wake time.Duration = -1
 	for _, r := range it.results {
@@ -368,6 +386,15 @@ func (d *dispatcher) recordFailures(it *item) {
 		}
 		writes = append(writes, w)
 	}
+	return writes, wake
+}
+
+// recordFailures writes the state of the subscriptions that did not
+// deliver the item.
+func (d *dispatcher) recordFailures(it *item) {
+	ctx, cancel := d.storeCtx()
+	defer cancel()
+	writes, wake := d.failureWrites(it)
 	// The item leaves this instance's hands with the write that gives up
 	// its lease: from then on a claim (here too) may take it again, and
 	// must find it free in the in-flight set. Until the write, the live
@@ -382,12 +409,18 @@ func (d *dispatcher) recordFailures(it *item) {
 		defer func() { d.m.Statement(name, len(writes), time.Since(start)) }()
 		return retryStore(ctx, func() (bool, error) {
 			if it.sub == nil {
-				return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes)
+				return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes, it.registry)
 			}
 			return d.dstore.FailDelivery(ctx, d.cfg.InstanceID, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
 		})
 	}
-	held, err := write(writes)
+	held, err := d.splitFenced(ctx, it, writes, write)
+	if fenced(err) {
+		// Split for a stale registry: nothing written. The lease is
+		// still this instance's; the event goes back.
+		d.registryChanged(ctx, it.registry, []*item{it})
+		return
+	}
 	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
 	defer func() {
 		// After the events that waited behind it in its key were given

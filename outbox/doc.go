@@ -42,6 +42,22 @@
 // at start and every PollInterval, and an event is complete only once
 // every subscription registered there has it ([Config.SubscriptionExpiry]).
 //
+// A subscription is owed every event committed after its registration
+// committed (at [Outbox.Start]), on whatever instance. Instances other
+// than its own know of it only from their next refresh, so the refresh
+// is not what keeps the promise: a registration that adds a subscription,
+// or widens its types, changes the registry's version
+// ([driver.Registration]), and the write that completes an event for a set
+// of subscriptions (its DONE, or its split) carries the version that set
+// was decided by and changes nothing if it moved on
+// ([driver.ErrRegistryChanged]). The instance learns the registry again
+// and delivers the event anew (a duplicate for the subscriptions that had
+// it), unless the new subscription does not take its type. The version is
+// read by the completing statement, which starts after the event was
+// delivered and so after every registration that committed before the
+// event: the fence holds for an instance that froze for longer than a
+// lease too.
+//
 // After a successful commit the event goes to a bounded in-memory hot
 // queue; a pool of workers delivers it to each subscription of this
 // instance that takes its type. When all succeed the event is marked DONE

@@ -236,12 +236,14 @@ func errorText(s string) string {
 }
 
 // retryStore retries a store write a few times on error, for transient
-// faults such as a dropped connection or a deadlock.
+// faults such as a dropped connection or a deadlock. A refusal for a
+// stale registry (driver.ErrRegistryChanged) is returned at once: it
+// would only be refused again.
 func retryStore[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	var v T
 	var err error
 	for attempt := range 4 {
-		if v, err = f(); err == nil || ctx.Err() != nil {
+		if v, err = f(); err == nil || ctx.Err() != nil || fenced(err) {
 			return v, err
 		}
 		t := time.NewTimer(time.Duration(25<<attempt) * time.Millisecond)

@@ -12,11 +12,11 @@ import (
 // tests (which never split an event).
 type nopDeliveries struct{}
 
-func (nopDeliveries) SyncSubscriptions(context.Context, []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
-	return nil, nil
+func (nopDeliveries) SyncSubscriptions(context.Context, []driver.SubscriptionInfo) (driver.Registration, error) {
+	return driver.Registration{}, nil
 }
 func (nopDeliveries) SetPaused(context.Context, string, bool) (bool, error) { return false, nil }
-func (nopDeliveries) Split(context.Context, string, string, []driver.DeliveryWrite) (bool, error) {
+func (nopDeliveries) Split(context.Context, string, string, []driver.DeliveryWrite, int64) (bool, error) {
 	return true, nil
 }
 func (nopDeliveries) ClaimDeliveries(context.Context, driver.ClaimRequest, []string, driver.OrderFilter) ([]driver.Delivery, error) {

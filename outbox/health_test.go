@@ -33,11 +33,11 @@ func (s *faultyStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]dri
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *faultyStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (s *faultyStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	if s.doneFails.Load() {
 		return 0, errInjected
 	}
-	return s.Store.MarkDone(ctx, owner, ids)
+	return s.Store.MarkDone(ctx, owner, ids, registry)
 }
 
 func (s *faultyStore) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
@@ -47,9 +47,9 @@ func (s *faultyStore) ExtendLeases(ctx context.Context, owner string, ids []stri
 	return s.Store.ExtendLeases(ctx, owner, ids, lease)
 }
 
-func (s *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
+func (s *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
 	if s.syncFails.Load() {
-		return nil, errInjected
+		return driver.Registration{}, errInjected
 	}
 	return s.Store.SyncSubscriptions(ctx, subs)
 }

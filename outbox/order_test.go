@@ -729,12 +729,12 @@ type holdDone struct {
 	entered, release chan struct{}
 }
 
-func (s *holdDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+func (s *holdDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
 	s.once.Do(func() {
 		close(s.entered)
 		<-s.release
 	})
-	return s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+	return s.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
 }
 
 // claimCount counts the sequencer's claims of keys' heads.
@@ -791,11 +791,11 @@ type recordDone struct {
 	evs []driver.KeyDone
 }
 
-func (s *recordDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+func (s *recordDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
 	s.mu.Lock()
 	s.evs = append(s.evs, evs...)
 	s.mu.Unlock()
-	return s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+	return s.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
 }
 
 // An ordered event this instance published, leased and delivered, and
@@ -902,8 +902,8 @@ func newDoneTimes() *doneTimes {
 	return &doneTimes{Store: outboxtest.NewStore(), doneAt: map[string]time.Time{}, deliveredAt: map[string]time.Time{}}
 }
 
-func (s *doneTimes) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
-	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+func (s *doneTimes) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
+	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
@@ -987,8 +987,8 @@ func TestOrderedSharedKeysShortenTheCompletionLinger(t *testing.T) {
 // publisher holds (the completion passes over it).
 type vainLater struct{ *doneTimes }
 
-func (s *vainLater) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
-	n, later, err := s.doneTimes.MarkDoneKeys(ctx, owner, ids, evs)
+func (s *vainLater) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
+	n, later, err := s.doneTimes.MarkDoneKeys(ctx, owner, ids, evs, registry)
 	for _, ev := range evs {
 		later = append(later, ev.Key)
 	}

@@ -139,7 +139,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.seq = newSequencer(d)
 	o.seq.disp, o.seq.reg = o.disp, o.reg
 	o.disp.seq, o.poller.seq, o.comp.seq = o.seq, o.seq, o.seq
-	o.comp.keys = o.disp.keys
+	o.comp.keys, o.comp.fence = o.disp.keys, o.disp
 	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.poller = o.reg, o.comp, o.leases, o.poller
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil

@@ -41,7 +41,7 @@ func (s *clockStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver
 	}
 	return rows, nil
 }
-func (s *clockStore) MarkDone(_ context.Context, _ string, ids []string) (int, error) {
+func (s *clockStore) MarkDone(_ context.Context, _ string, ids []string, registry int64) (int, error) {
 	return len(ids), nil
 }
 func (s *clockStore) MarkRetry(context.Context, string, string, time.Duration, string) (bool, error) {

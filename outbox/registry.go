@@ -23,6 +23,11 @@ type registry struct {
 	all    []*subscription
 
 	// From the database, refreshed every PollInterval.
+	// version is the registry's version (driver.Registration.Version) that
+	// remote was read with: the completing writes of the events whose
+	// subscriptions were decided by this snapshot carry it, and change
+	// nothing if a subscription was registered since (the registry fence).
+	version     int64
 	remote      map[string][]EventType // subscriptions of other instances only; nil types: all
 	remoteOrder map[string]Order       // the ordered ones among them
 	paused      map[string]bool
@@ -37,6 +42,7 @@ func (r *registry) with(s *subscription) *registry {
 	n := &registry{
 		local:       append(slices.Clone(r.local), s),
 		byName:      make(map[string]*subscription, len(r.byName)+1),
+		version:     r.version,
 		remote:      r.remote,
 		remoteOrder: r.remoteOrder,
 		paused:      r.paused,
@@ -83,7 +89,8 @@ func (r *registry) match(t EventType) []*subscription {
 
 // owedElsewhere returns the names of the subscriptions of other instances
 // that take type t: an event of type t is complete only once they have it
-// too.
+// too. The answer holds for the registry's version (r.version) only: the
+// write that completes the event carries it.
 func (r *registry) owedElsewhere(t EventType) []string {
 	var names []string
 	for name, types := range r.remote {
@@ -208,22 +215,32 @@ func (g *registrar) sync(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	states, err := g.dstore.SyncSubscriptions(ctx, infos)
+	reg, err := g.dstore.SyncSubscriptions(ctx, infos)
 	if err != nil {
 		return err
 	}
-	g.applyStates(states)
+	g.applyStates(reg)
 	return nil
 }
 
+// syncIfOlder syncs the registry unless a sync since the snapshot of
+// version v (whose completing write the store refused) has already
+// learned a newer one.
+func (g *registrar) syncIfOlder(ctx context.Context, v int64) error {
+	if g.load().version > v {
+		return nil
+	}
+	return g.sync(ctx)
+}
+
 // applyStates replaces the database's part of the registry.
-func (g *registrar) applyStates(states []driver.SubscriptionState) {
+func (g *registrar) applyStates(reg driver.Registration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	cur := g.load()
-	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all,
+	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all, version: reg.Version,
 		remote: map[string][]EventType{}, remoteOrder: map[string]Order{}, paused: map[string]bool{}}
-	for _, st := range states {
+	for _, st := range reg.Subscriptions {
 		if st.Paused {
 			next.paused[st.Name] = true
 		}

@@ -21,7 +21,7 @@ type heldSync struct {
 	release chan struct{}
 }
 
-func (h *heldSync) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
+func (h *heldSync) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
 	states, err := h.Store.SyncSubscriptions(ctx, subs)
 	select {
 	case <-h.arm:

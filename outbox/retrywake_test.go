@@ -43,7 +43,7 @@ func (s *dueStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver.R
 
 // Split and FailDelivery keep one delivery per event: the test has one
 // subscription.
-func (s *dueStore) Split(_ context.Context, _ string, id string, ws []driver.DeliveryWrite) (bool, error) {
+func (s *dueStore) Split(_ context.Context, _ string, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.rows[id]
@@ -53,7 +53,7 @@ func (s *dueStore) Split(_ context.Context, _ string, id string, ws []driver.Del
 }
 
 func (s *dueStore) FailDelivery(_ context.Context, _ string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
-	return s.Split(context.Background(), "", k.EventID, []driver.DeliveryWrite{w})
+	return s.Split(context.Background(), "", k.EventID, []driver.DeliveryWrite{w}, 0)
 }
 
 func (s *dueStore) ClaimDeliveries(_ context.Context, req driver.ClaimRequest, subs []string, _ driver.OrderFilter) ([]driver.Delivery, error) {
@@ -78,7 +78,7 @@ func (s *dueStore) CompleteDeliveries(_ context.Context, _ string, keys []driver
 	return len(keys), nil
 }
 
-func (s *dueStore) MarkDone(_ context.Context, _ string, ids []string) (int, error) {
+func (s *dueStore) MarkDone(_ context.Context, _ string, ids []string, registry int64) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {

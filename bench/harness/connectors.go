@@ -582,9 +582,9 @@ func (s *timingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]dri
 	return rows, err
 }
 
-func (s *timingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (s *timingStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	t := time.Now()
-	n, err := s.Store.MarkDone(ctx, owner, ids)
+	n, err := s.Store.MarkDone(ctx, owner, ids, registry)
 	s.dones.Add(1)
 	s.done.Add(int64(len(ids)))
 	s.doneNs.Add(int64(time.Since(t)))

@@ -233,14 +233,14 @@ type countingStore struct {
 	m     *Counters
 }
 
-func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	e.m.doneCalls.Add(1)
 	e.m.doneIDs.Add(int64(len(ids)))
 	if e.skip {
 		return len(ids), nil
 	}
 	time.Sleep(e.delay)
-	return e.Store.MarkDone(ctx, owner, ids)
+	return e.Store.MarkDone(ctx, owner, ids, registry)
 }
 
 func (e *countingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {

@@ -167,12 +167,14 @@ func (f *fixture) golden(name string, r result) {
 //	E7 order.created  split: billing dead, mailer dead
 func (f *fixture) seed() {
 	t, s, ctx := f.t, f.s, context.Background()
-	if _, err := s.SyncSubscriptions(ctx, []driver.SubscriptionInfo{
+	reg, err := s.SyncSubscriptions(ctx, []driver.SubscriptionInfo{
 		{Name: "billing", Types: []string{"order.created"}},
 		{Name: "mailer"},
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
+	v := reg.Version
 	types := []string{"order.created", "order.created", "order.paid", "user.created", "order.created", "order.paid", "order.created"}
 	var ids []string
 	for i, typ := range types {
@@ -196,19 +198,19 @@ func (f *fixture) seed() {
 		}
 	}
 	must(s.MarkDead(ctx, "seed", ids[0], "permanent: card declined"))
-	must(s.Split(ctx, "seed", ids[1], []driver.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}))
-	must(s.Split(ctx, "seed", ids[2], []driver.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}))
+	must(s.Split(ctx, "seed", ids[1], []driver.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}, v))
+	must(s.Split(ctx, "seed", ids[2], []driver.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}, v))
 	must(s.MarkRetry(ctx, "seed", ids[3], time.Hour, "db down"))
 	if err := s.Release(ctx, "seed", ids[4:5], 0); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.MarkDone(ctx, "seed", ids[5:6]); n != 1 || err != nil {
+	if n, err := s.MarkDone(ctx, "seed", ids[5:6], v); n != 1 || err != nil {
 		t.Fatalf("mark done: %d, %v", n, err)
 	}
 	must(s.Split(ctx, "seed", ids[6], []driver.DeliveryWrite{
 		{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"},
 		{Subscription: "mailer", Status: outbox.StatusDead, Attempts: 3, Error: "mailbox full"},
-	}))
+	}, v))
 }
 
 func (f *fixture) id(name string) string {

@@ -449,8 +449,8 @@ type signallingStore struct {
 	marked chan struct{}
 }
 
-func (s *signallingStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
-	n, err := s.Store.MarkDone(ctx, owner, ids)
+func (s *signallingStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
+	n, err := s.Store.MarkDone(ctx, owner, ids, registry)
 	select {
 	case s.marked <- struct{}{}:
 	default:
@@ -460,8 +460,8 @@ func (s *signallingStore) MarkDone(ctx context.Context, owner string, ids []stri
 
 // MarkDoneKeys is MarkDone for batches with ordered events (the engine
 // calls it instead of MarkDone then).
-func (s *signallingStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
-	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs)
+func (s *signallingStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
+	n, later, err := s.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
 	select {
 	case s.marked <- struct{}{}:
 	default:

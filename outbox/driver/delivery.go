@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -34,6 +35,40 @@ type SubscriptionState struct {
 	// Idle is the time since an instance last registered it, on the
 	// database's clock.
 	Idle time.Duration
+}
+
+// Registration is what DeliveryStore.SyncSubscriptions returns: every
+// subscription the database knows, and the version of that registry.
+type Registration struct {
+	// Version is the registry's version: it changes whenever a
+	// subscription is recorded that was not known before, or one's types
+	// are widened. The engine passes the version of the registry it
+	// decided an event's subscriptions by to the writes that complete the
+	// event (Store.MarkDone, OrderedStore.MarkDoneKeys,
+	// DeliveryStore.Split), which change nothing if it is no longer the
+	// store's (ErrRegistryChanged).
+	Version int64
+	// Subscriptions are the subscriptions the database knows, in name
+	// order.
+	Subscriptions []SubscriptionState
+}
+
+// Widens reports whether a subscription registered with the types next
+// takes a type that it did not with the types prev (nil: every type):
+// then DeliveryStore.SyncSubscriptions changes the registry's version.
+func Widens(prev, next []string) bool {
+	if len(prev) == 0 {
+		return false
+	}
+	if len(next) == 0 {
+		return true
+	}
+	for _, t := range next {
+		if !slices.Contains(prev, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // DeliveryKey names the delivery of one event to one subscription.
@@ -79,8 +114,13 @@ type Delivery struct {
 type DeliveryStore interface {
 	// SyncSubscriptions records subs as registered now (their types as
 	// given) and returns every subscription the database knows, with its
-	// state.
-	SyncSubscriptions(ctx context.Context, subs []SubscriptionInfo) ([]SubscriptionState, error)
+	// state, and the registry's version. Recording a subscription the
+	// database did not know, or widening the types of one it knew (a
+	// change that can make an event owed to one more subscription),
+	// increments the version in the same transaction; removals and
+	// narrowings need not. The version returned is never newer than the
+	// subscriptions returned: read it first.
+	SyncSubscriptions(ctx context.Context, subs []SubscriptionInfo) (Registration, error)
 
 	// SetPaused pauses or resumes a subscription for every instance. It
 	// reports whether the subscription is known.
@@ -89,8 +129,12 @@ type DeliveryStore interface {
 	// Split records, in one transaction, a delivery for each write and
 	// sets the event to StatusSplit, releasing owner's lease, if owner
 	// still holds the event; it reports whether it did. The deliveries are
-	// free for any instance when due.
-	Split(ctx context.Context, owner, eventID string, writes []DeliveryWrite) (bool, error)
+	// free for any instance when due. Like Store.MarkDone it completes the
+	// event for a set of subscriptions (the writes' and those that
+	// delivered it), and is fenced the same way: if the registry's version
+	// is not registry, it changes nothing and returns an error wrapping
+	// ErrRegistryChanged.
+	Split(ctx context.Context, owner, eventID string, writes []DeliveryWrite, registry int64) (bool, error)
 
 	// ClaimDeliveries is Claim for the deliveries of the given
 	// subscriptions that are NEW or RETRY and due: it leases them to

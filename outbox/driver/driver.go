@@ -187,8 +187,18 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) ([]Row, error)
 
 	// MarkDone sets the rows owner holds among ids to DONE and returns how
-	// many changed.
-	MarkDone(ctx context.Context, owner string, ids []string) (int, error)
+	// many changed, provided the registry's version is still registry (the
+	// Registration.Version by which the engine decided that the events
+	// owe nothing to any other subscription). If it is not, MarkDone
+	// changes nothing and returns an error wrapping ErrRegistryChanged: a
+	// subscription may have been registered since that the events are
+	// owed to. The version must be read by the write itself (in its
+	// statement or transaction), never from an earlier read: an event
+	// committed after a registration committed was delivered, and so
+	// completed, by a call that starts after it, whose read (a statement
+	// snapshot at READ COMMITTED, or SQLite's serialised writes) sees the
+	// new version.
+	MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error)
 
 	// MarkRetry counts a failed attempt, stores errText and makes the row
 	// due again after delay, releasing the lease. It reports whether owner
@@ -209,6 +219,14 @@ type Store interface {
 	// delay. Rows owner does not hold are left alone.
 	Release(ctx context.Context, owner string, ids []string, delay time.Duration) error
 }
+
+// ErrRegistryChanged is returned (wrapped) by the writes that complete
+// events for a set of subscriptions (Store.MarkDone,
+// OrderedStore.MarkDoneKeys, DeliveryStore.Split) when the subscription
+// registry's version is no longer the one the caller decided that set by.
+// The write changed nothing; the caller learns the registry again
+// (DeliveryStore.SyncSubscriptions) and delivers the events anew.
+var ErrRegistryChanged = errors.New("outbox: the subscription registry changed (a subscription was registered since): completion not written; sync the subscriptions and deliver again")
 
 // ErrNotFound is returned by Inspector.Inspect for an id with no row.
 var ErrNotFound = errors.New("outbox: event not found")

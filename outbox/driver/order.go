@@ -117,7 +117,9 @@ type OrderedStore interface {
 	// whose next events may wait in the table: those with events numbered
 	// after the ones recorded, those whose record was passed over (a
 	// transaction holds the key), and all of them if not every id changed.
-	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone) (n int, later []string, err error)
+	// It is fenced by registry as MarkDone is: on ErrRegistryChanged it
+	// changed nothing, keys included.
+	MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []KeyDone, registry int64) (n int, later []string, err error)
 
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
 	// head is due and no other event of the key is held by a live lease as

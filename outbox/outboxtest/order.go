@@ -347,8 +347,8 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 // MarkDoneKeys implements driver.OrderedStore: MarkDone (the in-memory
 // store needs no record of keys); later are the keys of evs numbered
 // beyond the events given.
-func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
-	n, err := s.MarkDone(ctx, owner, ids)
+func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
+	n, err := s.MarkDone(ctx, owner, ids, registry)
 	if err != nil {
 		return n, nil, err
 	}

@@ -257,7 +257,7 @@ func TestWithClock(t *testing.T) {
 	if ok, _ := st.MarkRetry(ctx, "a", "e1", 0, "zombie"); ok {
 		t.Fatal("the expired owner's write changed the row")
 	}
-	if n, _ := st.MarkDone(ctx, "b", []string{"e1"}); n != 1 {
+	if n, _ := st.MarkDone(ctx, "b", []string{"e1"}, 0); n != 1 {
 		t.Fatalf("MarkDone = %d", n)
 	}
 	if s, _ := st.Stats(ctx); s.Done != 1 || s.Pending() != 0 {

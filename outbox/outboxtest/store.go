@@ -50,12 +50,15 @@ func WithClock(now func() time.Time) Option {
 type Store struct {
 	now func() time.Time
 
-	mu      sync.Mutex
-	seq     uint64
-	events  map[string]*memEvent
-	deliv   map[string]map[string]*memDelivery // event id -> subscription -> delivery
-	subs    map[string]*memSub
-	changed chan struct{} // closed and replaced on every change
+	mu     sync.Mutex
+	seq    uint64
+	events map[string]*memEvent
+	deliv  map[string]map[string]*memDelivery // event id -> subscription -> delivery
+	subs   map[string]*memSub
+	// registry is the subscription registry's version
+	// (driver.Registration.Version).
+	registry int64
+	changed  chan struct{} // closed and replaced on every change
 
 	keySeq    map[string]int64       // ordering key -> last number given
 	keyHolder map[string]*Tx         // ordering key -> the open transaction that publishes it
@@ -372,10 +375,13 @@ func (s *Store) held(owner, id string) *memEvent {
 }
 
 // MarkDone implements driver.Store.
-func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (s *Store) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.fence(registry); err != nil {
+		return 0, fmt.Errorf("outboxtest: mark done: %w", err)
+	}
 	n := 0
 	for _, id := range ids {
 		if e := s.held(owner, id); e != nil {
@@ -457,13 +463,25 @@ func (s *Store) Release(ctx context.Context, owner string, ids []string, delay t
 
 // --- subscriptions and deliveries ---
 
+// fence returns driver.ErrRegistryChanged unless registry is the
+// registry's version (s.mu held).
+func (s *Store) fence(registry int64) error {
+	if registry != s.registry {
+		return driver.ErrRegistryChanged
+	}
+	return nil
+}
+
 // SyncSubscriptions implements driver.DeliveryStore.
-func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
+func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sub := range subs {
 		m := s.subs[sub.Name]
+		if m == nil || driver.Widens(m.types, sub.Types) {
+			s.registry++
+		}
 		if m == nil {
 			m = &memSub{}
 			s.subs[sub.Name] = m
@@ -482,7 +500,7 @@ func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.Subscriptio
 		})
 	}
 	slices.SortFunc(out, func(a, b driver.SubscriptionState) int { return cmp.Compare(a.Name, b.Name) })
-	return out, nil
+	return driver.Registration{Version: s.registry, Subscriptions: out}, nil
 }
 
 // SetPaused implements driver.DeliveryStore.
@@ -499,10 +517,13 @@ func (s *Store) SetPaused(ctx context.Context, name string, paused bool) (bool, 
 }
 
 // Split implements driver.DeliveryStore.
-func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite) (bool, error) {
+func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.fence(registry); err != nil {
+		return false, fmt.Errorf("outboxtest: split %s: %w", eventID, err)
+	}
 	e := s.held(owner, eventID)
 	if e == nil {
 		return false, nil

@@ -76,35 +76,142 @@ func (s *Store) inTx(ctx context.Context, f func(tx *sqlx.Tx) error) error {
 	})
 }
 
-// SyncSubscriptions implements driver.DeliveryStore.
-func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
-	t := s.SubscriptionsTable()
-	var upsert string
-	switch s.d.name {
-	case "mysql":
-		upsert = `INSERT INTO ` + t + ` (name, event_types, ordering, paused, created_at, seen_at) VALUES (?, ?, ?, 0, ` + s.d.now + `, ` + s.d.now + `)
-ON DUPLICATE KEY UPDATE event_types = VALUES(event_types), ordering = VALUES(ordering), seen_at = VALUES(seen_at)`
-	default:
-		upsert = `INSERT INTO ` + t + ` (name, event_types, ordering, paused, created_at, seen_at) VALUES (?, ?, ?, ` + s.d.falseValue() + `, ` + s.d.now + `, ` + s.d.now + `)
-ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, ordering = excluded.ordering, seen_at = excluded.seen_at`
+// RegistryTable returns the quoted name of the table that holds the
+// subscription registry's version (driver.Registration): the outbox
+// table's name with "_registry" appended.
+func (s *Store) RegistryTable() string { return s.suffixed("_registry") }
+
+// regFence is the condition, appended to a completing write's WHERE clause,
+// that holds only while the registry's version is the one bound last.
+// A statement's read sees every registration committed before the
+// statement began (READ COMMITTED takes a snapshot per statement; SQLite
+// writes one at a time): see driver.Store.MarkDone.
+func (s *Store) regFence() string {
+	return ` AND EXISTS (SELECT 1 FROM ` + s.RegistryTable() + ` WHERE id = 1 AND version = ?)`
+}
+
+// registryMoved tells a write that changed nothing because the registry moved on
+// (it returns driver.ErrRegistryChanged) from one whose leases were lost
+// (nil).
+func (s *Store) registryMoved(ctx context.Context, q sqlx.QueryerContext, registry int64) error {
+	v, err := s.registryVersion(ctx, q)
+	if err != nil {
+		return err
 	}
-	upsert = s.rebind(upsert)
+	if v != registry {
+		return fmt.Errorf("registry version %d, not %d: %w", v, registry, driver.ErrRegistryChanged)
+	}
+	return nil
+}
+
+func (s *Store) registryVersion(ctx context.Context, q sqlx.QueryerContext) (int64, error) {
+	var v int64
+	if err := q.QueryRowxContext(ctx, `SELECT version FROM `+s.RegistryTable()+` WHERE id = 1`).Scan(&v); err != nil {
+		if s.d.missingTable(err) {
+			return 0, fmt.Errorf("read the registry version: %w (the table %s of migration 005 does not exist: call Store.Migrate at start, or apply migrations/%s/005_registry.sql)", err, s.RegistryTable(), s.d.name)
+		}
+		return 0, fmt.Errorf("read the registry version: %w", err)
+	}
+	return v, nil
+}
+
+// SyncSubscriptions implements driver.DeliveryStore. The registrations
+// run in one transaction, which locks the rows of subs, compares their
+// types with what was stored, and increments the registry's version if a
+// subscription is new or takes more types (driver.Widens). The version is
+// read before the subscriptions, so that it is never newer than them.
+func (s *Store) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
+	if err := s.inTx(ctx, func(tx *sqlx.Tx) error { return s.register(ctx, tx, subs) }); err != nil {
+		return driver.Registration{}, s.explainSubs(fmt.Errorf("sqlstore: register subscriptions: %w", err))
+	}
+	v, err := s.registryVersion(ctx, s.db)
+	if err != nil {
+		return driver.Registration{}, fmt.Errorf("sqlstore: read subscriptions: %w", err)
+	}
+	states, err := s.readSubscriptions(ctx)
+	return driver.Registration{Version: v, Subscriptions: states}, err
+}
+
+// register records subs in tx, incrementing the registry's version if
+// one is new or widened.
+func (s *Store) register(ctx context.Context, tx *sqlx.Tx, subs []driver.SubscriptionInfo) error {
+	if len(subs) == 0 {
+		return nil
+	}
+	t := s.SubscriptionsTable()
+	names := make([]any, len(subs))
+	for i, sub := range subs {
+		names[i] = sub.Name
+	}
+	lock := ` FOR UPDATE`
+	if s.d.name == "sqlite" {
+		lock = `` // immediate transactions: one writer at a time
+	}
+	stored := map[string][]string{}
+	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT name, event_types FROM `+t+` WHERE name IN `+in(len(subs))+lock), names...)
+	if err != nil {
+		return err
+	}
+	for rs.Next() {
+		var name string
+		var types sql.NullString
+		if err := rs.Scan(&name, &types); err != nil {
+			rs.Close()
+			return err
+		}
+		stored[name] = decodeTypes(types)
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return err
+	}
+	upsert := s.rebind(s.upsertSubscriptionSQL())
+	bump := false
 	for _, sub := range subs {
+		prev, known := stored[sub.Name]
+		bump = bump || !known || driver.Widens(prev, sub.Types)
 		var types any
 		if len(sub.Types) > 0 {
 			b, err := json.Marshal(sub.Types)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			types = string(b)
 		}
-		if err := s.retry(ctx, func() error {
-			_, err := s.db.ExecContext(ctx, upsert, sub.Name, types, sub.Order)
-			return err
-		}); err != nil {
-			return nil, s.explainSubs(fmt.Errorf("sqlstore: register subscription %q: %w", sub.Name, err))
+		if _, err := tx.ExecContext(ctx, upsert, sub.Name, types, sub.Order); err != nil {
+			return fmt.Errorf("subscription %q: %w", sub.Name, err)
 		}
 	}
+	if !bump {
+		return nil
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE `+s.RegistryTable()+` SET version = version + 1 WHERE id = 1`)
+	return err
+}
+
+// decodeTypes reads a stored event_types; a value that is not a JSON
+// array reads as every type (it widens nothing).
+func decodeTypes(v sql.NullString) []string {
+	var types []string
+	if v.Valid && v.String != "" {
+		_ = json.Unmarshal([]byte(v.String), &types)
+	}
+	return types
+}
+
+func (s *Store) upsertSubscriptionSQL() string {
+	t := s.SubscriptionsTable()
+	if s.d.name == "mysql" {
+		return `INSERT INTO ` + t + ` (name, event_types, ordering, paused, created_at, seen_at) VALUES (?, ?, ?, 0, ` + s.d.now + `, ` + s.d.now + `)
+ON DUPLICATE KEY UPDATE event_types = VALUES(event_types), ordering = VALUES(ordering), seen_at = VALUES(seen_at)`
+	}
+	return `INSERT INTO ` + t + ` (name, event_types, ordering, paused, created_at, seen_at) VALUES (?, ?, ?, ` + s.d.falseValue() + `, ` + s.d.now + `, ` + s.d.now + `)
+ON CONFLICT (name) DO UPDATE SET event_types = excluded.event_types, ordering = excluded.ordering, seen_at = excluded.seen_at`
+}
+
+// readSubscriptions returns every subscription the table knows, in name
+// order.
+func (s *Store) readSubscriptions(ctx context.Context) ([]driver.SubscriptionState, error) {
+	t := s.SubscriptionsTable()
 	rs, err := s.db.QueryContext(ctx, `SELECT name, event_types, ordering, paused, seen_at, `+s.d.now+` FROM `+t+` ORDER BY name`)
 	if err != nil {
 		return nil, s.explainSubs(fmt.Errorf("sqlstore: read subscriptions: %w", err))
@@ -173,16 +280,19 @@ func keyArgs(keys []driver.DeliveryKey, prefix ...any) []any {
 }
 
 // Split implements driver.DeliveryStore.
-func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite) (bool, error) {
+func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
 	held := false
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		held = false
 		res, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 4, done_at = NULL, locked_by = NULL, locked_until = NULL
-WHERE id = ? AND locked_by = ? AND status IN (0, 2)`), eventID, owner)
+WHERE id = ? AND locked_by = ? AND status IN (0, 2)`+s.regFence()), eventID, owner, registry)
 		if err != nil {
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			if err == nil {
+				err = s.registryMoved(ctx, tx, registry)
+			}
 			return err
 		}
 		held = true

@@ -17,7 +17,7 @@ func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 	n := len(ids)
 	out := []ByIDStatement{
 		{"claim lease", s.leaseSQL(n), s.idArgs(ids, "me", int64(1000))},
-		{"mark done", s.markDoneSQL(n), s.idArgs(ids, "me")},
+		{"mark done", s.markDoneSQL(n, true), append(s.idArgs(ids, "me"), int64(1))},
 		{"extend leases", s.extendSQL(n), s.idArgs(ids, int64(1000), "me")},
 		{"release", s.releaseSQL(n, false), s.idArgs(ids, "me")},
 		{"release later", s.releaseSQL(n, true), s.idArgs(ids, int64(1000), "me")},

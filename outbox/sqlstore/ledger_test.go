@@ -600,7 +600,7 @@ func TestOpenOrderedPublishDoesNotBlockMarkDone(t *testing.T) {
 			// wait ends at the deadline: that is the failure.
 			mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			n, err := st.MarkDone(mctx, "pub", []string{head})
+			n, err := st.MarkDone(mctx, "pub", []string{head}, regNow(t, st))
 			if err != nil || n != 1 {
 				t.Fatalf("MarkDone of the key's head while a publisher of the key is open: %d rows, %v", n, err)
 			}

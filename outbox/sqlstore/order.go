@@ -49,7 +49,7 @@ func (s *Store) KeysTable() string { return s.suffixed("_keys") }
 // outbox table, its schema versions, subscriptions, deliveries, attempts
 // and ordering keys.
 func (s *Store) Tables() []string {
-	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable()}
+	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable(), s.RegistryTable()}
 }
 
 // orderedKeep is the least time an ordered event stays stored after it
@@ -275,7 +275,7 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 
 // MarkDoneKeys implements driver.OrderedStore: MarkDone and, in the same
 // transaction (one commit), the keys' record of evs if every id changed.
-func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
 	if len(ids) == 0 {
 		return 0, nil, nil
 	}
@@ -296,9 +296,14 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 			}
 			n, err := res.RowsAffected()
 			return int(n), err
-		}, owner, ids)
+		}, owner, ids, registry)
 		if err != nil {
 			return err
+		}
+		if m == 0 {
+			if err := s.registryMoved(ctx, tx, registry); err != nil {
+				return err
+			}
 		}
 		if n = m; n != len(ids) || len(done) == 0 {
 			// A lease lost: which events are done is not known here.

@@ -69,7 +69,7 @@ func (n *numbers) threeDelivered() ([]string, int64) {
 		id, seq := n.pub(last, last, "me")
 		ids, last = append(ids, id), seq
 	}
-	if got, err := n.st.MarkDone(context.Background(), "me", ids); err != nil || got != 3 {
+	if got, err := n.st.MarkDone(context.Background(), "me", ids, regNow(n.t, n.st)); err != nil || got != 3 {
 		n.t.Fatalf("MarkDone: %d, %v; want 3", got, err)
 	}
 	return ids, last
@@ -295,7 +295,7 @@ func TestYoungOrderedEventsAreKept(t *testing.T) {
 			if err := n.st.Insert(ctx, n.db, &u, "me", time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := n.st.MarkDone(ctx, "me", []string{o1, u1}); err != nil || got != 2 {
+			if got, err := n.st.MarkDone(ctx, "me", []string{o1, u1}, regNow(t, n.st)); err != nil || got != 2 {
 				t.Fatalf("MarkDone: %d, %v", got, err)
 			}
 			keeps := name == "postgres"
@@ -330,7 +330,7 @@ func TestYoungOrderedEventsAreKept(t *testing.T) {
 			if err := d.st.Insert(ctx, d.db, &u, "me", time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := d.st.MarkDone(ctx, "me", []string{o3, u3}); err != nil || got != 2 {
+			if got, err := d.st.MarkDone(ctx, "me", []string{o3, u3}, regNow(t, d.st)); err != nil || got != 2 {
 				t.Fatalf("MarkDone (DeleteDelivered): %d, %v; want 2", got, err)
 			}
 			if _, _, ok := d.stored(u3); ok {
@@ -341,7 +341,7 @@ func TestYoungOrderedEventsAreKept(t *testing.T) {
 			}
 			sqlstore.SetKeep(d.st, 0)
 			o4, _ := d.pub(1, 1, "me")
-			if got, err := d.st.MarkDone(ctx, "me", []string{o4}); err != nil || got != 1 {
+			if got, err := d.st.MarkDone(ctx, "me", []string{o4}, regNow(t, d.st)); err != nil || got != 1 {
 				t.Fatalf("MarkDone: %d, %v", got, err)
 			}
 			for _, id := range []string{o3, o4} {
@@ -363,7 +363,7 @@ func TestMarkDoneKeysFindsANextEventTheKeyRowMissed(t *testing.T) {
 			n := newNumbers(t, name, sqlstore.Options{})
 			e1, s1 := n.pub(0, 0, "me")
 			n.pub(s1, 0, "") // free: waits in the table
-			_, later, err := n.st.MarkDoneKeys(ctx, "me", []string{e1}, []driver.KeyDone{{EventID: e1, Key: n.key, Seq: s1, Done: true}})
+			_, later, err := n.st.MarkDoneKeys(ctx, "me", []string{e1}, []driver.KeyDone{{EventID: e1, Key: n.key, Seq: s1, Done: true}}, regNow(t, n.st))
 			if err != nil {
 				t.Fatal(err)
 			}

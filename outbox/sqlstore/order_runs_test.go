@@ -173,7 +173,7 @@ func wantIDs(t *testing.T, what string, got []string, want ...string) {
 // done marks ids, leased to "b", DONE.
 func done(t *testing.T, st *sqlstore.Store, ids ...string) {
 	t.Helper()
-	if n, err := st.MarkDone(context.Background(), "b", ids); err != nil || n != len(ids) {
+	if n, err := st.MarkDone(context.Background(), "b", ids, regNow(t, st)); err != nil || n != len(ids) {
 		t.Fatalf("MarkDone = %d, %v; want %d", n, err, len(ids))
 	}
 }
@@ -209,7 +209,7 @@ func TestMarkDoneKeysLooksPastAnEventHandedOn(t *testing.T) {
 				{EventID: rows[0].ID, Key: "k", Seq: rows[0].KeySeq, Done: true, Next: true},
 				{EventID: rows[1].ID, Key: "k", Seq: rows[1].KeySeq, Done: true},
 			}
-			n, later, err := st.MarkDoneKeys(ctx, "b", []string{rows[0].ID, rows[1].ID}, evs)
+			n, later, err := st.MarkDoneKeys(ctx, "b", []string{rows[0].ID, rows[1].ID}, evs, regNow(t, st))
 			if err != nil || n != 2 {
 				t.Fatalf("MarkDoneKeys = %d, %v; want 2", n, err)
 			}
@@ -330,7 +330,7 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 				if err != nil || len(rows) != 1 || rows[0].ID != want {
 					t.Fatalf("ClaimHeads(%s) = %v, %v; want %s", key, rows, err, want)
 				}
-				if ok, err := st.Split(ctx, "a", want, []driver.DeliveryWrite{{Subscription: "o", Status: outbox.StatusNew}}); !ok || err != nil {
+				if ok, err := st.Split(ctx, "a", want, []driver.DeliveryWrite{{Subscription: "o", Status: outbox.StatusNew}}, regNow(t, st)); !ok || err != nil {
 					t.Fatalf("Split = %v, %v", ok, err)
 				}
 			}
@@ -528,7 +528,7 @@ func TestConcurrentClaimsOfHeadsShareNoKey(t *testing.T) {
 						if len(ids) == 0 {
 							continue
 						}
-						if n, err := st.MarkDone(ctx, owner, ids); err != nil || n != len(ids) {
+						if n, err := st.MarkDone(ctx, owner, ids, regNow(t, st)); err != nil || n != len(ids) {
 							t.Errorf("MarkDone(%s) = %d, %v; want %d", owner, n, err, len(ids))
 							return
 						}

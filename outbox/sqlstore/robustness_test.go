@@ -295,7 +295,7 @@ func TestCleanupAgeOnDatabaseClock(t *testing.T) {
 			if err := tx.Commit(); err != nil {
 				t.Fatal(err)
 			}
-			if n, err := st.MarkDone(ctx, "me", []string{id}); err != nil || n != 1 {
+			if n, err := st.MarkDone(ctx, "me", []string{id}, regNow(t, st)); err != nil || n != 1 {
 				t.Fatalf("MarkDone = %d, %v", n, err)
 			}
 			if n, err := st.Cleanup(ctx, time.Hour, 10, false); err != nil || n != 0 {
@@ -315,7 +315,7 @@ type registering struct {
 	once    sync.Once
 }
 
-func (r *registering) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
+func (r *registering) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
 	r.once.Do(func() { close(r.entered) })
 	return r.Store.SyncSubscriptions(ctx, subs)
 }

@@ -256,7 +256,7 @@ func (s *Store) leaseSQL(n int) string {
 // markDoneSQL is the write of MarkDone: an UPDATE to DONE, or with
 // DeleteDelivered a DELETE of the events that are not ordered (an ordered
 // event is kept DONE for s.keep, see orderedKeep: markDoneIn).
-func (s *Store) markDoneSQL(n int) string {
+func (s *Store) markDoneSQL(n int, fenced bool) string {
 	if s.del {
 		// No index hint: MySQL's single-table DELETE takes none. It runs
 		// at READ COMMITTED (execCount), so a plan that scans the primary
@@ -265,14 +265,23 @@ func (s *Store) markDoneSQL(n int) string {
 		if s.keep > 0 {
 			kept = ` AND key_seq IS NULL`
 		}
-		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n) + kept)
+		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n) + kept + s.regFenceIf(fenced))
 	}
-	return s.markDoneUpdateSQL(n)
+	return s.markDoneUpdateSQL(n, fenced)
 }
 
-func (s *Store) markDoneUpdateSQL(n int) string {
+// markDoneUpdateSQL is the UPDATE to DONE of n ids, with the registry
+// fence if fenced (its version the last argument).
+func (s *Store) markDoneUpdateSQL(n int, fenced bool) string {
 	return s.rebind(s.q.update + s.setDone() + `
-WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n))
+WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n) + s.regFenceIf(fenced))
+}
+
+func (s *Store) regFenceIf(fenced bool) string {
+	if fenced {
+		return s.regFence()
+	}
+	return ""
 }
 
 // setDone is the SET clause that makes a row (an event or a delivery)
@@ -282,15 +291,25 @@ func (s *Store) setDone() string {
 }
 
 // markDoneIn writes ids, leased to owner, DONE through exec (with
-// DeleteDelivered: deletes them, but for the ordered ones) and returns
-// how many it changed.
-func (s *Store) markDoneIn(ctx context.Context, exec func(ctx context.Context, q string, args ...any) (int, error), owner string, ids []string) (int, error) {
-	args := s.idArgs(ids, owner)
-	n, err := exec(ctx, s.markDoneSQL(len(ids)), args...)
+// DeleteDelivered: deletes them, but for the ordered ones) if the
+// registry's version is registry, and returns how many it changed. It
+// changes nothing if the version is another: the caller tells that from
+// a lost lease with registryMoved when none changed.
+func (s *Store) markDoneIn(ctx context.Context, exec func(ctx context.Context, q string, args ...any) (int, error), owner string, ids []string, registry int64) (int, error) {
+	args := append(s.idArgs(ids, owner), registry)
+	n, err := exec(ctx, s.markDoneSQL(len(ids), true), args...)
 	if err != nil || !s.del || s.keep == 0 || n == len(ids) {
 		return n, err
 	}
-	m, err := exec(ctx, s.markDoneUpdateSQL(len(ids)), args...)
+	q := s.markDoneUpdateSQL(len(ids), n == 0)
+	if n > 0 {
+		// The first statement read the version after every event of ids
+		// was delivered (the call started after that): a subscription
+		// registered since is not owed them. Fencing this one again
+		// could leave the call half done.
+		args = args[:len(args)-1]
+	}
+	m, err := exec(ctx, q, args...)
 	return n + m, err
 }
 
@@ -440,15 +459,19 @@ func rollback(tx *sqlx.Tx) error {
 }
 
 // MarkDone implements driver.Store with one UPDATE per call.
-func (s *Store) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
+func (s *Store) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := s.markDoneIn(ctx, s.execCount, owner, ids)
-	if err == nil {
-		s.sweepKept(ctx)
+	n, err := s.markDoneIn(ctx, s.execCount, owner, ids, registry)
+	if err == nil && n == 0 {
+		err = s.registryMoved(ctx, s.db, registry)
 	}
-	return n, err
+	if err != nil {
+		return n, fmt.Errorf("sqlstore: mark done: %w", err)
+	}
+	s.sweepKept(ctx)
+	return n, nil
 }
 
 // MarkRetry implements driver.Store.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
 // Subscriptions across instances through a rolling restart: three
@@ -214,4 +215,83 @@ func TestSubscriptionsAcrossInstancesThroughARollingRestart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A rolling deploy that adds a subscription: instance OLD has "a",
+// instance NEW starts with "a" and "b", both taking the event type, while
+// producers publish through OLD without pause. OLD learns of "b" only at
+// its next refresh (a PollInterval far longer than the test's publishing),
+// yet every event committed after NEW's registration (its Start returned)
+// is owed to "b" and must reach it: OLD must not complete them for "a"
+// alone (the registry fence: driver.ErrRegistryChanged).
+func TestSubscriptionAddedByAnotherInstanceIsOwedFromItsRegistration(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			var mu sync.Mutex
+			got := map[string]map[string]int{"a": {}, "b": {}}
+			sub := func(n string) outbox.Subscription {
+				return outbox.Subscription{Name: n, Types: []outbox.EventType{"Posted"}, Handler: func(ctx context.Context, ev outbox.Event) error {
+					mu.Lock()
+					got[n][ev.ID]++
+					mu.Unlock()
+					return nil
+				}}
+			}
+			old := startOrdered(t, st, outbox.Config{InstanceID: "old", PollInterval: 3 * time.Second}, sub("a"))
+			publish := func() string {
+				return publishInTx(t, old, st, outbox.Envelope{ID: outbox.NewID(), Type: "Posted", AggregateType: "Acct", AggregateID: "1", JSON: []byte(`{}`)})
+			}
+			for range 20 {
+				publish()
+			}
+			startOrdered(t, st, outbox.Config{InstanceID: "new", PollInterval: 50 * time.Millisecond}, sub("a"), sub("b"))
+			// NEW's Start returned: "b" is registered. Everything whose
+			// transaction begins now commits after that.
+			var owed []string
+			for end := time.Now().Add(time.Second); time.Now().Before(end); {
+				owed = append(owed, publish())
+			}
+			missing := func() (n int, first string) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, id := range owed {
+					if got["b"][id] == 0 {
+						if n == 0 {
+							first = id
+						}
+						n++
+					}
+				}
+				return n, first
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				n, first := missing()
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					rec, err := st.Inspect(context.Background(), first)
+					t.Fatalf("%d of %d events committed after NEW registered \"b\" never reached \"b\"; the first: status %v, deliveries %+v (%v)",
+						n, len(owed), rec.Status, rec.Deliveries, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Logf("%d events committed after the registration, every one delivered to b", len(owed))
+		})
+	}
+}
+
+// regNow returns the registry's version now, for a completing write
+// (MarkDone, MarkDoneKeys, Split) that must not be refused for a stale
+// registry.
+func regNow(t testing.TB, st *sqlstore.Store) int64 {
+	t.Helper()
+	reg, err := st.SyncSubscriptions(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("SyncSubscriptions: %v", err)
+	}
+	return reg.Version
 }

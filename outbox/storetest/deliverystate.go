@@ -38,6 +38,18 @@ func (e *env) insertRows(t *testing.T, n int, owner string, lease time.Duration)
 
 func (e *env) ds() driver.DeliveryStore { return e.store.(driver.DeliveryStore) }
 
+// registry returns the registry's version now, for a completing write
+// (MarkDone, MarkDoneKeys, Split) that must not be refused for a stale
+// registry.
+func (e *env) registry(t testing.TB) int64 {
+	t.Helper()
+	reg, err := e.ds().SyncSubscriptions(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("SyncSubscriptions: %v", err)
+	}
+	return reg.Version
+}
+
 // SyncSubscriptions registers and reports; SetPaused is shared and says
 // whether the name is known.
 func testMethodSubscriptions(t *testing.T, e *env) {
@@ -48,7 +60,7 @@ func testMethodSubscriptions(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	byName := map[string]driver.SubscriptionState{}
-	for _, st := range states {
+	for _, st := range states.Subscriptions {
 		byName[st.Name] = st
 	}
 	if a := byName["a"]; len(a.Types) != 2 || a.Types[0] != string(typeA) || a.Paused || a.Idle > time.Minute {
@@ -68,7 +80,7 @@ func testMethodSubscriptions(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, st := range states {
+	for _, st := range states.Subscriptions {
 		if st.Name == "a" && (!st.Paused || len(st.Types) != 1) {
 			t.Fatalf("a after re-registration = %+v; want paused, types [A]", st)
 		}
@@ -89,13 +101,13 @@ func testMethodSplit(t *testing.T, e *env) {
 		{Subscription: "later", Status: outbox.StatusRetry, Attempts: 1, Delay: time.Hour, Error: "boom"},
 		{Subscription: "gone", Status: outbox.StatusDead, Attempts: 3, Error: "fatal"},
 	}
-	if ok, err := ds.Split(ctx, "someone-else", id, writes); err != nil || ok {
+	if ok, err := ds.Split(ctx, "someone-else", id, writes, e.registry(t)); err != nil || ok {
 		t.Fatalf("Split by a non-owner = %v, %v; want false", ok, err)
 	}
 	if rec := e.inspect(t, id); rec.Status != outbox.StatusNew || len(rec.Deliveries) != 0 {
 		t.Fatalf("after a refused split: %v %+v", rec.Status, rec.Deliveries)
 	}
-	if ok, err := ds.Split(ctx, "me", id, writes); err != nil || !ok {
+	if ok, err := ds.Split(ctx, "me", id, writes, e.registry(t)); err != nil || !ok {
 		t.Fatalf("Split by the owner = %v, %v; want true", ok, err)
 	}
 	rec := e.inspect(t, id)
@@ -121,7 +133,7 @@ func testMethodSplit(t *testing.T, e *env) {
 	if len(got) != 1 || got[0].Subscription != "now" || got[0].ID != id || string(got[0].Payload) != payload || got[0].Attempts != 0 {
 		t.Fatalf("ClaimDeliveries = %+v; want the due delivery to now with its event", got)
 	}
-	if ok, err := ds.Split(ctx, "me", id, writes); err != nil || ok {
+	if ok, err := ds.Split(ctx, "me", id, writes, e.registry(t)); err != nil || ok {
 		t.Fatalf("a second Split = %v, %v; want false (the event is split already)", ok, err)
 	}
 }
@@ -133,7 +145,7 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	ds := e.ds()
 	ids := e.insertRows(t, 40, "me", time.Minute)
 	for _, id := range ids {
-		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "other", Status: outbox.StatusNew}}); err != nil || !ok {
+		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "other", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}
@@ -193,7 +205,7 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	ctx := context.Background()
 	ds := e.ds()
 	id := e.insertRows(t, 1, "me", time.Minute)[0]
-	if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}, {Subscription: "b", Status: outbox.StatusNew}}); err != nil || !ok {
+	if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}, {Subscription: "b", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	claim := func(owner string) []driver.Delivery {
@@ -274,7 +286,7 @@ func testMethodDueNow(t *testing.T, e *env) {
 		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{
 			{Subscription: "down", Status: outbox.StatusNew, Delay: time.Hour},
 			{Subscription: "other", Status: outbox.StatusNew, Delay: time.Hour},
-		}); err != nil || !ok {
+		}, e.registry(t)); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
 	}

@@ -154,7 +154,7 @@ func testOrderHeadLeasedToOwner(t *testing.T, e *env) {
 	}
 	// e1 delivered: e2 is pending still, so e3 is not the head either.
 	kd1, kd2 := keyDone(t, e, e1), keyDone(t, e, e2)
-	if n, err := e.store.MarkDone(ctx, "me", []string{e1}); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "me", []string{e1}, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("MarkDone = %d, %v", n, err)
 	}
 	keysDone(t, e, blockS, kd1, kd2)
@@ -165,7 +165,7 @@ func testOrderHeadLeasedToOwner(t *testing.T, e *env) {
 	// next one is the head.
 	a1, _ := e.pubOrdered(t, "k2", "me", blockS)
 	kda := keyDone(t, e, a1)
-	if n, err := e.store.MarkDone(ctx, "me", []string{a1}); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "me", []string{a1}, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("MarkDone = %d, %v", n, err)
 	}
 	keysDone(t, e, blockS, kda)
@@ -269,7 +269,7 @@ func testOrderMarkDoneKeysLater(t *testing.T, e *env) {
 	b1, _ := e.pubOrdered(t, "b", "me", blockS)
 	e.pubOrdered(t, "a", "me", blockS) // a2 waits behind a1
 	kda, kdb := keyDone(t, e, a1), keyDone(t, e, b1)
-	n, later, err := os.MarkDoneKeys(ctx, "me", []string{a1, b1}, []driver.KeyDone{kda, kdb})
+	n, later, err := os.MarkDoneKeys(ctx, "me", []string{a1, b1}, []driver.KeyDone{kda, kdb}, e.registry(t))
 	if err != nil || n != 2 {
 		t.Fatalf("MarkDoneKeys = %d, %v", n, err)
 	}
@@ -280,7 +280,7 @@ func testOrderMarkDoneKeysLater(t *testing.T, e *env) {
 	// A lease lost: every key, since which events are done is not known.
 	c1, _ := e.pubOrdered(t, "c", "me", blockS)
 	d1, _ := e.pubOrdered(t, "d", "other", blockS)
-	n, later, err = os.MarkDoneKeys(ctx, "me", []string{c1, d1}, []driver.KeyDone{keyDone(t, e, c1), keyDone(t, e, d1)})
+	n, later, err = os.MarkDoneKeys(ctx, "me", []string{c1, d1}, []driver.KeyDone{keyDone(t, e, c1), keyDone(t, e, d1)}, e.registry(t))
 	if err != nil || n != 1 {
 		t.Fatalf("MarkDoneKeys with one lease not ours = %d, %v; want 1", n, err)
 	}
@@ -333,10 +333,10 @@ func testOrderClaimHeads(t *testing.T, e *env) {
 	}
 	wantIDs(t, "ClaimHeads(a, no lease)", claimHeads(t, os, "a", 0, blockS, "m"), m[0])
 	wantIDs(t, "ClaimHeads(b) after a's lease ran out", claimHeads(t, os, "b", minute, blockS, "m"), m[0])
-	if n, err := e.store.MarkDone(ctx, "a", []string{m[0]}); err != nil || n != 0 {
+	if n, err := e.store.MarkDone(ctx, "a", []string{m[0]}, e.registry(t)); err != nil || n != 0 {
 		t.Fatalf("MarkDone by the previous owner = %d, %v; want 0", n, err)
 	}
-	if n, err := e.store.MarkDone(ctx, "b", []string{m[0]}); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "b", []string{m[0]}, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("MarkDone = %d, %v", n, err)
 	}
 	wantIDs(t, "ClaimHeads after the head was delivered", claimHeads(t, os, "a", minute, blockS, "m"), m[1])
@@ -385,7 +385,7 @@ func (e *env) splitHead(t *testing.T, key string, writes ...driver.DeliveryWrite
 	t.Helper()
 	first, _ = e.pubOrdered(t, key, "me", bothS)
 	next, _ = e.pubOrdered(t, key, "", bothS)
-	if ok, err := e.ds().Split(context.Background(), "me", first, writes); err != nil || !ok {
+	if ok, err := e.ds().Split(context.Background(), "me", first, writes, e.registry(t)); err != nil || !ok {
 		t.Fatalf("Split = %v, %v", ok, err)
 	}
 	return first, next
@@ -512,7 +512,7 @@ func testOrderReplayDeadHead(t *testing.T, e *env) {
 		t.Fatalf("Replay = %d, %v", n, err)
 	}
 	wantIDs(t, "ClaimHeads after Replay", claimHeads(t, os, "a", minute, blockS, "k"), dead)
-	if n, err := e.store.MarkDone(ctx, "a", []string{dead}); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "a", []string{dead}, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("MarkDone = %d, %v", n, err)
 	}
 	wantIDs(t, "ClaimHeads after the replayed head was delivered", claimHeads(t, os, "a", minute, blockS, "k"), rest[0])
@@ -536,7 +536,7 @@ func testOrderDueKeys(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	done, _ := e.pubOrdered(t, "done", "me", blockS)
-	if n, err := e.store.MarkDone(ctx, "me", []string{done}); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "me", []string{done}, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("MarkDone = %d, %v", n, err)
 	}
 	plain := driver.Row{ID: outbox.NewID(), Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "plain"}
@@ -704,7 +704,7 @@ func testOrderDeliveriesInTurn(t *testing.T, e *env) {
 		t.Helper()
 		one, two := e.splitHead(t, key, driver.DeliveryWrite{Subscription: sub, Status: first, Attempts: 1, Error: "boom"})
 		wantIDs(t, key+": ClaimHeads", claimHeads(t, os, "me", minute, bothS, key), two)
-		if ok, err := ds.Split(ctx, "me", two, []driver.DeliveryWrite{{Subscription: sub, Status: outbox.StatusNew}}); err != nil || !ok {
+		if ok, err := ds.Split(ctx, "me", two, []driver.DeliveryWrite{{Subscription: sub, Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("%s: Split = %v, %v", key, ok, err)
 		}
 		return one, two

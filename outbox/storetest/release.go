@@ -22,7 +22,7 @@ func testMethodReleaseOwner(t *testing.T, e *env) {
 	mine := e.insertRows(t, 3, "me", time.Minute)
 	others := e.insertRows(t, 2, "other", time.Minute)
 	done := e.insertRows(t, 1, "me", time.Minute)
-	if n, err := e.store.MarkDone(ctx, "me", done); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "me", done, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("MarkDone: %d, %v", n, err)
 	}
 	split := splitClaimedByTwo(t, e)
@@ -75,7 +75,7 @@ func splitClaimedByTwo(t *testing.T, e *env) []string {
 	ctx := context.Background()
 	split := e.insertRows(t, 2, "setup", time.Minute)
 	for _, id := range split {
-		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "t", Status: outbox.StatusNew}}); err != nil || !ok {
+		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "t", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}

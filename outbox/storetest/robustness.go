@@ -46,8 +46,8 @@ func (s *hookedStore) ClaimDeliveries(ctx context.Context, req driver.ClaimReque
 	return s.DeliveryStore.ClaimDeliveries(ctx, req, subs, f)
 }
 
-func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite) (bool, error) {
-	write := func() (bool, error) { return s.DeliveryStore.Split(ctx, owner, id, ws) }
+func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
+	write := func() (bool, error) { return s.DeliveryStore.Split(ctx, owner, id, ws, registry) }
 	if s.record != nil {
 		return s.record(ctx, ws, write)
 	}
@@ -294,7 +294,7 @@ func testCloseAfterALateDeliveryClaim(t *testing.T, e *env) {
 	ctx := context.Background()
 	ids := e.insertRows(t, 20, "setup", time.Minute)
 	for _, id := range ids {
-		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "all", Status: outbox.StatusNew}}); err != nil || !ok {
+		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "all", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}

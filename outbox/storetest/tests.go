@@ -650,7 +650,7 @@ func testZombie(t *testing.T, e *env) {
 	if taken[0].PrevOwner != "zombie" {
 		t.Fatalf("PrevOwner %q, want zombie", taken[0].PrevOwner)
 	}
-	if n, err := e.store.MarkDone(ctx, "zombie", []string{id}); err != nil || n != 0 {
+	if n, err := e.store.MarkDone(ctx, "zombie", []string{id}, e.registry(t)); err != nil || n != 0 {
 		t.Fatalf("zombie MarkDone changed %d rows (err %v)", n, err)
 	}
 	if ok, err := e.store.MarkRetry(ctx, "zombie", id, 0, "late"); err != nil || ok {
@@ -669,7 +669,7 @@ func testZombie(t *testing.T, e *env) {
 	if rec.Owner != "successor" || rec.Attempts != 0 || rec.LastError != "" {
 		t.Fatalf("row after the zombie's writes: owner %q attempts %d error %q", rec.Owner, rec.Attempts, rec.LastError)
 	}
-	if n, err := e.store.MarkDone(ctx, "successor", []string{id}); err != nil || n != 1 {
+	if n, err := e.store.MarkDone(ctx, "successor", []string{id}, e.registry(t)); err != nil || n != 1 {
 		t.Fatalf("successor MarkDone = %d (err %v)", n, err)
 	}
 	e.wantStatus(t, id, outbox.StatusDone)

@@ -177,9 +177,16 @@ func opContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 5*time.Second)
 }
 
-// resume resumes sub through a live node (until one takes it).
+// resume resumes sub through a live node (until one takes it, or
+// another resume did).
 func (w *world) resume(sub string) {
 	for {
+		w.mu.Lock()
+		paused := w.paused[sub]
+		w.mu.Unlock()
+		if !paused {
+			return
+		}
 		nd := w.pickLive(1)
 		if nd != nil {
 			ctx, cancel := opContext()
@@ -246,12 +253,12 @@ func (w *world) heal() {
 	}
 	nodes := slices.Clone(w.nodes)
 	w.mu.Unlock()
+	for _, nd := range nodes {
+		nd.frozen.Store(0)
+	}
 	slices.Sort(paused)
 	for _, s := range paused {
 		w.resume(s)
-	}
-	for _, nd := range nodes {
-		nd.frozen.Store(0)
 	}
 	for _, nd := range nodes {
 		if !nd.alive() && !nd.replaced {

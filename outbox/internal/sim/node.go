@@ -262,8 +262,8 @@ func rowIDs(rows []driver.Row) []string {
 	return ids
 }
 
-func (f *faultyStore) MarkDone(ctx context.Context, owner string, ids []string) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.MarkDone(ctx, owner, ids) })
+func (f *faultyStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
+	return wrap(ctx, f, func() (int, error) { return f.Store.MarkDone(ctx, owner, ids, registry) })
 }
 
 func (f *faultyStore) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
@@ -283,8 +283,8 @@ func (f *faultyStore) Release(ctx context.Context, owner string, ids []string, d
 	return err
 }
 
-func (f *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) ([]driver.SubscriptionState, error) {
-	return wrap(ctx, f, func() ([]driver.SubscriptionState, error) {
+func (f *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
+	return wrap(ctx, f, func() (driver.Registration, error) {
 		st, err := f.Store.SyncSubscriptions(ctx, subs)
 		if err == nil {
 			f.nd.w.registered(subs)
@@ -297,8 +297,8 @@ func (f *faultyStore) SetPaused(ctx context.Context, name string, paused bool) (
 	return wrap(ctx, f, func() (bool, error) { return f.Store.SetPaused(ctx, name, paused) })
 }
 
-func (f *faultyStore) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes) })
+func (f *faultyStore) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+	return wrap(ctx, f, func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes, registry) })
 }
 
 func (f *faultyStore) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
@@ -327,10 +327,10 @@ func (f *faultyStore) KeysDone(ctx context.Context, evs []driver.KeyDone, of dri
 	return err
 }
 
-func (f *faultyStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone) (int, []string, error) {
+func (f *faultyStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
 	var later []string
 	n, err := wrap(ctx, f, func() (int, error) {
-		n, l, err := f.Store.MarkDoneKeys(ctx, owner, ids, evs)
+		n, l, err := f.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
 		later = l
 		return n, err
 	})
