@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -41,7 +42,7 @@ func (w *world) keySeq(id string) int64 {
 // begin records the start of a handler call and checks the promises
 // that hold at that moment: the event committed, and no other event of
 // its key in flight to an ordered subscription.
-func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int) *call {
+func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int, frozen bool) *call {
 	seq := int64(0)
 	if sp.order != outbox.Unordered {
 		seq = w.keySeq(ev.ID)
@@ -50,7 +51,7 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int) *call {
 	defer w.mu.Unlock()
 	e := w.events[n-1]
 	c := &call{sub: sp.name, n: n, key: e.key, node: nd, attempt: ev.Attempt, start: w.now(), running: true,
-		zombie: w.now() < time.Duration(nd.stale.Load())}
+		zombie: frozen || nd.stale[ev.ID]}
 	w.calls = append(w.calls, c)
 	if w.opts.Trace {
 		w.logLocked("%s: deliver #%d (key %q seq %d) to %s, attempt %d", nd.name, n, e.key, seq, sp.name, ev.Attempt)
@@ -79,6 +80,20 @@ func (w *world) end(c *call, ok bool) {
 	c.ok = ok && !c.node.crashed.Load()
 	if w.opts.Trace {
 		w.logLocked("%s: #%d to %s, attempt %d: ok=%v", c.node.name, c.n, c.sub, c.attempt, c.ok)
+	}
+}
+
+// markStale notes the events nd holds now, as a freeze begins.
+func (w *world) markStale(nd *node) {
+	held := w.store.Leased(nd.name)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if nd.stale == nil {
+		nd.stale = map[string]bool{}
+	}
+	for _, h := range held {
+		id, _, _ := strings.Cut(h, "/")
+		nd.stale[id] = true
 	}
 }
 

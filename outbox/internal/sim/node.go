@@ -25,7 +25,12 @@ type node struct {
 	crashed atomic.Bool
 	closed  atomic.Bool  // Close called
 	frozen  atomic.Int64 // virtual time the freeze ends
-	stale   atomic.Int64 // virtual time until which its calls may be those of lapsed leases
+	// stale are the events it held when a freeze longer than Lease/2
+	// began (guarded by the world's mu): their leases may run out while
+	// it sleeps, and whatever it still does with them after the thaw
+	// (in its queues, its chains, its handlers) may happen elsewhere
+	// too: at least once, not a broken order.
+	stale map[string]bool
 	// reaped: the crashed node's blocked store calls may return (with
 	// an error, changing nothing) so that its goroutines end.
 	reaped   chan struct{}
@@ -120,24 +125,22 @@ func first(s []string, n int) []string { return s[:min(n, len(s))] }
 func (nd *node) freeze(d time.Duration) {
 	nd.frozen.Store(int64(nd.w.now() + d))
 	if d > nd.w.cfg.Lease/2 {
-		// Its leases may run out meanwhile: what it delivers until its
-		// handlers' calls of before the thaw are over may be delivered
-		// elsewhere too (at least once, not a broken order).
-		nd.stale.Store(int64(nd.w.now() + d + nd.w.cfg.Lease + nd.w.cfg.ListenerTimeout))
+		nd.w.markStale(nd)
 		nd.w.zombify(nd)
 	}
 	nd.w.logf("%s FROZEN for %v", nd.name, d)
 }
 
 // pause waits while the node is frozen, in steps, so that a thaw (heal)
-// ends the wait.
-func (nd *node) pause() {
+// ends the wait, and reports whether it waited.
+func (nd *node) pause() (waited bool) {
 	for {
 		d := time.Duration(nd.frozen.Load()) - nd.w.now()
 		if d <= 0 {
-			return
+			return waited
 		}
 		time.Sleep(min(d, 100*time.Millisecond))
+		waited = true
 	}
 }
 

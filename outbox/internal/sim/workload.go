@@ -172,13 +172,15 @@ var errHandler = errors.New("sim: handler failed")
 // the order promises and acts out the call's outcome. effect, for a Tx
 // subscription, writes through the transaction.
 func (w *world) deliver(ctx context.Context, nd *node, sp spec, ev outbox.Event, effect func() error) (err error) {
-	nd.pause()
+	// A call that waited out a freeze is a zombie: its lease may have
+	// run out meanwhile.
+	frozen := nd.pause()
 	if nd.crashed.Load() {
 		<-ctx.Done() // a dead process calls nothing
 		return errCrashed
 	}
 	n := number(ev)
-	c := w.begin(nd, sp, ev, n)
+	c := w.begin(nd, sp, ev, n, frozen)
 	defer func() {
 		if r := recover(); r != nil {
 			w.end(c, false)
