@@ -59,9 +59,12 @@ func TestEngineWritesUsePrimaryKeyRanges(t *testing.T) {
 			if err := rs.MapScan(plan); err != nil {
 				t.Fatal(err)
 			}
+			if strings.HasSuffix(str(plan["table"]), "_registry") {
+				continue // the registry fence's one-row read (const on PRIMARY)
+			}
 			typ, key := str(plan["type"]), str(plan["key"])
 			if typ != "range" || key != "PRIMARY" {
-				t.Errorf("%s: plan type %q key %q; want a range on PRIMARY", tc.Name, typ, key)
+				t.Errorf("%s: plan type %q key %q; want a range on PRIMARY (%v)", tc.Name, typ, key, str(plan["table"]))
 			}
 		}
 		rs.Close()
