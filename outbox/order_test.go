@@ -1074,9 +1074,11 @@ func TestOrderedBacklogGoesOutInRuns(t *testing.T) {
 					}
 				}
 				// One claim takes A1 (or the poll does), one the 39 behind it
-				// (and, failing inside, one what A20 gave back). Claims that
-				// find the key in hand take nothing and are not counted.
-				if n, want := m.took.Load()-before, int64(2+btoi(failInRun)); n > want {
+				// (and, failing inside, one what A20 gave back; not failing,
+				// one may take A41: the run is one of deliveries now, which
+				// A41, a whole event, does not join). Claims that find the
+				// key in hand take nothing and are not counted.
+				if n, want := m.took.Load()-before, int64(3); n > want {
 					t.Errorf("the sequencer's claims took events %d times for a backlog of 39 events of one key; want at most %d: the backlog in one run", n, want)
 				}
 			})
