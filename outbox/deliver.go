@@ -112,7 +112,14 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 		targets = []*subscription{it.sub}
 	} else {
 		targets = reg.match(it.env.Type)
-		if len(targets) == 0 {
+		owed = reg.owedElsewhere(it.env.Type)
+		if len(targets) == 0 && len(owed) == 0 {
+			// No subscription anywhere takes it: complete at once, fenced
+			// like any completion (a subscription registered since the
+			// registry was read refuses the write, and the event is
+			// delivered again).
+			d.reg.unowned(it.env.ID, it.env.Type)
+		} else if len(targets) == 0 {
 			// Never complete what no subscription here accepted: give it
 			// back for an instance that has one (no attempt spent).
 			d.reg.noListener(it.env.ID, it.env.Type)
@@ -123,7 +130,6 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			d.inflight.release(it.key())
 			return
 		}
-		owed = reg.owedElsewhere(it.env.Type)
 		it.registry, it.owed = reg.version, owed
 	}
 	ev := Event{Envelope: it.env, Attempt: it.attempts + 1, Path: it.path}

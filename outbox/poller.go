@@ -250,11 +250,15 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	ctx, cancel := p.storeCtx()
 	defer cancel()
 	claimStart := time.Now()
+	reg := p.reg.load()
+	only, not := reg.claimTypes()
 	rows, err := p.store.Claim(ctx, driver.ClaimRequest{
 		Owner:      p.cfg.InstanceID,
 		Limit:      limit,
 		Lease:      p.cfg.Lease,
 		SkipRecent: skipRecent,
+		Types:      only,
+		NotTypes:   not,
 	})
 	p.m.Statement("claim", len(rows), time.Since(claimStart))
 	if err != nil {
@@ -262,7 +266,6 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	}
 	now := time.Now()
 	reclaimed := 0
-	reg := p.reg.load()
 	for i := range rows {
 		if r := &rows[i]; r.PrevOwner != "" && r.PrevOwner != p.cfg.InstanceID {
 			reclaimed++
@@ -382,7 +385,7 @@ func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row
 			p.bury(ctx, r, err)
 			continue
 		}
-		if !reg.has(env.Type) {
+		if !reg.has(env.Type) && len(reg.owedElsewhere(env.Type)) > 0 {
 			p.reg.noListener(r.ID, env.Type)
 			unhandled = append(unhandled, r.ID)
 			continue

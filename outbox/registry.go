@@ -31,6 +31,7 @@ type registry struct {
 	remote      map[string][]EventType // subscriptions of other instances only; nil types: all
 	remoteOrder map[string]Order       // the ordered ones among them
 	paused      map[string]bool
+	expired     []string // registered, but by no instance for SubscriptionExpiry
 
 	// The ordered subscriptions, here and elsewhere (indexOrder).
 	filter       driver.OrderFilter
@@ -46,6 +47,7 @@ func (r *registry) with(s *subscription) *registry {
 		remote:      r.remote,
 		remoteOrder: r.remoteOrder,
 		paused:      r.paused,
+		expired:     r.expired,
 	}
 	for k, v := range r.byName {
 		n.byName[k] = v
@@ -100,6 +102,36 @@ func (r *registry) owedElsewhere(t EventType) []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// claimTypes returns the type filter of this instance's claims
+// (driver.ClaimRequest.Types, NotTypes): an instance claims only events
+// that one of its subscriptions takes, and the events of types that no
+// subscription anywhere takes (which it completes at once), never those
+// of types served only elsewhere, which it could only hand back.
+func (r *registry) claimTypes() (only, not []string) {
+	if len(r.all) > 0 {
+		return nil, nil
+	}
+	mine := make([]string, 0, len(r.byType))
+	for t := range r.byType {
+		mine = append(mine, string(t))
+	}
+	slices.Sort(mine)
+	for _, types := range r.remote {
+		if len(types) == 0 {
+			return mine, nil // a subscription elsewhere takes the rest
+		}
+	}
+	for _, types := range r.remote {
+		for _, t := range types {
+			if r.byType[t] == nil && !slices.Contains(not, string(t)) {
+				not = append(not, string(t))
+			}
+		}
+	}
+	slices.Sort(not)
+	return nil, not
 }
 
 // claimable returns the names of this instance's subscriptions whose
@@ -239,7 +271,8 @@ func (g *registrar) applyStates(reg driver.Registration) {
 	defer g.mu.Unlock()
 	cur := g.load()
 	next := &registry{local: cur.local, byName: cur.byName, byType: cur.byType, all: cur.all, version: reg.Version,
-		remote: map[string][]EventType{}, remoteOrder: map[string]Order{}, paused: map[string]bool{}}
+		remote: map[string][]EventType{}, remoteOrder: map[string]Order{}, paused: map[string]bool{},
+		expired: expiredOf(reg, cur.byName, g.cfg.SubscriptionExpiry)}
 	for _, st := range reg.Subscriptions {
 		if st.Paused {
 			next.paused[st.Name] = true
@@ -276,9 +309,13 @@ func (g *registrar) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := g.sync(ctx); err != nil && ctx.Err() == nil {
-			g.log.Error("refresh the subscriptions from the database", slog.Any("error", err))
+		if err := g.sync(ctx); err != nil {
+			if ctx.Err() == nil {
+				g.log.Error("refresh the subscriptions from the database", slog.Any("error", err))
+			}
+			continue
 		}
+		g.retireExpired(ctx)
 	}
 }
 
@@ -297,18 +334,33 @@ func (g *registrar) setPaused(ctx context.Context, name string, paused bool) err
 // it at most once a minute per event type.
 func (g *registrar) noListener(id string, t EventType) {
 	g.m.NoListener(t)
-	now := time.Now()
-	g.noListenerMu.Lock()
-	last, seen := g.noListenerLog[t]
-	log := !seen || now.Sub(last) >= time.Minute
-	if log {
-		g.noListenerLog[t] = now
-	}
-	g.noListenerMu.Unlock()
-	if log {
+	if g.onceAMinute(g.noListenerLog, t) {
 		g.log.Warn("no listener here for this event type: handed back for an instance that has one (logged once a minute per type)",
 			slog.String("event_id", id), slog.String("event_type", string(t)), slog.Duration("retry_in", g.cfg.NoListenerDelay))
 	}
+}
+
+// unowned counts and logs (at most once a minute per type) an event
+// that no subscription anywhere takes: it is completed without delivery.
+func (g *registrar) unowned(id string, t EventType) {
+	g.m.NoListener(t)
+	if g.onceAMinute(g.unownedLog, t) {
+		g.log.Warn("no subscription on any instance takes this event type: completed without delivery (logged once a minute per type)",
+			slog.String("event_id", id), slog.String("event_type", string(t)))
+	}
+}
+
+// onceAMinute reports whether a warning about type t kept in logged is
+// due (none in the last minute), and if so notes it as given now.
+func (g *registrar) onceAMinute(logged map[EventType]time.Time, t EventType) bool {
+	now := time.Now()
+	g.noListenerMu.Lock()
+	defer g.noListenerMu.Unlock()
+	if last, seen := logged[t]; seen && now.Sub(last) < time.Minute {
+		return false
+	}
+	logged[t] = now
+	return true
 }
 
 // registrar holds the subscriptions: this instance's, as registered with
@@ -323,11 +375,12 @@ type registrar struct {
 
 	noListenerMu  sync.Mutex
 	noListenerLog map[EventType]time.Time // last warning per type
+	unownedLog    map[EventType]time.Time // last warning per type (unowned)
 	runner
 }
 
 func newRegistrar(d *deps) *registrar {
-	g := &registrar{deps: d, noListenerLog: map[EventType]time.Time{}, syncing: make(chan struct{}, 1)}
+	g := &registrar{deps: d, noListenerLog: map[EventType]time.Time{}, unownedLog: map[EventType]time.Time{}, syncing: make(chan struct{}, 1)}
 	reg := &registry{byName: map[string]*subscription{}}
 	reg.index()
 	g.cur.Store(reg)

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 )
@@ -196,6 +197,44 @@ type Lag struct {
 	// subscription), up to MaxCountedBlockedKeys keys in all. The engine
 	// fills it in (outbox.Outbox.Lag): stores leave it 0.
 	BlockedKeys int64
+	// Unregistered is set for a subscription that no instance registers
+	// (retired, or unknown to the registry) but that still holds
+	// deliveries: nothing delivers them. Outbox.Retire settles them.
+	// OperatorStore.Lag returns one for each such subscription, after the
+	// ones it was asked for.
+	Unregistered bool
+}
+
+// Retired is what Retirer.RetireSubscription did.
+type Retired struct {
+	// Registered says the subscription was in the registry (and is not
+	// any more).
+	Registered bool
+	// Dropped counts the deliveries it owed (NEW or RETRY) that were
+	// deleted. Its DEAD deliveries stay, as dead letters.
+	Dropped int64
+	// Completed counts the events that became DONE because the dropped
+	// deliveries were the last they waited for.
+	Completed int64
+}
+
+// ErrSubscriptionLive is returned (wrapped) by
+// Retirer.RetireSubscription for a subscription that an instance
+// registered too recently: it is still running somewhere.
+var ErrSubscriptionLive = errors.New("outbox: the subscription is still registered by a running instance")
+
+// Retirer is implemented by stores that can retire a subscription.
+type Retirer interface {
+	// RetireSubscription retires subscription name, in one transaction:
+	// unless an instance registered it less than idle ago (on the
+	// database's clock; then it changes nothing and returns an error
+	// wrapping ErrSubscriptionLive), it removes the subscription from the
+	// registry and changes the registry's version (a completing write
+	// decided with the subscription still owed is refused, like one
+	// decided without a new one), deletes its NEW and RETRY deliveries,
+	// and sets DONE every split event left with nothing undone. A name the
+	// registry does not know still has its deliveries settled.
+	RetireSubscription(ctx context.Context, name string, idle time.Duration) (Retired, error)
 }
 
 // MaxCountedBlockedKeys bounds the blocked keys Lag counts: past it,
@@ -224,7 +263,8 @@ type DeadFilter struct {
 // OperatorStore is implemented by stores that serve the operations
 // surface: lag per subscription, and dead letters by filter.
 type OperatorStore interface {
-	// Lag returns the lag of each given subscription.
+	// Lag returns the lag of each given subscription, then that of each
+	// other subscription that holds deliveries (Lag.Unregistered).
 	Lag(ctx context.Context, subs []SubscriptionInfo) ([]Lag, error)
 	// FindDead returns the dead letters f selects, in id order (the
 	// dead deliveries of one event together), without payloads.

@@ -15,6 +15,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -142,6 +143,23 @@ type ClaimRequest struct {
 	// the heads it leases, shared evenly among them (0: the heads only; see
 	// ClaimHeads). Limit bounds the heads; the runs come on top.
 	Run int
+	// Types, if not nil, limits Claim to events of these types: the
+	// instance's subscriptions take these, and a subscription elsewhere
+	// takes every other type. NotTypes keeps Claim off events of these
+	// types: other instances' subscriptions take them, none of the
+	// claiming instance's does. At most one of the two is set (the engine
+	// sets neither when one of its subscriptions takes every type). An
+	// instance thus never claims an event it could only hand back.
+	Types, NotTypes []string
+}
+
+// TypeAllowed reports whether req's Types and NotTypes let Claim take an
+// event of type t.
+func (req *ClaimRequest) TypeAllowed(t string) bool {
+	if req.Types != nil {
+		return slices.Contains(req.Types, t)
+	}
+	return !slices.Contains(req.NotTypes, t)
 }
 
 // Store persists events. The engine calls Insert inside the caller's
@@ -178,8 +196,9 @@ type Store interface {
 
 	// Claim takes up to req.Limit rows that are NEW or RETRY, have no
 	// KeySeq (ordered rows are claimed with OrderedStore.ClaimHeads), due, older
-	// than req.SkipRecent and not held by a live lease (not even one of
-	// req.Owner's), and leases them to req.Owner. Two concurrent Claims
+	// than req.SkipRecent, of a type req allows (TypeAllowed), and not held
+	// by a live lease (not even one of req.Owner's), and leases them to
+	// req.Owner. Two concurrent Claims
 	// never return the same row. A row some of whose columns cannot be
 	// read is returned with Row.ReadError set, never as an error of the
 	// whole claim. If Claim returns an error, it has leased nothing to

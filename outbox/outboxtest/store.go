@@ -333,7 +333,7 @@ func (s *Store) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Ro
 	var retries, news []*memEvent
 	newBefore := now.Add(-max(0, req.SkipRecent))
 	for _, e := range s.events {
-		if !free(e.lockedUntil, now) || e.row.KeySeq != 0 {
+		if !free(e.lockedUntil, now) || e.row.KeySeq != 0 || !req.TypeAllowed(e.row.Type) {
 			continue // ordered events are claimed by ClaimHeads
 		}
 		switch {

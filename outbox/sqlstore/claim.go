@@ -50,7 +50,8 @@ func (s *Store) claimOnce(ctx context.Context, req driver.ClaimRequest) (_ []dri
 	}
 	// Due retries first, up to a quarter of the batch so that a backlog of
 	// new events cannot starve them, then new events for the rest.
-	out, _, err := sel(nil, false, s.q.claimRetry, max(1, req.Limit/4))
+	cs, targs := s.claimSetFor(req)
+	out, _, err := sel(nil, false, cs.retry, withArgs(targs, max(1, req.Limit/4))...)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,8 @@ func (s *Store) claimFound(ctx context.Context, req driver.ClaimRequest) (_ []dr
 	sel := func(out []driver.Row, at bool, q string, args ...any) ([]driver.Row, any, error) {
 		return s.findRows(ctx, out, at, q, args...)
 	}
-	found, _, err := sel(nil, false, s.q.claimRetry, max(1, req.Limit/4))
+	cs, targs := s.claimSetFor(req)
+	found, _, err := sel(nil, false, cs.retry, withArgs(targs, max(1, req.Limit/4))...)
 	if err != nil {
 		return nil, err
 	}
@@ -189,8 +191,13 @@ func (s *Store) findRows(ctx context.Context, out []driver.Row, at bool, q strin
 	return out, last, nil
 }
 
-// selector runs one of a claim's SELECTs (s.q.claimRetry, claimNew,
-// claimNewAfter), appending its rows to out; with at, each row carries its
+// withArgs returns a claim SELECT's arguments: those before its type
+// filter, the filter's, then limit.
+func withArgs(types []any, limit int, before ...any) []any {
+	return append(append(before, types...), limit)
+}
+
+// selector runs one of a claim's SELECTs (claimSet), appending its rows to out; with at, each row carries its
 // available_at too, and the last one is returned.
 type selector func(out []driver.Row, at bool, q string, args ...any) ([]driver.Row, any, error)
 
@@ -222,8 +229,9 @@ func (s *Store) claimNewRows(sel selector, out []driver.Row, req driver.ClaimReq
 		return out, nil
 	}
 	skip := max(0, req.SkipRecent.Microseconds())
+	cs, targs := s.claimSetFor(req)
 	if !s.d.claimCursor {
-		out, _, err := sel(out, true, s.q.claimNew, skip, want)
+		out, _, err := sel(out, true, cs.new, withArgs(targs, want, skip)...)
 		return out, err
 	}
 	s.mu.Lock()
@@ -233,7 +241,7 @@ func (s *Store) claimNewRows(sel selector, out []driver.Row, req driver.ClaimReq
 	var last any
 	var err error
 	if ok && cur.resumed < frontEvery {
-		out, last, err = sel(out, true, s.q.claimNewAfter, cur.at, cur.at, cur.id, skip, want)
+		out, last, err = sel(out, true, cs.newAfter, withArgs(targs, want, cur.at, cur.at, cur.id, skip)...)
 		if err != nil {
 			return nil, err
 		}
@@ -247,7 +255,7 @@ func (s *Store) claimNewRows(sel selector, out []driver.Row, req driver.ClaimReq
 			for _, r := range out[n:] {
 				seen[r.ID] = true
 			}
-			more, _, err := sel(nil, true, s.q.claimNew, skip, want-got)
+			more, _, err := sel(nil, true, cs.new, withArgs(targs, want-got, skip)...)
 			if err != nil {
 				return nil, err
 			}
@@ -259,7 +267,7 @@ func (s *Store) claimNewRows(sel selector, out []driver.Row, req driver.ClaimReq
 			ok, last = false, nil
 		}
 	} else {
-		out, last, err = sel(out, true, s.q.claimNew, skip, want)
+		out, last, err = sel(out, true, cs.new, withArgs(targs, want, skip)...)
 		if err != nil {
 			return nil, err
 		}

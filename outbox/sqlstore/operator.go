@@ -77,7 +77,10 @@ func (s *Store) Lag(ctx context.Context, subs []driver.SubscriptionInfo) ([]outb
 		}
 		i, ok := index[name]
 		if !ok {
-			continue
+			// Deliveries of a subscription no instance registers.
+			i = len(out)
+			index[name] = i
+			out = append(out, outbox.Lag{Subscription: name, Unregistered: true})
 		}
 		l := &out[i]
 		switch outbox.Status(status) {

@@ -56,6 +56,8 @@ type Store struct {
 
 	mu      sync.Mutex
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
+	// claimSets are the claim's SELECTs by type filter (claimSetOf).
+	claimSets map[string]claimSet
 
 	known knownKeys // MySQL: ordering keys whose row is committed; see createKey
 	maker keyMaker  // MySQL: makes the rows of new keys; see createKey
@@ -117,7 +119,7 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 		quoted[i] = d.quote(p)
 	}
 	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
-		cursors: make(map[string]claimCursor)}
+		cursors: make(map[string]claimCursor), claimSets: map[string]claimSet{}}
 	if d.name == "postgres" {
 		s.keep = orderedKeep
 	}
@@ -149,7 +151,8 @@ func (s *Store) Dialect() *Dialect { return s.d }
 func (s *Store) Table() string { return s.table }
 
 type queries struct {
-	inspect, insert, claimNew, claimNewAfter, claimRetry, markRetry, markDead, stats, listDead, cleanup string
+	inspect, insert, markRetry, markDead, stats, listDead, cleanup string
+	claim                                                  claimSet // without a type filter
 	insertHead, insertValues                                                                            string // unbound
 	// update is "UPDATE <table>" with the dialect's hint to look rows up by
 	// primary key (see Dialect.byID).
@@ -177,40 +180,13 @@ VALUES `
 	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `, ?)`
 	update := `UPDATE ` + t + d.byID
 	kept, _ := s.keptSQL()
-	cols, lock := rowColumns, d.lock
-	if d.findFirst {
-		cols, lock = "id", ""
-	}
 	return queries{
 		update:       update,
 		inspect:      s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
 		insert:       s.rebind(insertHead + insertValues),
 		insertHead:   insertHead,
 		insertValues: insertValues,
-		// One status per SELECT, so that the (status, available_at) index
-		// gives the order and the LIMIT stops the scan: with IN (0, 2) the
-		// database sorts every due row, and a claim costs time in
-		// proportion to the backlog. A NEW row's available_at is its
-		// insert time, so SkipRecent is a bound on the same index. Where
-		// the dialect finds first (Dialect.findFirst) these are plain
-		// reads of ids, and claimLockSQL locks what they found.
-		claimNew: s.rebind(`SELECT ` + cols + `, available_at FROM ` + t + `
-WHERE status = 0 AND available_at <= ` + d.nowMinus + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
-ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
-		// claimNew resumed after (available_at, id) of the last row claimed.
-		// The index is forced, and the cursor is a bound on available_at
-		// alone (the tie broken by a filter): else MariaDB reads the index
-		// from the front of status = 0 ("ref"), which is what the cursor
-		// is there to avoid.
-		claimNewAfter: s.rebind(`SELECT ` + cols + `, available_at FROM ` + t + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
-WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
-ORDER BY available_at, id LIMIT ?` + lock),
-		claimRetry: s.rebind(`SELECT ` + cols + ` FROM ` + t + `
-WHERE status = 2 AND available_at <= ` + d.now + `
-  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL
-ORDER BY available_at LIMIT ?` + lock),
+		claim: s.buildClaimSet(""),
 		markRetry: s.rebind(update + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		markDead: s.rebind(update + ` SET status = 3, attempts = attempts + 1, done_at = ` + d.now + `, last_error = ?, locked_by = NULL, locked_until = NULL
@@ -219,6 +195,82 @@ WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		listDead: s.rebind(`SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, attempts, COALESCE(last_error, ''), created_at FROM ` + t + ` WHERE status = 3 AND id > ? ORDER BY id LIMIT ?`),
 		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` AND NOT ` + kept + ` ORDER BY available_at LIMIT ?`),
 	}
+}
+
+// claimSet is a claim's three SELECTs (see claimNewRows), with one type
+// filter (driver.ClaimRequest.Types, NotTypes).
+type claimSet struct{ retry, new, newAfter string }
+
+// buildClaimSet builds the claim's SELECTs with types, unbound ("" or a
+// condition on event_type starting with " AND"), before ORDER BY.
+func (s *Store) buildClaimSet(types string) claimSet {
+	d := s.d
+	cols, lock := rowColumns, d.lock
+	if d.findFirst {
+		cols, lock = "id", ""
+	}
+	// One status per SELECT, so that the (status, available_at) index
+	// gives the order and the LIMIT stops the scan: with IN (0, 2) the
+	// database sorts every due row, and a claim costs time in
+	// proportion to the backlog. A NEW row's available_at is its
+	// insert time, so SkipRecent is a bound on the same index. Where
+	// the dialect finds first (Dialect.findFirst) these are plain
+	// reads of ids, and claimLockSQL locks what they found.
+	return claimSet{
+		new: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + `
+WHERE status = 0 AND available_at <= ` + d.nowMinus + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
+ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
+		// new resumed after (available_at, id) of the last row claimed.
+		// The index is forced, and the cursor is a bound on available_at
+		// alone (the tie broken by a filter): else MariaDB reads the index
+		// from the front of status = 0 ("ref"), which is what the cursor
+		// is there to avoid.
+		newAfter: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
+WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
+ORDER BY available_at, id LIMIT ?` + lock),
+		retry: s.rebind(`SELECT ` + cols + ` FROM ` + s.table + `
+WHERE status = 2 AND available_at <= ` + d.now + `
+  AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
+ORDER BY available_at LIMIT ?` + lock),
+	}
+}
+
+// claimSetFor returns the claim's SELECTs for req's type filter, and the
+// filter's arguments (bound after the others, before the LIMIT).
+func (s *Store) claimSetFor(req driver.ClaimRequest) (claimSet, []any) {
+	types, not := req.Types, false
+	if types == nil {
+		types, not = req.NotTypes, true
+		if len(types) == 0 {
+			return s.q.claim, nil
+		}
+	}
+	if len(types) == 0 {
+		return s.claimSetOf(" AND 1 = 0", "none"), nil
+	}
+	n := len(types)
+	if s.d.idArray {
+		n = 1
+	}
+	cond := " AND event_type" + s.idIn(len(types))
+	if not {
+		cond = " AND NOT (event_type" + s.idIn(len(types)) + ")"
+	}
+	return s.claimSetOf(cond, fmt.Sprint(not, n)), s.idArgs(types)
+}
+
+// claimSetOf returns the claim's SELECTs with types, built once per key.
+func (s *Store) claimSetOf(types, key string) claimSet {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.claimSets[key]
+	if !ok {
+		c = s.buildClaimSet(types)
+		s.claimSets[key] = c
+	}
+	return c
 }
 
 // claimTieBreak orders the claim's rows of one available_at by id where a
