@@ -152,8 +152,8 @@ func (s *Store) Table() string { return s.table }
 
 type queries struct {
 	inspect, insert, markRetry, markDead, stats, listDead, cleanup string
-	claim                                                  claimSet // without a type filter
-	insertHead, insertValues                                                                            string // unbound
+	claim                                                          claimSet // without a type filter
+	insertHead, insertValues                                       string   // unbound
 	// update is "UPDATE <table>" with the dialect's hint to look rows up by
 	// primary key (see Dialect.byID).
 	update string
@@ -186,7 +186,7 @@ VALUES `
 		insert:       s.rebind(insertHead + insertValues),
 		insertHead:   insertHead,
 		insertValues: insertValues,
-		claim: s.buildClaimSet(""),
+		claim:        s.buildClaimSet(""),
 		markRetry: s.rebind(update + ` SET status = 2, attempts = attempts + 1, available_at = ` + d.nowPlus + `, last_error = ?, locked_by = NULL, locked_until = NULL
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		markDead: s.rebind(update + ` SET status = 3, attempts = attempts + 1, done_at = ` + d.now + `, last_error = ?, locked_by = NULL, locked_until = NULL
