@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,25 +237,56 @@ func claimWrap[T any](ctx context.Context, f *faultyStore, call func() ([]T, err
 }
 
 func (f *faultyStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
-	return claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.Claim(ctx, req) }, func(rows []driver.Row) {
+	rows, err := claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.Claim(ctx, req) }, func(rows []driver.Row) {
 		f.Store.Release(context.Background(), req.Owner, rowIDs(rows), 0)
 	})
+	f.claimed("claim", rowIDs(rows), "")
+	return rows, err
 }
 
 func (f *faultyStore) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, of driver.OrderFilter) ([]driver.Row, error) {
-	return claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.ClaimHeads(ctx, req, keys, of) }, func(rows []driver.Row) {
+	rows, err := claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.ClaimHeads(ctx, req, keys, of) }, func(rows []driver.Row) {
 		f.Store.Release(context.Background(), req.Owner, rowIDs(rows), 0)
 	})
+	f.claimed("claim heads", rowIDs(rows), "")
+	return rows, err
 }
 
 func (f *faultyStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, of driver.OrderFilter) ([]driver.Delivery, error) {
-	return claimWrap(ctx, f, func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
+	ds, err := claimWrap(ctx, f, func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
 		keys := make([]driver.DeliveryKey, len(ds))
 		for i, d := range ds {
 			keys[i] = driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
 		}
 		f.Store.ReleaseDeliveries(context.Background(), req.Owner, keys, 0)
 	})
+	for _, d := range ds {
+		f.claimed("claim delivery", []string{d.ID}, d.Subscription)
+	}
+	return ds, err
+}
+
+// claimed writes what a claim leased to the node into the trace (whose
+// tail a failing seed keeps: see traceKeep).
+func (f *faultyStore) claimed(what string, ids []string, sub string) {
+	if len(ids) == 0 {
+		return
+	}
+	w := f.nd.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var b strings.Builder
+	for _, id := range ids {
+		if e := w.byID[id]; e != nil {
+			fmt.Fprintf(&b, " #%d", e.n)
+		} else {
+			b.WriteString(" " + id)
+		}
+	}
+	if sub != "" {
+		b.WriteString(" for " + sub)
+	}
+	w.logLocked("%s: %s%s", f.nd.name, what, b.String())
 }
 
 func rowIDs(rows []driver.Row) []string {

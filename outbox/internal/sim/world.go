@@ -159,7 +159,7 @@ type call struct {
 	running bool
 }
 
-const traceKeep = 400
+const traceKeep = 3000
 
 // liveTrace prints the trace as it is written (SIM_LIVE=1), to follow a
 // run that does not end.
