@@ -58,6 +58,15 @@
 // event: the fence holds for an instance that froze for longer than a
 // lease too.
 //
+// A subscription is owed events until it is retired: by [Outbox.Retire],
+// once no instance runs it, or by a running instance after
+// [Config.SubscriptionExpiry] in which no instance registered it.
+// Retiring settles what it owed ([Retired]): its pending deliveries are
+// dropped and counted, and the events that waited only for them become
+// DONE. An instance claims only events of the types its subscriptions
+// take, and of types that no subscription anywhere takes, which it
+// completes at once without a delivery (fenced like any completion).
+//
 // After a successful commit the event goes to a bounded in-memory hot
 // queue; a pool of workers delivers it to each subscription of this
 // instance that takes its type. When all succeed the event is marked DONE
