@@ -50,6 +50,12 @@ Commands:
                              delete dead letters; without -yes it only
                              counts them and exits 3
   pause SUB / resume SUB     pause or resume a subscription everywhere
+  retire SUB [-yes] [-idle 1m]
+                             retire a subscription no instance runs any
+                             more: drop what it still owes (its dead
+                             deliveries stay); without -yes it only counts
+                             and exits 3; refused while an instance
+                             registered it within -idle
   cleanup [-older 168h] [-dead] [-dry-run]
                              delete delivered events older than -older
   peek [-limit 20]           the next due events and deliveries, earliest
@@ -86,7 +92,8 @@ Exit codes:
   2  usage: unknown command, bad flag or argument
   3  nothing matched (dead show of an unknown id, dead replay/purge that
      selected nothing, pause/resume of an unknown subscription, skip of
-     ids that are not dead), or dead purge or skip without -yes
+     ids that are not dead, retire of an unknown subscription), or dead
+     purge, skip or retire without -yes
 `
 
 // cli is one invocation.
@@ -228,6 +235,8 @@ func (c *cli) dispatch(args []string) error {
 		return usageErr("dead %s: want list, show, replay or purge", s)
 	case "pause", "resume":
 		return c.pause(cmd, args)
+	case "retire":
+		return c.retire(args)
 	case "cleanup":
 		return c.cleanup(args)
 	case "peek":
