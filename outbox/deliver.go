@@ -19,6 +19,9 @@ type item struct {
 	path     Path
 	attempts int       // failed attempts before this one
 	since    time.Time // commit (hot) or insert (cold) time
+	// leased is the local time just before its lease was taken (the
+	// insert, the claim): see inflightSet.
+	leased time.Time
 	sub      *subscription
 	// behind are the ordered subscriptions that owe an earlier event of
 	// its key (driver.Row.Behind): deferred, not delivered.
@@ -102,6 +105,10 @@ func (it *item) add(r result) {
 // is in (batch subscriptions report later), records them.
 func (d *dispatcher) process(ctx context.Context, it *item) {
 	it.start = time.Now()
+	if d.inflight.expired(it.key(), it.start) {
+		d.leaseLost(it)
+		return
+	}
 	if it.attempts == 0 && it.sub == nil {
 		d.m.Latency(it.path, it.start.Sub(it.since))
 	}
@@ -180,6 +187,27 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 		it.add(result{sub: name, kind: resDefer, attempts: it.attempts})
 	}
 	d.settle(it)
+}
+
+// leaseLost gives up it, which this instance took but whose lease may
+// have run out before it came to be delivered: no renewal succeeded for a
+// whole lease (the instance paused, or the database was unreachable, for
+// that long), so another instance may have claimed it and be delivering
+// it. It is not delivered here: its lease is released (a no-op if another
+// instance holds it now) and the events waiting behind it here go back
+// too.
+func (d *dispatcher) leaseLost(it *item) {
+	d.log.Warn("lease ran out before delivery (no renewal succeeded for a whole lease): not delivered here, the event is due again",
+		slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)), slog.Duration("lease", d.cfg.Lease))
+	ctx, cancel := d.storeCtx()
+	defer cancel()
+	if it.sub != nil {
+		d.leases.releaseDeliveries(ctx, []driver.DeliveryKey{{EventID: it.env.ID, Subscription: it.sub.Name}}, 0, "release a delivery whose lease ran out")
+	} else {
+		d.leases.releaseLeases(ctx, []string{it.env.ID}, "release an event whose lease ran out")
+	}
+	d.chainFailed(ctx, it)
+	d.inflight.release(it.key())
 }
 
 // settle counts one share of the item as finished and records the

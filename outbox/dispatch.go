@@ -44,7 +44,7 @@ func newDispatcher(d *deps) *dispatcher {
 		keys:      newKeyTable(),
 		hot:       make(chan *item, d.cfg.HotQueueSize),
 		cold:      make(chan *item, d.cfg.ColdQueueSize),
-		inflight:  inflightSet{m: make(map[string]struct{})},
+		inflight:  inflightSet{m: make(map[string]time.Time)},
 		coldSpace: make(chan struct{}, 1),
 		draining:  make(chan struct{}),
 	}
@@ -204,7 +204,7 @@ func (d *dispatcher) requeue(it *item) {
 // while renewals failed, and it is still this instance's to finish) or
 // the queue is full.
 func (d *dispatcher) offerCold(it *item) offerResult {
-	if !d.inflight.acquire(it.key()) {
+	if !d.inflight.acquire(it.key(), d.leaseEnd(it)) {
 		return offerInHand
 	}
 	if chained(it) {
@@ -232,7 +232,7 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 // released) if that event is not in this instance's hands, e.g. it could
 // not be queued.
 func (d *dispatcher) offerFollower(it *item) offerResult {
-	if !d.inflight.acquire(it.key()) {
+	if !d.inflight.acquire(it.key(), d.leaseEnd(it)) {
 		return offerInHand
 	}
 	switch d.keys.committed(it, false) {
@@ -325,7 +325,7 @@ func (d *dispatcher) enqueueHot(env Envelope, written time.Time) {
 // committed too late for its lease (see enqueueHot) or is in hand here
 // already.
 func (d *dispatcher) committed(env Envelope, written time.Time) *item {
-	it := &item{env: env, path: PathHot, since: time.Now()}
+	it := &item{env: env, path: PathHot, since: time.Now(), leased: written}
 	if age := it.since.Sub(written); age > d.cfg.Lease/2 {
 		// Not released early either: this instance's poller may already
 		// have claimed the row, and a release would take it back from
@@ -336,10 +336,19 @@ func (d *dispatcher) committed(env Envelope, written time.Time) *item {
 			slog.Duration("since_written", age), slog.Duration("lease", d.cfg.Lease))
 		return nil
 	}
-	if !d.inflight.acquire(env.ID) {
+	if !d.inflight.acquire(env.ID, d.leaseEnd(it)) {
 		return nil
 	}
 	return it
+}
+
+// leaseEnd is the time until which it's lease surely holds, unless
+// renewed: a Lease after it was leased (zero if that is not known).
+func (d *dispatcher) leaseEnd(it *item) time.Time {
+	if it.leased.IsZero() {
+		return time.Time{}
+	}
+	return it.leased.Add(d.cfg.Lease)
 }
 
 // handBackLate releases the lease of an event committed after Close

@@ -73,6 +73,7 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		}
 		var ids []string
 		var keys []driver.DeliveryKey
+		round := time.Now()
 		for _, key := range k.inflight.snapshot() {
 			if dk, ok := parseDeliveryKey(key); ok {
 				keys = append(keys, dk)
@@ -87,7 +88,9 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			start := time.Now()
 			got, err := k.dstore.ExtendDeliveryLeases(wctx, k.owner, keys[:n], k.lease)
 			k.m.Statement("extend_leases", got, time.Since(start))
-			if err != nil && ctx.Err() == nil {
+			if err == nil {
+				k.inflight.renewed(deliveryKeyStrings(keys[:n]), time.Now(), round.Add(k.lease))
+			} else if ctx.Err() == nil {
 				failed = true
 				k.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
 			}
@@ -99,7 +102,9 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			start := time.Now()
 			got, err := k.store.ExtendLeases(wctx, k.owner, chunk, k.lease)
 			k.m.Statement("extend_leases", got, time.Since(start))
-			if err != nil && ctx.Err() == nil {
+			if err == nil {
+				k.inflight.renewed(chunk, time.Now(), round.Add(k.lease))
+			} else if ctx.Err() == nil {
 				failed = true
 				k.log.Error("renew leases", slog.Int("events", len(chunk)), slog.Any("error", err))
 			}
@@ -111,4 +116,13 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			k.health.renewFails.Store(0)
 		}
 	}
+}
+
+// deliveryKeyStrings returns the in-flight set's names of keys.
+func deliveryKeyStrings(keys []driver.DeliveryKey) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = deliveryKeyString(k.EventID, k.Subscription)
+	}
+	return out
 }

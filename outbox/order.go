@@ -384,7 +384,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		s.log.Error("claim the next events of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
 		return 0
 	}
-	queued, unqueued, unhandled := s.disp.poller.offerRows(ctx, reg, rows, followers(rows), time.Now())
+	queued, unqueued, unhandled := s.disp.poller.offerRows(ctx, reg, rows, followers(rows), time.Now(), start)
 	for i := range rows {
 		if _, err := decode(&rows[i]); err != nil {
 			s.name(rows[i].OrderingKey) // buried: the key goes on, or is blocked

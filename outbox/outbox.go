@@ -458,20 +458,49 @@ func PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
 
 // inflightSet holds the ids this instance has queued or is delivering, so
 // that the hot path and the poller never run one event twice at once, and
-// so that the lease renewer knows what to renew.
+// so that the lease renewer knows what to renew; with each, the time (on
+// this instance's clock) until which its lease surely holds: a lease
+// begins on the database after the local time the claim (or insert)
+// started, and each renewal extends it from after the local time the
+// renewal started.
 type inflightSet struct {
 	mu sync.Mutex
-	m  map[string]struct{}
+	m  map[string]time.Time
 }
 
-func (s *inflightSet) acquire(id string) bool {
+// acquire adds id, leased until (zero: not known to end), unless it is in
+// the set already.
+func (s *inflightSet) acquire(id string, until time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.m[id]; ok {
 		return false
 	}
-	s.m[id] = struct{}{}
+	s.m[id] = until
 	return true
+}
+
+// renewed notes that a renewal that started before until-Lease and had
+// returned by done renewed the leases of ids to until: those of them still
+// in the set whose lease held until done (a renewal cannot take back a
+// lease another instance took over).
+func (s *inflightSet) renewed(ids []string, done, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if cur, ok := s.m[id]; ok && !cur.IsZero() && cur.After(done) && until.After(cur) {
+			s.m[id] = until
+		}
+	}
+}
+
+// expired reports whether id's lease may have run out by now: no renewal
+// succeeded since, for a whole lease.
+func (s *inflightSet) expired(id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until, ok := s.m[id]
+	return ok && !until.IsZero() && now.After(until)
 }
 
 func (s *inflightSet) empty() bool {

@@ -271,7 +271,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 			reclaimed++
 		}
 	}
-	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, nil, now)
+	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, nil, now, claimStart)
 	// The deliveries of split events, for this instance's subscriptions
 	// that are neither paused nor waiting for their circuit.
 	var unqueuedDeliveries []driver.DeliveryKey
@@ -281,6 +281,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		// of a batch it would only defer again.
 		closed, probing := reg.claimable()
 		var ds []driver.Delivery
+		dsStart := time.Now()
 		claim := func(limit int, names []string) {
 			if limit <= 0 || len(names) == 0 {
 				return
@@ -318,7 +319,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 				unqueuedDeliveries = append(unqueuedDeliveries, key)
 				continue
 			}
-			it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s}
+			it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s, leased: dsStart}
 			offer := p.disp.offerCold
 			if follows[i] && chained(it) {
 				offer = p.disp.offerFollower
@@ -377,7 +378,7 @@ func deliveryRuns(ds []driver.Delivery, reg *registry) []bool {
 // With follows (ClaimHeads' runs), rows[i] with follows[i] set is an
 // ordered event leased behind the row before it, its predecessor in its
 // key: it waits in its key's chain (offerFollower).
-func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now time.Time) (queued int, unqueued, unhandled []string) {
+func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now, leased time.Time) (queued int, unqueued, unhandled []string) {
 	for i := range rows {
 		r := &rows[i]
 		env, err := decode(r)
@@ -390,7 +391,7 @@ func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row
 			unhandled = append(unhandled, r.ID)
 			continue
 		}
-		it := &item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind}
+		it := &item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind, leased: leased}
 		offer := p.disp.offerCold
 		if follows != nil && follows[i] && env.ordered {
 			offer = p.disp.offerFollower
