@@ -12,7 +12,9 @@ import (
 	"html/template"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -26,9 +28,9 @@ type Config struct {
 	// default: New fails without it. Token builds one for a shared secret.
 	Authorize func(r *http.Request) (who string, err error)
 	// Logger receives the audit log: one record per action (pause,
-	// resume, replay and its dry run, purge, payload shown) and per
-	// rejected request, with who, what and the outcome. Defaults to
-	// slog.Default().
+	// resume, replay and its dry run, purge, skip, payload shown), at
+	// LevelAudit, and one per refused or throttled request, at WARN, with
+	// who, what and the outcome. Defaults to slog.Default().
 	Logger *slog.Logger
 	// BasePath is where the handler is mounted, without a trailing slash:
 	// "/admin" serves /admin/ and /admin/api/…. Mount the handler at
@@ -46,7 +48,30 @@ type Config struct {
 	// with it, so that a browser asks for a user name and password (see
 	// Token).
 	Realm string
+	// LoginBurst and LoginEvery throttle failed authorizations per client
+	// address: an address may fail LoginBurst times in a row (default
+	// 10), then once per LoginEvery (default 2s); past that, its requests
+	// are answered 429 with Retry-After, without calling Authorize, until
+	// it may try again. A successful request costs nothing. A negative
+	// LoginBurst turns the throttle off.
+	LoginBurst int
+	LoginEvery time.Duration
+	// ClientAddr names the client of a request for the throttle. Defaults
+	// to the host of r.RemoteAddr. Behind a reverse proxy every client has
+	// the proxy's address, and one client's failures throttle all of them:
+	// return the address your proxy reports (X-Forwarded-For as your proxy
+	// sets it, never as the client sent it).
+	ClientAddr func(r *http.Request) string
 }
+
+// LevelAudit is the level of the audit records: above every standard
+// level (slog.LevelError+4), so that a handler set to WARN or ERROR to
+// quieten the application's logs does not drop the record of a purge by
+// accident. Text and JSON handlers print it as "ERROR+4"; name it with
+// HandlerOptions.ReplaceAttr, and route the records on msg="admin: audit"
+// (or give Config.Logger a logger of their own) if your alerting treats
+// ERROR and above as failures.
+const LevelAudit = slog.LevelError + 4
 
 // Purger deletes the given dead letters (as Outbox.Dead lists them) and
 // returns how many it deleted. *sqlstore.Store implements it.
@@ -78,6 +103,9 @@ type handler struct {
 	cop    *http.CrossOriginProtection
 	mux    *http.ServeMux
 	pages  map[string]*template.Template
+	// throttle limits failed logins per client address; nil: off.
+	throttle   *throttle
+	clientAddr func(*http.Request) string
 }
 
 type whoKey struct{}
@@ -106,6 +134,11 @@ func New(ob *outbox.Outbox, cfg Config) (http.Handler, error) {
 	if p, ok := cfg.Store.(Purger); ok {
 		h.purger = p
 	}
+	h.throttle = newThrottle(cfg.LoginBurst, cfg.LoginEvery)
+	h.clientAddr = cfg.ClientAddr
+	if h.clientAddr == nil {
+		h.clientAddr = remoteHost
+	}
 	var err error
 	if h.pages, err = parsePages(); err != nil {
 		return nil, err
@@ -121,7 +154,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Referrer-Policy", "same-origin")
-	who, err := h.cfg.Authorize(r)
+	who, throttled, err := h.authorize(w, r)
+	if throttled {
+		return
+	}
 	if err != nil || who == "" {
 		status := http.StatusUnauthorized
 		if errors.Is(err, ErrForbidden) {
@@ -159,6 +195,33 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
+// authorize runs Config.Authorize under the login throttle: a request
+// from an address out of tries is answered 429 here (ok false), without
+// calling Authorize; a successful one gives its try back.
+func (h *handler) authorize(w http.ResponseWriter, r *http.Request) (who string, throttled bool, err error) {
+	if h.throttle == nil {
+		who, err = h.cfg.Authorize(r)
+		return who, false, err
+	}
+	addr := h.clientAddr(r)
+	if wait, first := h.throttle.take(addr); wait > 0 {
+		secs := int((wait + time.Second - 1) / time.Second)
+		if first {
+			h.log.LogAttrs(r.Context(), slog.LevelWarn, "admin: login throttled", slog.String("client", addr), slog.String("remote", r.RemoteAddr),
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("retry_after_seconds", secs))
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		h.fail(w, r, http.StatusTooManyRequests, "too many failed logins from this address: try again in "+strconv.Itoa(secs)+"s")
+		return "", true, nil
+	}
+	who, err = h.cfg.Authorize(r)
+	if err == nil && who != "" || errors.Is(err, ErrForbidden) {
+		// Known callers (allowed or forbidden) spend no try.
+		h.throttle.refund(addr)
+	}
+	return who, false, err
+}
+
 // reject answers an authorized request that failed a check, and writes it
 // to the audit log.
 func (h *handler) reject(w http.ResponseWriter, r *http.Request, status int, why string) {
@@ -191,15 +254,14 @@ func (h *handler) validToken(r *http.Request, who string) bool {
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-// audit writes an action to the audit log.
+// audit writes an action to the audit log, at LevelAudit whatever its
+// outcome: a failed action has an error attribute.
 func (h *handler) audit(r *http.Request, action string, err error, attrs ...slog.Attr) {
-	level := slog.LevelInfo
 	all := append([]slog.Attr{slog.String("who", whoOf(r)), slog.String("action", action), slog.String("remote", r.RemoteAddr)}, attrs...)
 	if err != nil {
-		level = slog.LevelError
 		all = append(all, slog.String("error", err.Error()))
 	}
-	h.log.LogAttrs(r.Context(), level, "admin: audit", all...)
+	h.log.LogAttrs(r.Context(), LevelAudit, "admin: audit", all...)
 }
 
 // fail answers an error as JSON under /api/ and as text elsewhere.
@@ -220,11 +282,14 @@ func (h *handler) isAPI(r *http.Request) bool {
 }
 
 // Token returns an Authorize that accepts the shared secret token, as
-// "Authorization: Bearer <token>" (who is "token") or as the password of
-// HTTP Basic authentication with any user name (who is the user name), so
-// that a browser can log in when Config.Realm is set. The comparison runs
-// in constant time. An empty token is refused: New would then accept
-// nobody, and Token panics instead.
+// "Authorization: Bearer <token>" or as the password of HTTP Basic
+// authentication, so that a browser can log in when Config.Realm is set.
+// Who is "token" either way: a Basic user name is not verified (anyone
+// with the token may type any), so it is not taken as an identity for the
+// audit log. To tell operators apart, give each a credential of their own
+// in an Authorize of yours (SSO, mTLS, per-user tokens). The comparison
+// runs in constant time. An empty token is refused: New would then
+// accept nobody, and Token panics instead.
 func Token(token string) func(*http.Request) (string, error) {
 	if token == "" {
 		panic("admin: Token: empty token")
@@ -235,11 +300,11 @@ func Token(token string) func(*http.Request) (string, error) {
 		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 	}
 	return func(r *http.Request) (string, error) {
-		if user, pass, ok := r.BasicAuth(); ok {
-			if match(pass) && user != "" {
-				return user, nil
+		if _, pass, ok := r.BasicAuth(); ok {
+			if match(pass) {
+				return "token", nil
 			}
-			return "", errors.New("wrong user name or password")
+			return "", errors.New("wrong password")
 		}
 		auth := r.Header.Get("Authorization")
 		if t, ok := strings.CutPrefix(auth, "Bearer "); ok {

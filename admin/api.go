@@ -159,7 +159,10 @@ func (h *handler) apiStats(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"new": st.New, "retry": st.Retry, "done": st.Done, "dead": st.Dead, "split": st.Split, "oldest_pending_seconds": st.OldestPending.Seconds()})
+	// dead is the dead letters, as /api/dead lists them: the events dead
+	// as a whole and the dead deliveries of split events.
+	writeJSON(w, http.StatusOK, map[string]any{"new": st.New, "retry": st.Retry, "done": st.Done, "dead": st.DeadLetters(), "dead_events": st.Dead, "dead_deliveries": st.DeadDeliveries,
+		"split": st.Split, "oldest_pending_seconds": st.OldestPending.Seconds()})
 }
 
 // DeadLetter is a dead letter as the API lists it (outbox.DeadLetter):
@@ -323,6 +326,15 @@ func (h *handler) apiBulk(w http.ResponseWriter, r *http.Request, action string)
 		return
 	}
 	dryRun, _ := strconv.ParseBool(r.FormValue("dry_run"))
+	all, _ := strconv.ParseBool(r.FormValue("all"))
+	if action == "purge" && h.purger == nil {
+		h.fail(w, r, http.StatusNotImplemented, errNoPurge.Error())
+		return
+	}
+	if !dryRun && !all && !filtered(f) {
+		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%s without a filter would %s every dead letter: add all=true to do that, a filter (subscription, type, error, since, until) to select some, or dry_run=1 to count them", action, action))
+		return
+	}
 	n, err := h.bulk(r, action, f, dryRun)
 	if errors.Is(err, errNoPurge) {
 		h.fail(w, r, http.StatusNotImplemented, err.Error())
@@ -333,6 +345,11 @@ func (h *handler) apiBulk(w http.ResponseWriter, r *http.Request, action string)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"action": action, "dry_run": dryRun, "count": n})
+}
+
+// filtered reports whether f selects by anything but the page.
+func filtered(f outbox.DeadFilter) bool {
+	return f.Subscription != "" || f.Type != "" || f.ErrorContains != "" || !f.Since.IsZero() || !f.Until.IsZero()
 }
 
 func (h *handler) apiReplay(w http.ResponseWriter, r *http.Request) { h.apiBulk(w, r, "replay") }

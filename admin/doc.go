@@ -18,7 +18,10 @@
 // carries and GET /api/csrf returns) and must not come from another site
 // (http.CrossOriginProtection: Sec-Fetch-Site and Origin); otherwise it is
 // answered 403. Every action, and every refused request, is written to
-// the audit log (Config.Logger) with who did what.
+// the audit log (Config.Logger) with who did what; actions at LevelAudit,
+// above ERROR, so that a logger's level cannot drop them by accident.
+// Failed logins are throttled per client address (Config.LoginBurst,
+// LoginEvery): 429 with Retry-After.
 //
 // Mount it under its BasePath:
 //
@@ -36,10 +39,10 @@
 //	GET  /api/subscriptions                 state, circuit, lag
 //	POST /api/subscriptions/{name}/pause
 //	POST /api/subscriptions/{name}/resume
-//	GET  /api/stats                         counts by status
+//	GET  /api/stats                         counts by status; dead: the dead letters
 //	GET  /api/dead?subscription=&type=&error=&since=&until=&after=&limit=
-//	POST /api/dead/replay?…&dry_run=1       {"count": n}; without dry_run, replays
-//	POST /api/dead/purge?…&dry_run=1        501 without a Purger
+//	POST /api/dead/replay?…&dry_run=1       {"count": n}; without dry_run, replays (no filter: all=true)
+//	POST /api/dead/purge?…&dry_run=1        501 without a Purger (no filter: all=true)
 //	POST /api/dead/skip?id=…[&id=…]         {"count": n}: gives up on dead events for good (Outbox.SkipDead)
 //	GET  /api/blocked?after=&limit=         ordering keys blocked by a dead event (Outbox.BlockedKeys)
 //	GET  /api/events/{id}[?payload=1]       the event and its deliveries

@@ -2,7 +2,10 @@ package admin
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"embed"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +24,9 @@ var templates embed.FS
 var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html", "blocked.html", "skip.html"}
 
 var funcs = template.FuncMap{
+	// path escapes one path segment of a link: an id or a name with "/",
+	// "?" or "#" stays one segment.
+	"path": url.PathEscape,
 	"seconds": func(s float64) string {
 		if s <= 0 {
 			return "–"
@@ -60,7 +66,7 @@ type page struct {
 // render writes a page; the template runs into a buffer first, so that a
 // failing template gives a 500, not half a page.
 func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	p := page{Title: title, Base: h.base, Who: whoOf(r), CSRF: h.token(whoOf(r)), Notice: r.URL.Query().Get("notice"), Data: data}
+	p := page{Title: title, Base: h.base, Who: whoOf(r), CSRF: h.token(whoOf(r)), Notice: h.notice(r), Data: data}
 	var buf bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&buf, "layout", p); err != nil {
 		h.log.Error("admin: render "+name, "err", err)
@@ -74,13 +80,37 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 }
 
 // redirect sends the browser to path under the base with a notice, after
-// a POST (post/redirect/get: a reload does not repeat the action).
+// a POST (post/redirect/get: a reload does not repeat the action). The
+// notice is signed (notice_sig): the page shows only notices the handler
+// wrote, for the identity it wrote them for, never a text someone put in
+// a link.
 func (h *handler) redirect(w http.ResponseWriter, r *http.Request, path string, q url.Values, notice string) {
 	if q == nil {
 		q = url.Values{}
 	}
 	q.Set("notice", notice)
+	q.Set("notice_sig", h.noticeSig(whoOf(r), notice))
 	http.Redirect(w, r, h.base+path+"?"+q.Encode(), http.StatusSeeOther)
+}
+
+// noticeSig is the HMAC of a notice for who, under the CSRF key.
+func (h *handler) noticeSig(who, notice string) string {
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte("txoutbox admin notice\x00"))
+	m.Write([]byte(who))
+	m.Write([]byte{0})
+	m.Write([]byte(notice))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// notice returns the request's notice if the handler signed it, or "".
+func (h *handler) notice(r *http.Request) string {
+	q := r.URL.Query()
+	n, sig := q.Get("notice"), q.Get("notice_sig")
+	if n == "" || !hmac.Equal([]byte(sig), []byte(h.noticeSig(whoOf(r), n))) {
+		return ""
+	}
+	return n
 }
 
 type errorPage struct {

@@ -22,7 +22,7 @@ type item struct {
 	// leased is the local time just before its lease was taken (the
 	// insert, the claim): see inflightSet.
 	leased time.Time
-	sub      *subscription
+	sub    *subscription
 	// behind are the ordered subscriptions that owe an earlier event of
 	// its key (driver.Row.Behind): deferred, not delivered.
 	behind []string

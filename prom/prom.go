@@ -193,7 +193,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Help: "Size of the dispatcher's in-memory queues, by queue (hot, cold); set when the engine starts."}, []string{"queue"}),
 		pending:         gauge("pending_events", "Events not yet delivered (NEW or RETRY) in the outbox table; sampled every Config.StatsInterval."),
 		oldestPending:   gauge("pending_oldest_age_seconds", "Age of the oldest undelivered event in the outbox table, 0 if none; sampled every Config.StatsInterval."),
-		dead:            gauge("dead_events", "Dead letters (DEAD rows) in the outbox table, waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
+		dead:            gauge("dead_events", "Dead letters in the outbox table (events dead as a whole and dead deliveries of split events), waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
 		leasesReclaimed: counter("leases_reclaimed_total", "Events taken over from an instance whose lease had expired."),
 		cleaned:         counter("cleaned_rows_total", "Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention."),
 		noListener: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "no_listener_total", ConstLabels: cl,
@@ -319,7 +319,7 @@ func (m *Metrics) QueueCapacities(hot, cold int) {
 func (m *Metrics) Backlog(s outbox.Stats) {
 	m.pending.Set(float64(s.Pending()))
 	m.oldestPending.Set(s.OldestPending.Seconds())
-	m.dead.Set(float64(s.Dead))
+	m.dead.Set(float64(s.DeadLetters()))
 	m.unknownStatus.Set(float64(s.Unknown))
 }
 

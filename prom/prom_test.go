@@ -37,7 +37,7 @@ func TestCountersAndGaugesMapToTheirNames(t *testing.T) {
 	m.ColdEnqueued(4)
 	m.QueueDepths(5, 6)
 	m.QueueCapacities(1000, 2000)
-	m.Backlog(outbox.Stats{New: 40, Retry: 2, Done: 1000, Dead: 3, OldestPending: 90 * time.Second})
+	m.Backlog(outbox.Stats{New: 40, Retry: 2, Done: 1000, Dead: 1, DeadDeliveries: 2, OldestPending: 90 * time.Second})
 	m.LeasesReclaimed(2)
 	m.Cleaned(1000)
 	m.Cleaned(17)
@@ -62,7 +62,7 @@ txoutbox_hot_enqueued_total 2
 # HELP txoutbox_leases_reclaimed_total Events taken over from an instance whose lease had expired.
 # TYPE txoutbox_leases_reclaimed_total counter
 txoutbox_leases_reclaimed_total 2
-# HELP txoutbox_dead_events Dead letters (DEAD rows) in the outbox table, waiting to be replayed or cleaned up; sampled every Config.StatsInterval.
+# HELP txoutbox_dead_events Dead letters in the outbox table (events dead as a whole and dead deliveries of split events), waiting to be replayed or cleaned up; sampled every Config.StatsInterval.
 # TYPE txoutbox_dead_events gauge
 txoutbox_dead_events 3
 # HELP txoutbox_pending_events Events not yet delivered (NEW or RETRY) in the outbox table; sampled every Config.StatsInterval.

@@ -87,7 +87,7 @@ func (c *cli) open(create bool) (*sqlstore.Store, func(), error) {
 
 // withStore parses a command's flags and runs f on the store.
 func (c *cli) withStore(fs *flag.FlagSet, args []string, nargs func(int) bool, f func(s *sqlstore.Store, args []string) error) error {
-	rest, err := parse(fs, args)
+	rest, err := c.parse(fs, args)
 	if err != nil {
 		return err
 	}
@@ -99,8 +99,25 @@ func (c *cli) withStore(fs *flag.FlagSet, args []string, nargs func(int) bool, f
 		return err
 	}
 	defer closeDB()
-	return f(s, rest)
+	err = f(s, rest)
+	if !strings.HasPrefix(fs.Name(), "migrate") && s.IsMissingTable(err) {
+		return c.notMigrated(err)
+	}
+	return err
 }
+
+// notMigrated explains a missing table: the database has not been
+// migrated (for this -table).
+func (c *cli) notMigrated(err error) error {
+	cmd, table := "outboxctl", "outbox_event"
+	if c.table != "" {
+		cmd, table = "outboxctl -table "+c.table, c.table
+	}
+	return fmt.Errorf("the outbox tables (%s and the tables named after it) are missing in this database: create them with %s migrate up\n(%w)", table, cmd, err)
+}
+
+// none prints the line of an empty result.
+func none(w *tabwriter.Writer, what string) { fmt.Fprintf(w, "%s: none\n", what) }
 
 func exactly(n int) func(int) bool { return func(k int) bool { return k == n } }
 
@@ -231,25 +248,32 @@ func orEmpty[T any](s []T) []T {
 
 type statsJSON struct {
 	Total struct {
-		New           int64   `json:"new"`
-		Retry         int64   `json:"retry"`
-		Done          int64   `json:"done"`
-		Dead          int64   `json:"dead"`
-		Split         int64   `json:"split"`
-		Unknown       int64   `json:"unknown"`
-		OldestSeconds float64 `json:"oldest_seconds"`
+		New   int64 `json:"new"`
+		Retry int64 `json:"retry"`
+		Done  int64 `json:"done"`
+		// Dead counts the dead letters: DeadEvents (dead as a whole) and
+		// DeadDeliveries (of split events), as dead list lists them.
+		Dead           int64   `json:"dead"`
+		DeadEvents     int64   `json:"dead_events"`
+		DeadDeliveries int64   `json:"dead_deliveries"`
+		Split          int64   `json:"split"`
+		Unknown        int64   `json:"unknown"`
+		OldestSeconds  float64 `json:"oldest_seconds"`
 	} `json:"total"`
 	Types         []typeJSON `json:"types"`
 	Subscriptions []subJSON  `json:"subscriptions"`
 }
 
 type typeJSON struct {
-	Type          string  `json:"type"`
-	New           int64   `json:"new"`
-	Retry         int64   `json:"retry"`
-	Dead          int64   `json:"dead"`
-	Split         int64   `json:"split"`
-	OldestSeconds float64 `json:"oldest_seconds"`
+	Type  string `json:"type"`
+	New   int64  `json:"new"`
+	Retry int64  `json:"retry"`
+	// Dead counts the type's dead letters: DeadEvents + DeadDeliveries.
+	Dead           int64   `json:"dead"`
+	DeadEvents     int64   `json:"dead_events"`
+	DeadDeliveries int64   `json:"dead_deliveries"`
+	Split          int64   `json:"split"`
+	OldestSeconds  float64 `json:"oldest_seconds"`
 }
 
 type subJSON struct {
@@ -261,6 +285,9 @@ type subJSON struct {
 	Dead        int64    `json:"dead"`
 	LagSeconds  float64  `json:"lag_seconds"`
 	IdleSeconds float64  `json:"idle_seconds"`
+	// Unregistered: no instance registers it (retired, or unknown), yet
+	// it holds deliveries; outboxctl retire settles them.
+	Unregistered bool `json:"unregistered,omitempty"`
 }
 
 func (c *cli) stats(args []string) error {
@@ -308,11 +335,13 @@ func (c *cli) statsOnce(s *sqlstore.Store) error {
 		return err
 	}
 	var v statsJSON
-	v.Total.New, v.Total.Retry, v.Total.Done, v.Total.Dead, v.Total.Split, v.Total.Unknown = st.New, st.Retry, st.Done, st.Dead, st.Split, st.Unknown
+	v.Total.New, v.Total.Retry, v.Total.Done, v.Total.Split, v.Total.Unknown = st.New, st.Retry, st.Done, st.Split, st.Unknown
+	v.Total.Dead, v.Total.DeadEvents, v.Total.DeadDeliveries = st.DeadLetters(), st.Dead, st.DeadDeliveries
 	v.Total.OldestSeconds = seconds(st.OldestPending)
 	v.Types = []typeJSON{}
 	for _, t := range types {
-		v.Types = append(v.Types, typeJSON{Type: string(t.Type), New: t.New, Retry: t.Retry, Dead: t.Dead, Split: t.Split, OldestSeconds: seconds(t.Oldest)})
+		v.Types = append(v.Types, typeJSON{Type: string(t.Type), New: t.New, Retry: t.Retry, Dead: t.Dead + t.DeadDeliveries, DeadEvents: t.Dead, DeadDeliveries: t.DeadDeliveries,
+			Split: t.Split, OldestSeconds: seconds(t.Oldest)})
 	}
 	v.Subscriptions = []subJSON{}
 	for i, sub := range subs {
@@ -324,28 +353,60 @@ func (c *cli) statsOnce(s *sqlstore.Store) error {
 		j.Pending, j.Retrying, j.Dead, j.LagSeconds = l.Pending, l.Retrying, l.Dead, seconds(l.Oldest)
 		v.Subscriptions = append(v.Subscriptions, j)
 	}
-	return c.out(v, func(w *tabwriter.Writer) {
-		fmt.Fprintln(w, "EVENTS\tNEW\tRETRY\tDEAD\tSPLIT\tDONE\tOLDEST")
-		fmt.Fprintf(w, "all\t%d\t%d\t%d\t%d\t%d\t%s\n", st.New, st.Retry, st.Dead, st.Split, st.Done, age(st.OldestPending))
-		fmt.Fprintln(w)
+	for _, l := range lags[len(subs):] { // holding deliveries, registered by no instance
+		v.Subscriptions = append(v.Subscriptions, subJSON{Name: l.Subscription, Types: []string{}, Unregistered: true,
+			Pending: l.Pending, Retrying: l.Retrying, Dead: l.Dead, LagSeconds: seconds(l.Oldest)})
+	}
+	return c.out(v, func(w *tabwriter.Writer) { statsText(w, v) })
+}
+
+// statsText prints stats: the headline, then per type and per
+// subscription. DEAD is the dead letters everywhere (the events dead as a
+// whole and the dead deliveries of split events), as dead list lists
+// them.
+func statsText(w *tabwriter.Writer, v statsJSON) {
+	t := v.Total
+	fmt.Fprintln(w, "EVENTS\tNEW\tRETRY\tDEAD\tSPLIT\tDONE\tOLDEST")
+	fmt.Fprintf(w, "all\t%d\t%d\t%d\t%d\t%d\t%s\n", t.New, t.Retry, t.Dead, t.Split, t.Done, age(time.Duration(t.OldestSeconds*float64(time.Second))))
+	if t.Dead > 0 {
+		fmt.Fprintf(w, "dead letters: %d (events dead as a whole: %d, dead deliveries of split events: %d)\n", t.Dead, t.DeadEvents, t.DeadDeliveries)
+	}
+	fmt.Fprintln(w)
+	if len(v.Types) == 0 {
+		none(w, "event types with undelivered events")
+	} else {
 		fmt.Fprintln(w, "TYPE\tNEW\tRETRY\tDEAD\tSPLIT\tOLDEST")
-		for _, t := range types {
-			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.New, t.Retry, t.Dead, t.Split, age(t.Oldest))
+	}
+	for _, t := range v.Types {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\n", esc(t.Type), t.New, t.Retry, t.Dead, t.Split, age(time.Duration(t.OldestSeconds*float64(time.Second))))
+	}
+	fmt.Fprintln(w)
+	if len(v.Subscriptions) == 0 {
+		none(w, "subscriptions")
+		return
+	}
+	fmt.Fprintln(w, "SUBSCRIPTION\tTYPES\tPAUSED\tPENDING\tRETRYING\tDEAD\tLAG\tIDLE")
+	for _, j := range v.Subscriptions {
+		types := "*"
+		if len(j.Types) > 0 {
+			types = strings.Join(j.Types, ",")
 		}
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "SUBSCRIPTION\tTYPES\tPAUSED\tPENDING\tRETRYING\tDEAD\tLAG\tIDLE")
-		for _, j := range v.Subscriptions {
-			types := "*"
-			if len(j.Types) > 0 {
-				types = strings.Join(j.Types, ",")
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", j.Name, types, yesNo(j.Paused), j.Pending, j.Retrying, j.Dead,
-				age(time.Duration(j.LagSeconds*float64(time.Second))), age(time.Duration(j.IdleSeconds*float64(time.Second))))
+		idle := age(time.Duration(j.IdleSeconds * float64(time.Second)))
+		if j.Unregistered {
+			types, idle = "-", "unregistered (outboxctl retire)"
 		}
-	})
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", esc(j.Name), esc(types), yesNo(j.Paused), j.Pending, j.Retrying, j.Dead,
+			age(time.Duration(j.LagSeconds*float64(time.Second))), idle)
+	}
 }
 
 // --- dead letters
+
+// filtered reports whether f selects by anything: without, a command
+// acts on every dead letter.
+func filtered(f outbox.DeadFilter) bool {
+	return f.Subscription != "" || f.Type != "" || !f.Since.IsZero() || !f.Until.IsZero() || f.ErrorContains != "" || len(f.IDs) > 0
+}
 
 // filterFlags adds the dead-letter filters to fs.
 func filterFlags(fs *flag.FlagSet) func() (outbox.DeadFilter, error) {
@@ -430,14 +491,18 @@ func (c *cli) deadList(args []string) error {
 			f.After = page[len(page)-1].ID
 		}
 		return c.out(map[string]any{"dead": deadJSONs(all)}, func(w *tabwriter.Writer) {
+			if len(all) == 0 {
+				none(w, "dead letters")
+				return
+			}
 			fmt.Fprintln(w, "ID\tSUBSCRIPTION\tTYPE\tAGGREGATE\tATTEMPTS\tCREATED\tERROR")
 			for _, d := range all {
 				agg := "-"
 				if d.AggregateType != "" || d.AggregateID != "" {
 					agg = d.AggregateType + "/" + d.AggregateID
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, orDash(d.Subscription), d.Type, agg, d.Attempts,
-					d.CreatedAt.UTC().Format(time.RFC3339), oneLine(d.LastError, 60))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", esc(d.ID), esc(orDash(d.Subscription)), esc(d.Type), esc(agg), d.Attempts,
+					d.CreatedAt.UTC().Format(time.RFC3339), esc(oneLine(d.LastError, 60)))
 			}
 		})
 	})
@@ -500,37 +565,39 @@ func (c *cli) deadShow(args []string) error {
 			v.Payload = &p
 		}
 		return c.out(v, func(w *tabwriter.Writer) {
-			fmt.Fprintf(w, "id\t%s\n", v.ID)
-			fmt.Fprintf(w, "type\t%s\n", v.Type)
-			fmt.Fprintf(w, "aggregate\t%s/%s\n", v.AggregateType, v.AggregateID)
+			fmt.Fprintf(w, "id\t%s\n", esc(v.ID))
+			fmt.Fprintf(w, "type\t%s\n", esc(v.Type))
+			fmt.Fprintf(w, "aggregate\t%s/%s\n", esc(v.AggregateType), esc(v.AggregateID))
 			if v.TenantID != "" {
-				fmt.Fprintf(w, "tenant\t%s\n", v.TenantID)
+				fmt.Fprintf(w, "tenant\t%s\n", esc(v.TenantID))
 			}
 			fmt.Fprintf(w, "status\t%s\n", v.Status)
 			fmt.Fprintf(w, "attempts\t%d\n", v.Attempts)
 			fmt.Fprintf(w, "occurred\t%s\n", v.OccurredAt.Format(time.RFC3339))
 			fmt.Fprintf(w, "created\t%s\n", v.CreatedAt.Format(time.RFC3339))
-			fmt.Fprintf(w, "owner\t%s\n", orDash(v.Owner))
-			fmt.Fprintf(w, "last error\t%s\n", orDash(oneLine(v.LastError, 200)))
+			fmt.Fprintf(w, "owner\t%s\n", esc(orDash(v.Owner)))
+			fmt.Fprintf(w, "last error\t%s\n", esc(orDash(oneLine(v.LastError, 200))))
 			if v.ReadError != "" {
-				fmt.Fprintf(w, "read error\t%s\n", v.ReadError)
+				fmt.Fprintf(w, "read error\t%s\n", esc(v.ReadError))
 			}
 			if v.Headers != nil {
-				fmt.Fprintf(w, "headers\t%s\n", v.Headers)
+				fmt.Fprintf(w, "headers\t%s\n", esc(string(v.Headers)))
 			}
 			w.Flush()
 			if len(v.Deliveries) > 0 {
 				fmt.Fprintln(w)
 				fmt.Fprintln(w, "SUBSCRIPTION\tSTATUS\tATTEMPTS\tOWNER\tERROR")
 				for _, d := range v.Deliveries {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", d.Subscription, d.Status, d.Attempts, orDash(d.Owner), orDash(oneLine(d.LastError, 60)))
+					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", esc(d.Subscription), d.Status, d.Attempts, esc(orDash(d.Owner)), esc(orDash(oneLine(d.LastError, 60))))
 				}
 				w.Flush()
 			}
 			if v.Payload != nil {
-				fmt.Fprintln(w)
-				fmt.Fprintln(w, "payload:")
-				fmt.Fprintln(w, *v.Payload)
+				// Straight to stdout, past the aligned writer: a payload's
+				// tabs are its own.
+				fmt.Fprintln(c.stdout)
+				fmt.Fprintln(c.stdout, "payload:")
+				fmt.Fprintln(c.stdout, escLines(*v.Payload))
 			} else {
 				fmt.Fprintln(w)
 				fmt.Fprintln(w, "(payload not shown: add -payload)")
@@ -613,6 +680,7 @@ func (c *cli) deadReplay(args []string) error {
 	fs := c.flags("dead replay")
 	filter := filterFlags(fs)
 	dryRun := fs.Bool("dry-run", false, "change nothing: print the count and the first ids")
+	yes := fs.Bool("yes", false, "replay every dead letter when no id or filter is given; without it, count only and exit 3")
 	rate := fs.Float64("rate", 100, "the most dead letters replayed per second (0: no limit)")
 	return c.withStore(fs, args, nil, func(s *sqlstore.Store, ids []string) error {
 		f, err := filter()
@@ -621,6 +689,12 @@ func (c *cli) deadReplay(args []string) error {
 		}
 		if *rate < 0 {
 			return usageErr("-rate %v: want ≥ 0", *rate)
+		}
+		// Every dead letter, unasked for: count them and stop, as purge
+		// does without -yes.
+		unconfirmed := len(ids) == 0 && !filtered(f) && !*yes && !*dryRun
+		if unconfirmed {
+			*dryRun = true
 		}
 		size := 500
 		if *rate > 0 {
@@ -666,22 +740,34 @@ func (c *cli) deadReplay(args []string) error {
 			}
 			return nothing("no dead letters matched")
 		}
-		return c.out(v, func(w *tabwriter.Writer) {
-			verb := "replayed"
-			if *dryRun {
-				verb = "would replay"
-			}
-			fmt.Fprintf(w, "%s %d dead letters\n", verb, v.Count)
-			if *dryRun {
-				for _, id := range v.First {
-					fmt.Fprintln(w, id)
-				}
-				if v.Count > len(v.First) {
-					fmt.Fprintln(w, "…")
-				}
-			}
-		})
+		if err := c.out(v, func(w *tabwriter.Writer) { replayText(w, v, unconfirmed) }); err != nil {
+			return err
+		}
+		if unconfirmed {
+			return &exitErr{code: exitNothing}
+		}
+		return nil
 	})
+}
+
+// replayText prints the outcome of dead replay.
+func replayText(w *tabwriter.Writer, v countJSON, unconfirmed bool) {
+	switch {
+	case unconfirmed:
+		fmt.Fprintf(w, "would replay %d dead letters: no id or filter selects every one (add -yes to replay them all)\n", v.Count)
+	case v.DryRun:
+		fmt.Fprintf(w, "would replay %d dead letters\n", v.Count)
+	default:
+		fmt.Fprintf(w, "replayed %d dead letters\n", v.Count)
+	}
+	if v.DryRun {
+		for _, id := range v.First {
+			fmt.Fprintln(w, esc(id))
+		}
+		if v.Count > len(v.First) {
+			fmt.Fprintln(w, "…")
+		}
+	}
 }
 
 func (c *cli) deadPurge(args []string) error {
@@ -727,7 +813,7 @@ func (c *cli) deadPurge(args []string) error {
 			}
 			fmt.Fprintf(w, "would purge %d dead letters (add -yes to delete them)\n", v.Count)
 			for _, id := range v.First {
-				fmt.Fprintln(w, id)
+				fmt.Fprintln(w, esc(id))
 			}
 			if v.Count > len(v.First) {
 				fmt.Fprintln(w, "…")
@@ -754,7 +840,7 @@ func (c *cli) pause(cmd string, args []string) error {
 			return nothing("no subscription %q", args[0])
 		}
 		return c.out(map[string]any{"subscription": args[0], "paused": cmd == "pause"}, func(w *tabwriter.Writer) {
-			fmt.Fprintf(w, "%sd %s\n", cmd, args[0])
+			fmt.Fprintf(w, "%sd %s\n", cmd, esc(args[0]))
 		})
 	})
 }
@@ -765,12 +851,18 @@ func (c *cli) cleanup(args []string) error {
 	dead := fs.Bool("dead", false, "delete dead events too (and finished split events)")
 	limit := fs.Int("limit", 1000, "rows per delete")
 	dryRun := fs.Bool("dry-run", false, "count only")
+	yes := fs.Bool("yes", false, "really delete; without it, count only and exit 3")
 	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
 		if *limit <= 0 {
 			return usageErr("-limit %d: want > 0", *limit)
 		}
+		if *older < 0 {
+			return usageErr("-older %v: want ≥ 0 (how long ago the events were delivered or given up)", *older)
+		}
+		// Cleanup has no filter but age: it deletes only with -yes.
+		unconfirmed := !*yes && !*dryRun
 		var total int64
-		if *dryRun {
+		if *dryRun || unconfirmed {
 			n, err := s.CleanupCount(c.ctx, *older, *dead)
 			if err != nil {
 				return err
@@ -788,13 +880,22 @@ func (c *cli) cleanup(args []string) error {
 				}
 			}
 		}
-		return c.out(countJSON{DryRun: *dryRun, Count: int(total)}, func(w *tabwriter.Writer) {
-			if *dryRun {
+		if err := c.out(countJSON{DryRun: *dryRun || unconfirmed, Count: int(total)}, func(w *tabwriter.Writer) {
+			switch {
+			case unconfirmed:
+				fmt.Fprintf(w, "would delete %d events (add -yes to delete them)\n", total)
+			case *dryRun:
 				fmt.Fprintf(w, "would delete %d events\n", total)
-			} else {
+			default:
 				fmt.Fprintf(w, "deleted %d events\n", total)
 			}
-		})
+		}); err != nil {
+			return err
+		}
+		if unconfirmed {
+			return &exitErr{code: exitNothing}
+		}
+		return nil
 	})
 }
 
@@ -822,13 +923,17 @@ func (c *cli) peek(args []string) error {
 				DueInSeconds: max(0, seconds(d.In)), Owner: d.Owner}
 		}
 		return c.out(map[string]any{"due": out}, func(w *tabwriter.Writer) {
+			if len(due) == 0 {
+				none(w, "due")
+				return
+			}
 			fmt.Fprintln(w, "ID\tSUBSCRIPTION\tTYPE\tSTATUS\tATTEMPTS\tDUE\tLEASED BY")
 			for _, d := range due {
 				when := "now"
 				if d.In > 0 {
 					when = "in " + age(d.In)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, orDash(d.Subscription), d.Type, status(d.Status), d.Attempts, when, orDash(d.Owner))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", esc(d.ID), esc(orDash(d.Subscription)), esc(string(d.Type)), status(d.Status), d.Attempts, when, esc(orDash(d.Owner)))
 			}
 		})
 	})
@@ -880,7 +985,14 @@ func (c *cli) partitionsMaintain(args []string) error {
 	ahead := fs.Int("ahead", 7, "days ahead that get their partition")
 	retention := fs.Duration("retention", 0, "drop day partitions that ended longer ago than this, when nothing in them is undelivered (0: drop none)")
 	dead := fs.Bool("dead", false, "drop partitions holding dead events too")
+	yes := fs.Bool("yes", false, "really drop partitions past -retention")
 	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+		if *retention < 0 {
+			return usageErr("-retention %v: want ≥ 0", *retention)
+		}
+		if *retention > 0 && !*yes {
+			return usageErr("-retention %v drops the day partitions past it, with their rows: add -yes (partitions status lists them)", *retention)
+		}
 		cfg := sqlstore.PartitionConfig{Ahead: *ahead, Retention: *retention, DropDead: *dead}
 		var out maintainJSON
 		if *create {
@@ -952,9 +1064,6 @@ func orderFilter(fs *flag.FlagSet) func(context.Context, *sqlstore.Store) (drive
 				}
 			}
 		}
-		if len(f.Block) == 0 {
-			return f, usageErr("blocked-keys: no Ordered subscription: none is registered as Ordered in the subscriptions table (an instance registers its subscriptions when it starts); name them with -ordered a,b")
-		}
 		return f, nil
 	}
 }
@@ -982,8 +1091,13 @@ func (c *cli) blockedKeys(args []string) error {
 		if err != nil {
 			return err
 		}
-		ks, err := s.BlockedKeys(c.ctx, f, *after, *limit)
-		if err != nil {
+		var ks []driver.BlockedKey
+		note := ""
+		if len(f.Block) == 0 {
+			// Nothing can be blocked: an empty result, and why.
+			note = "no subscription is registered as Ordered in the subscriptions table (an instance registers its subscriptions when it starts), so no key can be blocked; name them with -ordered a,b"
+			fmt.Fprintln(c.stderr, "outboxctl: note:", note)
+		} else if ks, err = s.BlockedKeys(c.ctx, f, *after, *limit); err != nil {
 			return err
 		}
 		now := time.Now()
@@ -996,17 +1110,24 @@ func (c *cli) blockedKeys(args []string) error {
 		if len(ks) >= *limit {
 			v["next"] = ks[len(ks)-1].Key
 		}
+		if note != "" {
+			v["note"] = note
+		}
 		return c.out(v, func(w *tabwriter.Writer) {
+			if len(ks) == 0 {
+				none(w, "blocked keys")
+				return
+			}
 			fmt.Fprintln(w, "KEY\tSUBSCRIPTION\tDEAD EVENT\tTYPE\tWAITING\tSINCE")
 			for _, k := range ks {
 				sub := k.Subscription
 				if sub == "" {
 					sub = "(all ordered)"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", k.Key, sub, k.EventID, k.Type, k.Waiting, k.Since.UTC().Format(time.RFC3339))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", esc(k.Key), esc(sub), esc(k.EventID), esc(k.Type), k.Waiting, k.Since.UTC().Format(time.RFC3339))
 			}
 			if len(ks) >= *limit {
-				fmt.Fprintf(w, "… more: -after %s\n", ks[len(ks)-1].Key)
+				fmt.Fprintf(w, "… more: -after %s\n", esc(ks[len(ks)-1].Key))
 			}
 		})
 	})
@@ -1048,7 +1169,7 @@ func (c *cli) skip(args []string) error {
 				fmt.Fprintf(w, "would skip %d dead letters (add -yes to give up on them)\n", v.Count)
 			}
 			for _, id := range v.First {
-				fmt.Fprintln(w, id)
+				fmt.Fprintln(w, esc(id))
 			}
 			if len(dls) > len(v.First) {
 				fmt.Fprintln(w, "…")

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -39,13 +40,15 @@ Commands:
   migrate up                 apply the pending schema migrations
   migrate status             list the migrations and whether they are applied
   stats [-watch 5s]          counts per event type and per subscription:
-                             pending, retrying, dead, oldest age (lag)
+                             pending, retrying, dead letters, oldest age (lag)
   dead list [filters]        list dead letters (never payloads)
   dead show ID [-payload]    one event with its deliveries; the payload
                              only with -payload
-  dead replay [ID...|filters] [-dry-run] [-rate N]
+  dead replay [ID...|filters] [-dry-run] [-yes] [-rate N]
                              make dead letters due again, N per second;
-                             -dry-run prints the count and the first ids
+                             -dry-run prints the count and the first ids;
+                             without ids or filters it needs -yes (without
+                             it, it only counts them and exits 3)
   dead purge [ID...|filters] [-yes]
                              delete dead letters; without -yes it only
                              counts them and exits 3
@@ -56,8 +59,10 @@ Commands:
                              deliveries stay); without -yes it only counts
                              and exits 3; refused while an instance
                              registered it within -idle
-  cleanup [-older 168h] [-dead] [-dry-run]
+  cleanup [-older 168h] [-dead] [-dry-run] [-yes]
                              delete delivered events older than -older
+                             (with -dead, dead letters too); without -yes
+                             it only counts them and exits 3
   peek [-limit 20]           the next due events and deliveries, earliest
                              first, without taking them
   blocked-keys [-ordered SUB,...] [-skip-dead SUB,...] [-after KEY] [-limit 100]
@@ -70,10 +75,12 @@ Commands:
                              error kept) so that the keys they block go on;
                              without -yes it only counts them and exits 3
   partitions status          MySQL/MariaDB: the table's day partitions
-  partitions maintain [-create] [-ahead 7] [-retention 168h] [-dead]
+  partitions maintain [-create] [-ahead 7] [-retention 168h -yes] [-dead]
                              add the days ahead, drop days past retention
-                             that hold nothing undelivered; -create
-                             partitions a table that is not yet
+                             that hold nothing undelivered (needs -yes);
+                             -create partitions a table that is not yet
+  help [COMMAND]             this help, or a command's; so does -h after
+                             any command
 
 Filters (dead list, replay, purge):
   -sub NAME  -type TYPE  -since T  -until T  -error TEXT
@@ -86,14 +93,19 @@ Global flags (also accepted after the command):
   -table NAME  the outbox table (default outbox_event)
   -json        print one JSON document instead of aligned text
 
+Text output escapes control and bidi characters found in the data (\x1b,
+\u202e); -json prints the values as they are.
+
 Exit codes:
   0  success
   1  error (database, migration, I/O)
   2  usage: unknown command, bad flag or argument
   3  nothing matched (dead show of an unknown id, dead replay/purge that
      selected nothing, pause/resume of an unknown subscription, skip of
-     ids that are not dead, retire of an unknown subscription), or dead
-     purge, skip or retire without -yes
+     ids that are not dead, retire of an unknown subscription), or a
+     confirmation is missing: dead purge, skip, cleanup and retire without
+     -yes, dead replay of everything (no id, no filter) without -yes or
+     -dry-run
 `
 
 // cli is one invocation.
@@ -128,8 +140,10 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	fs := c.flags("outboxctl")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usage)
 			return exitOK
 		}
+		fmt.Fprintln(stderr, "run outboxctl -h for help")
 		return exitUsage
 	}
 	err := c.dispatch(fs.Args())
@@ -140,23 +154,30 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	var ee *exitErr
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
-			fmt.Fprintln(stderr, "outboxctl:", ee.msg)
+			fmt.Fprintln(stderr, "outboxctl:", escLines(ee.msg))
 		}
 		if ee.code == exitUsage {
 			fmt.Fprintln(stderr, "run outboxctl -h for help")
 		}
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "outboxctl:", err)
+	// Error text may quote the data (a handler's error, an id): escaped
+	// like the text output.
+	fmt.Fprintln(stderr, "outboxctl:", escLines(err.Error()))
 	return exitError
 }
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
 
 // flags returns a flag set with the global flags.
 func (c *cli) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
+	// Help (-h) is printed on stdout by the caller; a bad flag gets its
+	// error from the flag package and a pointer to -h.
+	fs.Usage = func() {}
 	if name == "outboxctl" {
-		fs.Usage = func() { fmt.Fprint(c.stderr, usage) }
 		fs.StringVar(&c.dsn, "dsn", "", "database DSN (default $DATABASE_URL)")
 		fs.StringVar(&c.table, "table", "", "outbox table (default outbox_event)")
 		fs.BoolVar(&c.json, "json", false, "print JSON")
@@ -171,12 +192,14 @@ func (c *cli) flags(name string) *flag.FlagSet {
 }
 
 // parse parses a command's flags, which may come before or after its
-// arguments, and returns the arguments.
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+// arguments, and returns the arguments. -h prints the command's help on
+// stdout and ends the command with exit 0.
+func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				c.commandHelp(fs)
 				return nil, &exitErr{code: exitOK}
 			}
 			return nil, &exitErr{code: exitUsage}
@@ -199,6 +222,10 @@ func (c *cli) dispatch(args []string) error {
 	sub := func() (string, []string, error) {
 		if len(args) == 0 {
 			return "", nil, usageErr("%s: want a subcommand", cmd)
+		}
+		if isHelp(args[0]) {
+			fmt.Fprint(c.stdout, groupHelp(cmd))
+			return "", nil, &exitErr{code: exitOK}
 		}
 		return args[0], args[1:], nil
 	}
@@ -258,7 +285,7 @@ func (c *cli) dispatch(args []string) error {
 		}
 		return usageErr("partitions %s: want status or maintain", s)
 	case "help":
-		fmt.Fprint(c.stdout, usage)
+		fmt.Fprint(c.stdout, groupHelp(strings.Join(args, " ")))
 		return nil
 	}
 	return usageErr("unknown command %q", cmd)

@@ -245,6 +245,7 @@ func TestCommands(t *testing.T) {
 			f.golden("dead_show_payload", f.run("dead", "show", f.id("E1"), "-payload"))
 			f.golden("dead_show_unknown", f.run("dead", "show", "nope"))
 			f.golden("peek", f.run("peek"))
+			f.golden("replay_all_unconfirmed", f.run("dead", "replay"))
 			f.golden("replay_dry_run", f.run("dead", "replay", "-dry-run"))
 
 			start := time.Now()
@@ -270,7 +271,8 @@ func TestCommands(t *testing.T) {
 			f.golden("resume", f.run("resume", "billing"))
 
 			f.golden("cleanup_dry_run", f.run("cleanup", "-older", "0s", "-dry-run"))
-			f.golden("cleanup", f.run("cleanup", "-older", "0s"))
+			f.golden("cleanup_unconfirmed", f.run("cleanup", "-older", "0s"))
+			f.golden("cleanup", f.run("cleanup", "-older", "0s", "-yes"))
 			f.golden("cleanup_again", f.run("cleanup", "-older", "0s", "-dry-run"))
 
 			// JSON: one document each, checked by decoding.
@@ -402,8 +404,8 @@ func TestUsageAndSecrets(t *testing.T) {
 			t.Errorf("outboxctl %q: exit %d, want %d; stderr %s", tc.args, r.code, tc.code, r.stderr)
 		}
 	}
-	if r := runCtl(t, nil, "-h"); !strings.Contains(r.stderr, "Exit codes:") {
-		t.Errorf("-h does not document the exit codes: %s", r.stderr)
+	if r := runCtl(t, nil, "-h"); !strings.Contains(r.stdout, "Exit codes:") {
+		t.Errorf("-h does not document the exit codes on stdout: %s", r.stdout)
 	}
 	for _, dsn := range []string{
 		"mysql://root:s3cr%21et@127.0.0.1:1/test",
@@ -449,6 +451,16 @@ func TestPartitionsCommand(t *testing.T) {
 	r = f.run("partitions", "maintain", "-ahead", "3")
 	if r.code != 0 || !strings.Contains(r.stdout, "added 2: p"+today.AddDate(0, 0, 2).Format("20060102")) {
 		t.Fatalf("maintain -ahead 3 = %+v; want two days added", r)
+	}
+	// Dropping partitions needs -yes; a negative retention is a usage error.
+	if r := f.run("partitions", "maintain", "-retention", "168h"); r.code != exitUsage || !strings.Contains(r.stderr, "add -yes") {
+		t.Fatalf("maintain -retention without -yes = %+v; want exit 2 asking for -yes", r)
+	}
+	if r := f.run("partitions", "maintain", "-retention", "-1h", "-yes"); r.code != exitUsage || !strings.Contains(r.stderr, "want ≥ 0") {
+		t.Fatalf("maintain -retention -1h = %+v; want exit 2", r)
+	}
+	if r := f.run("partitions", "maintain", "-retention", "168h", "-yes"); r.code != 0 || !strings.Contains(r.stdout, "dropped 0") {
+		t.Fatalf("maintain -retention 168h -yes = %+v; want nothing to drop", r)
 	}
 	sf := newFixture(t, "sqlite")
 	sf.run("migrate", "up")

@@ -44,7 +44,11 @@ func TestRetireCommand(t *testing.T) {
 					t.Errorf("mailer is still registered")
 				}
 			}
-			// Its dead delivery (E7) keeps it visible until purged.
+			// Its dead delivery (E7) keeps it visible until purged, in
+			// stats too.
+			if r := f.run("stats"); !strings.Contains(r.stdout, "unregistered (outboxctl retire)") {
+				t.Errorf("stats does not list the retired mailer, which still holds a dead delivery:\n%s", r.stdout)
+			}
 			want(f.run("retire", "mailer"), exitNothing, "would retire mailer (registered: no): drop 0 pending and 0 retrying deliveries; 1 dead")
 		})
 	}

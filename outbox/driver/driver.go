@@ -298,7 +298,13 @@ type Inspector interface {
 // Stats are the counts of a Store's table by status, and the age of the
 // oldest undelivered event.
 type Stats struct {
+	// New, Retry, Done and Dead count the events by status. Dead counts
+	// the events dead as a whole only: see DeadDeliveries and DeadLetters.
 	New, Retry, Done, Dead int64
+	// DeadDeliveries counts the dead deliveries of split events: one per
+	// (event, subscription) that gave up while the event's other
+	// subscriptions delivered it. The event itself is counted in Split.
+	DeadDeliveries int64
 	// Split counts events whose delivery state is kept per subscription
 	// (some subscriptions owe them still, or gave up): see DeliveryStore.
 	Split int64
@@ -313,6 +319,11 @@ type Stats struct {
 
 // Pending returns the number of events not yet delivered.
 func (s Stats) Pending() int64 { return s.New + s.Retry }
+
+// DeadLetters returns the number of dead letters, as Outbox.Dead lists
+// them: the events dead as a whole and the dead deliveries of split
+// events. This is the number to show as "dead".
+func (s Stats) DeadLetters() int64 { return s.Dead + s.DeadDeliveries }
 
 // StatsReader is implemented by stores that can count their rows. The
 // engine samples it every Config.StatsInterval for Metrics.Backlog.

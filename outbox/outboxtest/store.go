@@ -822,6 +822,11 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 			st.Dead++
 		case outbox.StatusSplit:
 			st.Split++
+			for _, d := range s.deliv[e.row.ID] {
+				if d.status == outbox.StatusDead {
+					st.DeadDeliveries++
+				}
+			}
 		default:
 			st.Unknown++
 		}

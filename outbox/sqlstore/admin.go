@@ -49,6 +49,9 @@ type TypeStats struct {
 	Type outbox.EventType
 	// New, Retry, Dead and Split count the type's events by status.
 	New, Retry, Dead, Split int64
+	// DeadDeliveries counts the dead deliveries of the type's split
+	// events; Dead + DeadDeliveries are its dead letters.
+	DeadDeliveries int64
 	// Oldest is the age of the oldest NEW or RETRY event of the type, on
 	// the database's clock; 0 if none.
 	Oldest time.Duration
@@ -97,12 +100,43 @@ func (s *Store) StatsByType(ctx context.Context) ([]TypeStats, error) {
 	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("sqlstore: stats by type: %w", err)
 	}
+	rs.Close()
+	if err := s.deadDeliveriesByType(ctx, byType); err != nil {
+		return nil, err
+	}
 	out := make([]TypeStats, 0, len(byType))
 	for _, ts := range byType {
 		out = append(out, *ts)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Type < out[j].Type })
 	return out, nil
+}
+
+// deadDeliveriesByType adds the dead deliveries of split events to
+// byType, per event type.
+func (s *Store) deadDeliveriesByType(ctx context.Context, byType map[outbox.EventType]*TypeStats) error {
+	rs, err := s.db.QueryContext(ctx, `SELECT e.event_type, COUNT(*) FROM `+s.DeliveriesTable()+` d JOIN `+s.table+` e ON e.id = d.event_id WHERE d.status = 3 GROUP BY e.event_type`)
+	if err != nil {
+		return fmt.Errorf("sqlstore: stats by type: %w", s.explainSubs(err))
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var t string
+		var n int64
+		if err := rs.Scan(&t, &n); err != nil {
+			return fmt.Errorf("sqlstore: stats by type: %w", err)
+		}
+		ts := byType[outbox.EventType(t)]
+		if ts == nil {
+			ts = &TypeStats{Type: outbox.EventType(t)}
+			byType[ts.Type] = ts
+		}
+		ts.DeadDeliveries = n
+	}
+	if err := rs.Err(); err != nil {
+		return fmt.Errorf("sqlstore: stats by type: %w", err)
+	}
+	return nil
 }
 
 // Due is an event or a delivery that a claim would take when due, as Peek

@@ -39,7 +39,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	var st outbox.Stats
 	rs, err := s.db.QueryContext(ctx, s.q.stats)
 	if err != nil {
-		return st, fmt.Errorf("sqlstore: stats: %w", err)
+		return st, fmt.Errorf("sqlstore: stats: %w", s.explain(err))
 	}
 	defer rs.Close()
 	for rs.Next() {
@@ -65,6 +65,13 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	}
 	if err := rs.Err(); err != nil {
 		return st, fmt.Errorf("sqlstore: stats: %w", err)
+	}
+	if st.Split > 0 {
+		// Dead deliveries belong to split events: none without one.
+		q := `SELECT COUNT(*) FROM ` + s.DeliveriesTable() + ` WHERE status = 3`
+		if err := s.db.QueryRowContext(ctx, q).Scan(&st.DeadDeliveries); err != nil {
+			return st, fmt.Errorf("sqlstore: stats: dead deliveries: %w", s.explainSubs(err))
+		}
 	}
 	if st.Pending() > 0 {
 		var oldest, now dbTime

@@ -164,6 +164,12 @@ type queries struct {
 func (s *Store) rebind(q string) string { return sqlx.Rebind(s.d.bind, q) }
 
 // explain adds what to do to an error of the table itself.
+// IsMissingTable reports whether err (or an error it wraps) is the
+// database saying that a table does not exist: MySQL/MariaDB error 1146,
+// PostgreSQL SQLSTATE 42P01, SQLite "no such table". Tools use it to tell
+// an operator to run the migrations (outboxctl migrate up).
+func (s *Store) IsMissingTable(err error) bool { return err != nil && s.d.missingTable(err) }
+
 func (s *Store) explain(err error) error {
 	if err != nil && s.d.missingTable(err) {
 		return fmt.Errorf("%w (the outbox table %s does not exist: call Store.Migrate at start, or apply the SQL in migrations/%s)", err, s.table, s.d.name)

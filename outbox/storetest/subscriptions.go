@@ -438,6 +438,11 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 	for _, id := range good {
 		waitFor(t, "event "+id+" DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
 	}
+	// The dead deliveries of split events count as dead letters: the
+	// headline of outboxctl stats and the admin page (issue 37, item 12).
+	if st, err := ob.Stats(ctx); err != nil || st.Dead != 0 || st.DeadDeliveries != 2 || st.DeadLetters() != 2 {
+		t.Fatalf("Stats = %+v, %v; want 2 dead deliveries, 2 dead letters, no event dead as a whole", st, err)
+	}
 	if l := lagOf("ok"); l.Pending != 0 || l.Dead != 0 || l.Retrying != 0 {
 		t.Fatalf("lag of ok = %+v; want nothing", l)
 	}
@@ -510,7 +515,7 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 	if _, err := ob.Inspect(ctx, "no-such-event"); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Inspect(unknown) = %v; want ErrNotFound", err)
 	}
-	if st, err := ob.Stats(ctx); err != nil || st.Dead != 0 || st.Pending() != 0 {
+	if st, err := ob.Stats(ctx); err != nil || st.DeadLetters() != 0 || st.Pending() != 0 {
 		t.Fatalf("Stats = %+v, %v; want nothing pending or dead", st, err)
 	}
 	closeNow(t, ob)
