@@ -710,6 +710,7 @@ func TestOnMariaDBAndPostgreSQL(t *testing.T) {
 			t.Run("StatsCountDeadDeliveries", TestStatsCountDeadDeliveries)
 			t.Run("BulkWithoutFilterNeedsAll", TestBulkWithoutFilterNeedsAll)
 			t.Run("LinksEscapePathSegments", TestLinksEscapePathSegments)
+			t.Run("Retire", TestRetire)
 		})
 	}
 }

@@ -23,6 +23,7 @@ func (h *handler) routes() {
 	m.HandleFunc("GET "+b+"/api/subscriptions", h.apiSubscriptions)
 	m.HandleFunc("POST "+b+"/api/subscriptions/{name}/pause", h.apiPause(true))
 	m.HandleFunc("POST "+b+"/api/subscriptions/{name}/resume", h.apiPause(false))
+	m.HandleFunc("POST "+b+"/api/subscriptions/{name}/retire", h.apiRetire)
 	m.HandleFunc("GET "+b+"/api/stats", h.apiStats)
 	m.HandleFunc("GET "+b+"/api/dead", h.apiDead)
 	m.HandleFunc("POST "+b+"/api/dead/replay", h.apiReplay)
@@ -37,6 +38,7 @@ func (h *handler) routes() {
 	}
 	m.HandleFunc("POST "+b+"/subscriptions/{name}/pause", h.pagePause(true))
 	m.HandleFunc("POST "+b+"/subscriptions/{name}/resume", h.pagePause(false))
+	m.HandleFunc("POST "+b+"/subscriptions/{name}/retire", h.pageRetire)
 	m.HandleFunc("GET "+b+"/dead", h.pageDead)
 	m.HandleFunc("POST "+b+"/dead/replay", h.pageBulk("replay"))
 	m.HandleFunc("POST "+b+"/dead/purge", h.pageBulk("purge"))
@@ -70,6 +72,10 @@ type Subscription struct {
 	Circuit string `json:"circuit,omitempty"`
 	// Lag is what it has not delivered yet; nil if the store cannot tell.
 	Lag *Lag `json:"lag,omitempty"`
+	// Unregistered: no instance registers it (retired, or unknown), yet
+	// it holds deliveries, which nothing delivers; retiring it settles
+	// them.
+	Unregistered bool `json:"unregistered,omitempty"`
 }
 
 // Lag is what a subscription has not delivered yet (outbox.Lag).
@@ -100,6 +106,12 @@ func (h *handler) subscriptions(r *http.Request) (subs []Subscription, lagErr er
 			v.Lag = &Lag{Pending: l.Pending, Retrying: l.Retrying, Dead: l.Dead, OldestSeconds: l.Oldest.Seconds(), BlockedKeys: l.BlockedKeys}
 		}
 		subs = append(subs, v)
+	}
+	for _, l := range ls {
+		if l.Unregistered {
+			subs = append(subs, Subscription{Name: l.Subscription, Unregistered: true,
+				Lag: &Lag{Pending: l.Pending, Retrying: l.Retrying, Dead: l.Dead, OldestSeconds: l.Oldest.Seconds(), BlockedKeys: l.BlockedKeys}})
+		}
 	}
 	return subs, lagErr
 }
