@@ -68,6 +68,7 @@ func (d *dispatcher) start(ctx context.Context, subs []*subscription) {
 	for range d.cfg.Workers {
 		d.workers.Go(func() { d.work(ctx) })
 	}
+	d.workers.Go(func() { d.watchChains(ctx) })
 }
 
 // drain stops the dispatcher: the workers deliver what is queued until ctx

@@ -97,9 +97,10 @@ func chained(it *item) bool {
 
 // keyChain is a key's events in this instance's hands.
 type keyChain struct {
-	running int64   // the number of the event being delivered
-	tail    int64   // the highest number in the chain
-	waiting []*item // committed behind running, in order
+	running int64     // the number of the event being delivered
+	tail    int64     // the highest number in the chain
+	waiting []*item   // committed behind running, in order
+	moved   time.Time // when running began (the chain's last move)
 }
 
 func newKeyTable() *keyTable {
@@ -237,7 +238,7 @@ func (t *keyTable) committed(it *item, head bool) commitAction {
 		return commitRelease
 	}
 	if head || t.seen(key).delivered == seq-1 {
-		t.chains[key] = &keyChain{running: seq, tail: seq}
+		t.chains[key] = &keyChain{running: seq, tail: seq, moved: time.Now()}
 		return commitGo
 	}
 	if it.sub == nil {
@@ -256,7 +257,7 @@ func (t *keyTable) claimed(it *item) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.chains[key] == nil {
-		t.chains[key] = &keyChain{running: seq, tail: seq}
+		t.chains[key] = &keyChain{running: seq, tail: seq, moved: time.Now()}
 		t.note(key, func(s *keySeen) { s.leased = max(s.leased, seq) })
 	}
 }
@@ -283,7 +284,7 @@ func (t *keyTable) delivered(it *item) *item {
 	next := c.waiting[0]
 	c.waiting[0] = nil
 	c.waiting = c.waiting[1:]
-	c.running = next.env.seq
+	c.running, c.moved = next.env.seq, time.Now()
 	return next
 }
 
@@ -312,7 +313,7 @@ func (t *keyTable) deliveredBehind(it *item) (next *item, back []*item) {
 	next = c.waiting[0]
 	c.waiting[0] = nil
 	c.waiting = c.waiting[1:]
-	c.running = next.env.seq
+	c.running, c.moved = next.env.seq, time.Now()
 	return next, nil
 }
 
@@ -392,6 +393,35 @@ func (t *keyTable) forgetLeased(key string) {
 		return
 	}
 	t.note(key, func(s *keySeen) { s.leased = min(s.leased, s.delivered) })
+}
+
+// staleChain is a chain that stale ended: the number of the event that
+// did not finish, and the events that waited behind it.
+type staleChain struct {
+	running int64
+	waiting []*item
+}
+
+// stale ends the chains that have events waiting but have not moved since
+// before, and returns them by chain key.
+func (t *keyTable) stale(before time.Time) map[string]staleChain {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out map[string]staleChain
+	for key, c := range t.chains {
+		if len(c.waiting) == 0 || !c.moved.Before(before) {
+			continue
+		}
+		if out == nil {
+			out = map[string]staleChain{}
+		}
+		out[key] = staleChain{running: c.running, waiting: c.waiting}
+		delete(t.chains, key)
+		if c.waiting[0].sub == nil {
+			t.forgetLeased(key)
+		}
+	}
+	return out
 }
 
 // drain ends every chain and returns the events that waited in them.
@@ -531,6 +561,34 @@ func (d *dispatcher) chainFailed(ctx context.Context, it *item) {
 	}
 	if back := d.keys.failed(it); len(back) > 0 {
 		d.giveBackNow(ctx, it.env.OrderingKey, back)
+	}
+}
+
+// watchChains bounds the wait in a chain: every Lease/2 it gives back
+// the events that have waited for longer than a lease behind an event
+// that has not finished (the chain has not moved), so that a delivery
+// stuck in a handler, or a chain this instance lost track of, holds back
+// nothing but its own event. The events wait in the table behind it, and
+// go out as heads once it is done. It runs from start until Close begins.
+func (d *dispatcher) watchChains(ctx context.Context) {
+	t := time.NewTicker(d.cfg.Lease / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.draining:
+			return
+		case <-t.C:
+		}
+		for _, c := range d.keys.stale(time.Now().Add(-d.cfg.Lease)) {
+			first := c.waiting[0]
+			d.log.Warn("events waited in their key's chain for longer than a lease behind one that has not finished: given back to wait in the table",
+				slog.String("event_id", first.env.ID), slog.Int("events", len(c.waiting)), slog.Int64("behind_number", c.running), slog.Duration("lease", d.cfg.Lease))
+			sctx, cancel := d.storeCtx()
+			d.giveBackNow(sctx, first.env.OrderingKey, c.waiting)
+			cancel()
+		}
 	}
 }
 

@@ -159,6 +159,7 @@ func (w *world) pauseOne(ctx context.Context) {
 	w.logf("%s: PAUSE %s for %v (%v)", nd.name, sp.name, d, err)
 	w.mu.Lock()
 	w.paused[sp.name] = true
+	w.everPaused[sp.name] = true
 	w.mu.Unlock()
 	w.bg.Go(func() {
 		t := time.NewTimer(d)
@@ -247,8 +248,13 @@ func (w *world) heal() {
 	w.bg.Wait()
 	w.mu.Lock()
 	w.outages = map[string]time.Duration{}
+	// Every subscription ever paused, not only those still marked: two
+	// overlapping pauses of one subscription race with their resumes (the
+	// first resume can land before the second pause and clear its mark),
+	// and a pause is not counted.
 	var paused []string
-	for s := range w.paused {
+	for s := range w.everPaused {
+		w.paused[s] = true
 		paused = append(paused, s)
 	}
 	nodes := slices.Clone(w.nodes)

@@ -109,6 +109,7 @@ type world struct {
 	skipped    map[string]bool          // event ids given up by SkipDead
 	outages    map[string]time.Duration // subscription -> end of its destination's outage
 	paused     map[string]bool
+	everPaused map[string]bool // every subscription paused in the run (heal resumes them)
 	faultsOff  bool
 }
 
@@ -267,7 +268,7 @@ func newWorld(seed uint64, opts Options) *world {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	w := &world{seed: seed, opts: opts, store: outboxtest.NewStore(), start: time.Now(), rng: rng,
 		byID: map[string]*event{}, regAt: map[string]int64{}, inflight: map[string][]*call{}, skipped: map[string]bool{},
-		outages: map[string]time.Duration{}, paused: map[string]bool{}, faultsEnd: make(chan struct{})}
+		outages: map[string]time.Duration{}, paused: map[string]bool{}, everPaused: map[string]bool{}, faultsEnd: make(chan struct{})}
 	w.cfg = outbox.Config{
 		Workers:             1 + rng.IntN(4),
 		HotQueueSize:        []int{2, 8, 64}[rng.IntN(3)],
