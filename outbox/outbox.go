@@ -228,6 +228,10 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 // through a closed outbox, is written free, so that any instance's poller
 // can take it at once.
 func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, envs []Envelope) error {
+	tx, err := Begun(tx) // the store writes through the transaction itself
+	if err != nil {
+		return err
+	}
 	o.mu.RLock()
 	closed := o.closed
 	o.mu.RUnlock()
