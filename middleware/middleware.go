@@ -64,8 +64,9 @@ type Unit interface {
 	Rollback() error
 }
 
-// BeginFunc begins a transaction. ctx is not cancelled by the client going
-// away; it ends at the transaction's deadline, or early if the begin
+// BeginFunc begins a transaction. The middleware calls it at the first use
+// of the request's transaction, not before the handler (see the package
+// documentation). ctx is not cancelled by the client going away; it ends at the transaction's deadline, or early if the begin
 // timeout passes before BeginFunc returns. The transaction must stay bound
 // to ctx (database/sql's BeginTx does this), so that the deadline rolls it
 // back. opts is never nil.
@@ -162,8 +163,9 @@ func WithTimeout(d time.Duration) Option {
 
 // WithBeginTimeout bounds the wait for a connection when the pool is
 // exhausted; past it the request is answered by the ErrorHandler with an
-// error matching ErrBeginTimeout (503 by default) and the handler does not
-// run. Defaults to DefaultBeginTimeout.
+// error matching ErrBeginTimeout (503 by default) and the handler goes no
+// further than its first use of the transaction. Defaults to
+// DefaultBeginTimeout.
 func WithBeginTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("middleware: WithBeginTimeout(%v): the timeout must be positive", d))

@@ -92,7 +92,9 @@ func begun(ctx context.Context) (*sqlTx, bool) {
 // Tx returns the *sqlx.Tx of the request (or of Transact) that ctx belongs
 // to. It panics if there is none: a handler that needs a transaction is
 // mounted in the wrong place, which no request can repair. Use TxFrom to
-// test.
+// test. The request's transaction begins here at its first use; if it
+// cannot begin, Tx panics with the error, which Transactional answers
+// with 503.
 func Tx(ctx context.Context) *sqlx.Tx {
 	if tx, ok := TxFrom(ctx); ok {
 		return tx
