@@ -100,7 +100,8 @@ func (o *Outbox) Start(ctx context.Context) error {
 // Close may be called without Start and more than once; a second call
 // waits for the first and returns nil. It returns an error if ctx ended
 // and an abandoned handler call had still not returned the grace period
-// after its context was cancelled.
+// after its context was cancelled, and one that names the order if the
+// store's *sql.DB was closed before it: close the Outbox first.
 func (o *Outbox) Close(ctx context.Context) error {
 	o.mu.Lock()
 	if o.closed {
@@ -146,7 +147,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	if !started {
 		// Only what Publish leased here, waiting for Start, can be held.
 		if o.disp.handBack() > 0 || len(o.poller.dropped) > 0 {
-			o.releaseHeld(ctx)
+			return o.releaseHeld(ctx)
 		}
 		return nil
 	}
@@ -172,7 +173,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	stop("sampler", o.sampler.stop(o.patience))
 	stop("cleaner", o.cleaner.stop(o.patience))
 	err := o.disp.waitStragglers(ctx)
-	o.releaseHeld(ctx)
+	err = errors.Join(err, o.releaseHeld(ctx))
 	if len(stuck) > 0 {
 		err = errors.Join(err, fmt.Errorf("outbox: close: the %s did not return: blocked in a database call that ignores its context (on MySQL, a COMMIT on a connection that stopped answering); it returns when the driver does", strings.Join(stuck, ", ")))
 	}
@@ -190,11 +191,14 @@ const releaseTimeout = 5 * time.Second
 // it runs any more (Close's last step). Instance ids are unique among live
 // instances (Config.InstanceID), so it takes nothing from another. A part
 // Close gave up waiting for may still commit a claim after it: that claim
-// waits out its lease.
-func (o *Outbox) releaseHeld(ctx context.Context) {
+// waits out its lease. It returns an error only for a database handle
+// closed before the Outbox, a mistake of order in the caller's shutdown
+// that nothing else would report; other failures are logged, and leases
+// run out.
+func (o *Outbox) releaseHeld(ctx context.Context) error {
 	r, ok := o.store.(driver.OwnerReleaser)
 	if !ok {
-		return // handBack released what was queued, by id
+		return nil // handBack released what was queued, by id
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
@@ -203,11 +207,22 @@ func (o *Outbox) releaseHeld(ctx context.Context) {
 	o.m.Statement("release", n, time.Since(start))
 	if err != nil {
 		o.log.Error("release the leases left on close; their events are delivered again once the leases run out", slog.Any("error", err))
-		return
+		if dbClosed(err) {
+			return fmt.Errorf("outbox: close: the database handle was closed before the Outbox, so the last completions and the release of this instance's leases were not written (their events go out again once the leases run out): close the Outbox before the *sql.DB (call ob.Close, then db.Close; with defer, defer db.Close() first): %w", err)
+		}
+		return nil
 	}
 	if n > 0 {
 		o.log.Info("released the leases left on close", slog.Int("leases", n))
 	}
+	return nil
+}
+
+// dbClosed reports whether err is database/sql's error for a *sql.DB
+// used after its Close. database/sql does not export it; its text has
+// not changed since Go 1.0.
+func dbClosed(err error) bool {
+	return strings.Contains(err.Error(), "sql: database is closed")
 }
 
 // QueueDepths returns the current lengths of the hot and cold queues.
