@@ -20,7 +20,10 @@ const storeTimeout = 15 * time.Second
 // Start launches the workers, the completion writer, the lease renewer, the
 // sampler and (unless disabled) the poller, and returns at once. The engine
 // runs until Close; cancelling ctx stops it without draining, and Close must
-// still be called. To drain on shutdown, give Start a context that outlives
+// still be called. A cancellation before Close is a mistake (requests go on
+// publishing, and nothing delivers): it is logged at ERROR, once, and
+// Health (LiveHandler, ReadyHandler) reports the instance neither live
+// nor ready from then on. To drain on shutdown, give Start a context that outlives
 // the shutdown signal (context.WithoutCancel(ctx)) and let Close stop the
 // engine. Calling Start again does nothing; after Close it returns
 // ErrClosed.
@@ -49,6 +52,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return ErrClosed // Close came meanwhile, and found nothing started
 	}
 	o.started = true
+	o.stopWatch = context.AfterFunc(ctx, func() { o.startCancelled(ctx) })
 	// Every part stops by the end of the engine's life at the latest,
 	// whenever Close comes to stop it: each has then had Close's last
 	// grace period to return before Close gives up waiting for it.
@@ -71,6 +75,25 @@ func (o *Outbox) Start(ctx context.Context) error {
 		o.seq.start(ctx, o.seq.run)
 	}
 	return nil
+}
+
+// startCancelled reports, once, that Start's context ended before Close:
+// the engine has stopped delivering, silently but for this, while Publish
+// still writes events and requests still succeed. Health then reports
+// the instance neither live nor ready.
+func (o *Outbox) startCancelled(ctx context.Context) {
+	o.mu.RLock()
+	closed := o.closed
+	o.mu.RUnlock()
+	if closed {
+		return
+	}
+	cause := context.Cause(ctx)
+	if !o.health.startCancelled.CompareAndSwap(nil, &cause) {
+		return
+	}
+	o.log.Error("the context given to Start was cancelled before Close: delivery has stopped, while Publish still writes events (they wait in the table for an instance that runs); give Start a context that lives until Close, e.g. context.WithoutCancel(ctx), and stop the engine with Close",
+		slog.Any("cause", cause))
 }
 
 // Close stops the engine: it stops the poller, lets the workers deliver
@@ -111,6 +134,9 @@ func (o *Outbox) Close(ctx context.Context) error {
 	}
 	o.closed = true
 	started := o.started
+	if o.stopWatch != nil {
+		o.stopWatch()
+	}
 	o.mu.Unlock()
 	defer close(o.closeDone)
 	defer defaultOutbox.CompareAndSwap(o, nil)

@@ -72,6 +72,9 @@ type Outbox struct {
 	started   bool
 	closed    bool
 	closeDone chan struct{}
+	// stopWatch stops the watch on Start's context (set by Start, called
+	// by Close): a cancellation after Close is no news.
+	stopWatch func() bool
 }
 
 // deps are what every part of the engine shares; they never change after
