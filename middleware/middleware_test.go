@@ -489,6 +489,25 @@ func TestLazyBegin(t *testing.T) {
 			t.Errorf("response %d, after-rollback hook ran %v; want 503 and the hook", rec.Code, rolledBack)
 		}
 	})
+	t.Run("a begin failure in a streamed request", func(t *testing.T) {
+		mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
+			return nil, errors.New("connection refused")
+		}, middleware.WithLogger(slog.New(slog.DiscardHandler)), middleware.WithStreaming(func(*http.Request) bool { return true }))
+		if rec := do(mw.Handler(using(http.NotFoundHandler())), http.MethodPost); rec.Code != http.StatusServiceUnavailable {
+			t.Errorf("nothing sent yet: response %d, want 503", rec.Code)
+		}
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusOK)
+			otx, _ := outbox.TxFromContext(r.Context())
+			otx.ExecContext(r.Context(), "INSERT ...") // fails; the handler ignores it
+		}))
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Errorf("a 2xx streamed before a failed begin: recovered %v, want http.ErrAbortHandler", v)
+			}
+		}()
+		do(h, http.MethodPost)
+	})
 	t.Run("another panic after a begin failure goes on", func(t *testing.T) {
 		mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
 			return nil, errors.New("connection refused")
