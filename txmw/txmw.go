@@ -21,8 +21,12 @@ type Option = middleware.Option
 // Transactional returns a middleware that runs each POST, PUT, PATCH and
 // DELETE request in one transaction on db, commits it on a 2xx response
 // before the response goes out, and then runs the after-commit hooks. See
-// the package documentation. It panics if db is nil or an option is
-// invalid.
+// the package documentation. The transaction begins at its first use, so
+// a handler reading a slow client's body holds no connection meanwhile;
+// bound clients at the server all the same (http.Server's
+// ReadHeaderTimeout and ReadTimeout, http.MaxBytesReader on the body; see
+// "Slow clients" in the package documentation). It panics if db is nil or
+// an option is invalid.
 func Transactional(db *sqlx.DB, opts ...Option) func(http.Handler) http.Handler {
 	if db == nil {
 		panic("txmw: Transactional: db is nil")
