@@ -417,10 +417,11 @@ func TestPoolExhaustion(t *testing.T) {
 	eachDB(t, func(t *testing.T, f *fixture) {
 		f.db.SetMaxOpenConns(1)
 		r := f.router(middleware.WithBeginTimeout(50 * time.Millisecond))
-		var ran atomic.Bool
+		var ran, wentOn atomic.Bool
 		r.Post("/items/{id}", func(w http.ResponseWriter, r *http.Request) {
 			ran.Store(true)
-			f.create(r, chi.URLParam(r, "id"))
+			f.create(r, chi.URLParam(r, "id")) // the transaction begins here
+			wentOn.Store(true)
 			w.WriteHeader(http.StatusCreated)
 		})
 		e, _ := serve(t, r)
@@ -432,8 +433,10 @@ func TestPoolExhaustion(t *testing.T) {
 		resp := e.POST("/items/x1").Expect().Status(http.StatusServiceUnavailable)
 		resp.Header("Retry-After").IsEqual("1")
 		conn.Close()
-		if ran.Load() {
-			t.Error("the handler ran without a transaction")
+		// The transaction begins at its first use: the handler runs up to
+		// it, and no further.
+		if !ran.Load() || wentOn.Load() {
+			t.Errorf("handler ran %v, went on past its first use of the transaction %v; want true, false", ran.Load(), wentOn.Load())
 		}
 		if errs := f.handlerErrors(); len(errs) != 1 || !errors.Is(errs[0], middleware.ErrBeginTimeout) {
 			t.Errorf("error handler saw %v, want ErrBeginTimeout", errs)

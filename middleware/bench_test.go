@@ -24,6 +24,9 @@ func BenchmarkHandler(b *testing.B) {
 	begin := func(context.Context, *sql.TxOptions) (middleware.Unit, error) { return new(nopTx), nil }
 	body := []byte(`{"id":"01JD0000000000000000000000","status":"placed"}`)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t, ok := outbox.TxFromContext(r.Context()); ok {
+			outbox.Begun(t) // the transaction begins at its first use
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write(body)

@@ -1,7 +1,8 @@
-// Package middleware runs each HTTP request as one unit of work: it begins
-// a transaction before the handler, buffers the handler's response, commits
-// when the status says so, and only then runs the after-commit hooks (which
-// hand published events to the outbox dispatcher) and sends the response.
+// Package middleware runs each HTTP request as one unit of work: it gives
+// the handler a transaction that begins at its first use, buffers the
+// handler's response, commits when the status says so, and only then runs
+// the after-commit hooks (which hand published events to the outbox
+// dispatcher) and sends the response.
 //
 // It knows nothing of SQL libraries or routers. Package txmw binds it to
 // database/sql and sqlx; the GORM and ent adapters bind it to theirs. Each
@@ -40,9 +41,27 @@
 //		return middleware.New(begin, opts...).Handler
 //	}
 //
-// The middleware puts the Unit into the request context with
-// [outbox.ContextWithTx]; the binding's accessor finds it again with
-// [outbox.TxFromContext] and a type assertion to its own type. Commit and
+// The middleware puts a lazy transaction ([outbox.LazyTx]) into the
+// request context with [outbox.ContextWithTx], and calls the BeginFunc at
+// its first use (see "When the transaction begins"). The binding's
+// accessor finds it with [outbox.TxFromContext], begins it with
+// [outbox.Begun], and asserts its own type on the result:
+//
+//	func DB(ctx context.Context) *gorm.DB {
+//		t, ok := outbox.TxFromContext(ctx)
+//		if !ok {
+//			panic("no transaction: mount the route inside Transactional")
+//		}
+//		t, err := outbox.Begun(t)
+//		if err != nil {
+//			panic(err) // the pool is exhausted: the middleware answers 503
+//		}
+//		return t.(*gormTx).db
+//	}
+//
+// An accessor that cannot return an error panics with the begin's error
+// as is: the middleware recovers that panic (and no other) and answers
+// with the [ErrorHandler]. Commit and
 // Rollback end the transaction and run its hooks through [outbox.EndTx],
 // the one contract of every transaction of this module (after a failed
 // COMMIT the after-rollback hooks run); the ctx given to the BeginFunc
@@ -85,7 +104,7 @@
 // goes away mid-request does not cancel the unit of work: the handler runs
 // to completion and the outcome is decided by its status as usual, so the
 // data is either all committed or all rolled back, never half. The
-// request's context seen by the handler (and by Begin) keeps the request's
+// request's context seen by the handler (and by the begin) keeps the request's
 // values but is cancelled only by the transaction's own deadline
 // ([WithTimeout], default [DefaultTimeout]). A handler that wants to give
 // up early on a disconnect can watch [ClientContext].
@@ -101,12 +120,68 @@
 // the hot path, so a slow request never causes a second delivery. Keep
 // the timeout below half the lease to keep every request on the hot path.
 //
+// # When the transaction begins
+//
+// Not before the handler, but at its first use: the binding's accessor
+// (txmw.Tx, gormoutbox.DB, entoutbox.Tx), outbox.Publish, or any
+// ExecContext on the context's transaction. So a request holds a pooled
+// connection only from its first statement to its end. A handler that
+// reads the request body first holds none while a slow client sends it
+// (with a pool of 4, four clients sending a byte a second no longer make
+// every other request wait and get 503), nor while it calls another
+// service before writing; and a request that never uses its transaction
+// (a validation error, a cache hit) opens none. The after-commit and
+// after-rollback hooks registered before the begin run with the
+// transaction's; without a begin they run by the status as if an empty
+// transaction had committed or rolled back.
+//
+// What it gives up:
+//
+//   - The pool may be found exhausted in the middle of the handler, not
+//     before it: the handler runs up to its first use, and anything it did
+//     outside the database before (a call to another service, a file
+//     written) is not undone by the 503.
+//   - The transaction's snapshot starts at the first statement, not at the
+//     start of the request. (PostgreSQL and InnoDB take a REPEATABLE READ
+//     snapshot at the first statement anyway, so this changes little.)
+//   - A binding written for an earlier version, whose accessor asserts its
+//     type on outbox.TxFromContext without outbox.Begun, finds the lazy
+//     transaction instead of its own and reports none.
+//
+// Reading the body first is still not free: a slow client ties up a
+// goroutine and its buffers. Bound it at the server, as for any Go HTTP
+// service (see "Slow clients").
+//
+// # Slow clients
+//
+// The middleware holds no connection while the handler reads the body,
+// but the server should still bound how long a client may take and how
+// much it may send:
+//
+//	srv := &http.Server{
+//		Handler:           r,
+//		ReadHeaderTimeout: 5 * time.Second,  // the request line and headers
+//		ReadTimeout:       30 * time.Second, // the whole request, body included
+//	}
+//
+// and in the handler, or in a middleware in front of Transactional:
+//
+//	r.Body = http.MaxBytesReader(w, r.Body, 1<<20) // 1 MiB; a larger body fails the read
+//
+// ReadTimeout ends a read of the body that runs past it with an error;
+// MaxBytesReader makes a read past the limit fail with *http.MaxBytesError
+// (answer 413). Without them a client can send a body for as long and as
+// large as it likes.
+//
 // # Pool exhaustion
 //
-// Begin waits at most [WithBeginTimeout] (default [DefaultBeginTimeout])
+// The begin waits at most [WithBeginTimeout] (default [DefaultBeginTimeout])
 // for a connection. Past that, the ErrorHandler gets an error matching
-// [ErrBeginTimeout] and answers 503 with Retry-After by default; the
-// handler does not run, so nothing is written or published.
+// [ErrBeginTimeout] and answers 503 with Retry-After by default. The
+// handler goes no further than its first use of the transaction: the
+// accessors panic with the error (the middleware recovers it), and
+// outbox.Publish and ExecContext return it. Whatever the handler then
+// writes, the 503 goes out: nothing was written or published.
 //
 // # Nesting
 //

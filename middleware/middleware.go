@@ -64,8 +64,9 @@ type Unit interface {
 	Rollback() error
 }
 
-// BeginFunc begins a transaction. ctx is not cancelled by the client going
-// away; it ends at the transaction's deadline, or early if the begin
+// BeginFunc begins a transaction. The middleware calls it at the first use
+// of the request's transaction, not before the handler (see the package
+// documentation). ctx is not cancelled by the client going away; it ends at the transaction's deadline, or early if the begin
 // timeout passes before BeginFunc returns. The transaction must stay bound
 // to ctx (database/sql's BeginTx does this), so that the deadline rolls it
 // back. opts is never nil.
@@ -162,8 +163,9 @@ func WithTimeout(d time.Duration) Option {
 
 // WithBeginTimeout bounds the wait for a connection when the pool is
 // exhausted; past it the request is answered by the ErrorHandler with an
-// error matching ErrBeginTimeout (503 by default) and the handler does not
-// run. Defaults to DefaultBeginTimeout.
+// error matching ErrBeginTimeout (503 by default) and the handler goes no
+// further than its first use of the transaction. Defaults to
+// DefaultBeginTimeout.
 func WithBeginTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("middleware: WithBeginTimeout(%v): the timeout must be positive", d))
@@ -299,13 +301,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// The transaction reports hooks that panic with this logger.
 	ctx = outbox.ContextWithLogger(ctx, slog.New(&requestLog{Handler: m.cfg.log.Handler(), method: r.Method, path: r.URL.Path}))
 
-	tx, err := m.beginTx(ctx)
-	if err != nil {
-		m.cfg.log.LogAttrs(client, slog.LevelWarn, "middleware: begin transaction failed",
-			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
-		m.cfg.onError(w, r, &Error{Op: "begin", Err: err})
-		return
-	}
+	// The transaction begins at its first use, not here: see lazyTx.
+	tx := &lazyTx{m: m, ctx: ctx, r: r}
 	tr := r.WithContext(outbox.ContextWithTx(ctx, tx))
 
 	if m.cfg.stream != nil && m.cfg.stream(r) {
@@ -319,11 +316,22 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	defer func() {
 		if !done { // a panic or runtime.Goexit: roll back and let it go on
 			m.rollback(tr, tx)
+			if tx.failed() != nil {
+				m.recoverBegin(w, r, tx, recover(), false)
+			}
 		}
 	}()
 	next.ServeHTTP(bw, tr)
 	done = true
 
+	if err := tx.failed(); err != nil {
+		// The transaction could not begin: whatever the handler answered
+		// (perhaps a 2xx, having ignored a Publish error), its work is
+		// not in the database.
+		m.rollback(tr, tx)
+		m.cfg.onError(w, r, err)
+		return
+	}
 	status := bw.statusCode()
 	if !m.cfg.policy(status) {
 		m.rollback(tr, tx)
@@ -337,12 +345,36 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	bw.sendTo(w, r)
 }
 
-func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, next http.Handler, tx Unit) {
+// recoverBegin handles v, what the handler's deferred function
+// recovered after the begin of tx failed: it answers with the
+// ErrorHandler if v is that failure (an accessor such as txmw.Tx panics
+// with it, the handler having no way to go on), and panics again with
+// any other value. With sent (a streamed response has begun) it aborts
+// the connection instead of answering. (While the begin has not failed,
+// nothing is recovered: a panic goes on untouched.)
+func (m *Middleware) recoverBegin(w http.ResponseWriter, r *http.Request, tx *lazyTx, v any, sent bool) {
+	berr := tx.failed()
+	if v == nil {
+		return // runtime.Goexit
+	}
+	if e, ok := v.(error); !ok || !errors.Is(e, berr) {
+		panic(v)
+	}
+	if sent {
+		panic(http.ErrAbortHandler)
+	}
+	m.cfg.onError(w, r, berr)
+}
+
+func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, next http.Handler, tx *lazyTx) {
 	sw := &streamWriter{w: w}
 	done := false
 	defer func() {
 		if !done {
 			m.rollback(tr, tx)
+			if tx.failed() != nil {
+				m.recoverBegin(w, r, tx, recover(), sw.status != 0)
+			}
 		}
 	}()
 	next.ServeHTTP(sw, tr)
@@ -351,6 +383,16 @@ func (m *Middleware) serveStreamed(w http.ResponseWriter, r, tr *http.Request, n
 	status := sw.status
 	if status == 0 {
 		status = http.StatusOK
+	}
+	if err := tx.failed(); err != nil {
+		m.rollback(tr, tx)
+		switch {
+		case sw.status == 0: // nothing sent yet: answer properly
+			m.cfg.onError(w, r, err)
+		case m.cfg.policy(status):
+			panic(http.ErrAbortHandler) // a success is out, and nothing was written
+		}
+		return
 	}
 	if !m.cfg.policy(status) {
 		m.rollback(tr, tx)

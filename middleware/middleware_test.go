@@ -62,6 +62,19 @@ func begins(tx *recTx, calls *int) middleware.BeginFunc {
 	}
 }
 
+// using begins the request's transaction, which the middleware begins at
+// its first use, and then runs h: a handler that writes to the database.
+func using(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t, ok := outbox.TxFromContext(r.Context()); ok {
+			if _, err := outbox.Begun(t); err != nil {
+				panic(err)
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 func do(h http.Handler, method string) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(method, "/x", nil))
@@ -74,9 +87,9 @@ func TestBufferedResponseAndHooks(t *testing.T) {
 	var order []string
 	var logs bytes.Buffer
 	mw := middleware.New(begins(tx, &calls), middleware.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		otx, ok := outbox.TxFromContext(r.Context())
-		if !ok || otx != tx {
+		if begun, _ := outbox.Begun(otx); !ok || begun != tx {
 			t.Error("the handler's context does not carry the transaction")
 		}
 		otx.AfterCommit(func() { order = append(order, "first") })
@@ -91,7 +104,7 @@ func TestBufferedResponseAndHooks(t *testing.T) {
 		if tx.outcome() != "" {
 			t.Error("the transaction ended before the handler returned")
 		}
-	}))
+	})))
 	rec := do(h, http.MethodPost)
 	if rec.Code != http.StatusCreated || rec.Body.String() != "hello world" {
 		t.Errorf("response %d %q", rec.Code, rec.Body)
@@ -125,12 +138,12 @@ func TestCommitFailureSendsNothingOfTheHandler(t *testing.T) {
 			got = err
 			middleware.DefaultErrorHandler(w, r, err)
 		}))
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx.AfterCommit(func() { committed = true })
 		tx.AfterRollback(func() { rolledBack = true })
 		w.Header().Set("X-App", "1")
 		w.Write([]byte("secret"))
-	}))
+	})))
 	rec := httptest.NewRecorder()
 	rec.Header().Set("X-Outer", "kept")
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/x", nil))
@@ -179,7 +192,7 @@ func TestPolicyAndWriterSemantics(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			tx := &recTx{}
 			var calls int
-			rec := do(middleware.New(begins(tx, &calls)).Handler(c.handler), http.MethodPost)
+			rec := do(middleware.New(begins(tx, &calls)).Handler(using(c.handler)), http.MethodPost)
 			if rec.Code != c.code || rec.Body.String() != c.body || tx.outcome() != c.outcome {
 				t.Errorf("got %d %q %s, want %d %q %s", rec.Code, rec.Body, tx.outcome(), c.code, c.body, c.outcome)
 			}
@@ -191,9 +204,9 @@ func TestCustomCommitPolicy(t *testing.T) {
 	tx := &recTx{}
 	var calls int
 	mw := middleware.New(begins(tx, &calls), middleware.WithCommitPolicy(func(status int) bool { return status < 500 }))
-	do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	do(mw.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusUnprocessableEntity)
-	})), http.MethodPost)
+	}))), http.MethodPost)
 	if tx.outcome() != "commit" {
 		t.Errorf("transaction: %s, want commit under the custom policy", tx.outcome())
 	}
@@ -203,12 +216,12 @@ func TestPanicRollsBackAndRepanics(t *testing.T) {
 	tx := &recTx{}
 	var calls int
 	var rolledBack bool
-	h := middleware.New(begins(tx, &calls)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := middleware.New(begins(tx, &calls)).Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx.AfterRollback(func() { rolledBack = true })
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte("partial"))
 		panic("boom")
-	}))
+	})))
 	rec := httptest.NewRecorder()
 	func() {
 		defer func() {
@@ -232,9 +245,9 @@ func TestMethodsAndJoin(t *testing.T) {
 	mw := middleware.New(begins(tx, &calls))
 	inner := middleware.New(begins(&recTx{}, &calls))
 	var sawTx bool
-	h := mw.Handler(inner.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw.Handler(inner.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, sawTx = outbox.TxFromContext(r.Context())
-	})))
+	}))))
 	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodOptions} {
 		do(h, m)
 		if calls != 0 || sawTx {
@@ -248,8 +261,8 @@ func TestMethodsAndJoin(t *testing.T) {
 
 	calls = 0
 	get := middleware.New(begins(&recTx{}, &calls), middleware.WithMethods(http.MethodGet))
-	do(get.Handler(http.NotFoundHandler()), http.MethodGet)
-	do(get.Handler(http.NotFoundHandler()), http.MethodPost)
+	do(get.Handler(using(http.NotFoundHandler())), http.MethodGet)
+	do(get.Handler(using(http.NotFoundHandler())), http.MethodPost)
 	if calls != 1 {
 		t.Errorf("WithMethods(GET): %d begins for a GET and a POST, want 1", calls)
 	}
@@ -261,7 +274,7 @@ func TestTxOptionsAndContext(t *testing.T) {
 	mw := middleware.New(begins(tx, &calls), middleware.WithIsolation(sql.LevelSerializable), middleware.WithReadOnly(true))
 	client, cancel := context.WithCancel(context.Background())
 	var handlerCtx context.Context
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handlerCtx = r.Context()
 		cancel() // the client goes away
 		if r.Context().Err() != nil || tx.ctx.Err() != nil {
@@ -271,7 +284,7 @@ func TestTxOptionsAndContext(t *testing.T) {
 			t.Error("ClientContext does not report the client's cancellation")
 		}
 		w.WriteHeader(http.StatusNoContent)
-	}))
+	})))
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/x", nil).WithContext(client))
 	if tx.opts != (sql.TxOptions{Isolation: sql.LevelSerializable, ReadOnly: true}) {
 		t.Errorf("BeginFunc got options %+v", tx.opts)
@@ -289,7 +302,7 @@ func TestBeginFailure(t *testing.T) {
 	mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
 		return nil, errors.New("connection refused")
 	}, middleware.WithLogger(slog.New(slog.DiscardHandler)))
-	rec := do(mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })), http.MethodPost)
+	rec := do(mw.Handler(using(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))), http.MethodPost)
 	if ran || rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Errorf("handler ran %v, response %d %v", ran, rec.Code, rec.Header())
 	}
@@ -307,7 +320,7 @@ func TestBeginTimeout(t *testing.T) {
 			got = err
 			middleware.DefaultErrorHandler(w, r, err)
 		}))
-	rec := do(mw.Handler(http.NotFoundHandler()), http.MethodPost)
+	rec := do(mw.Handler(using(http.NotFoundHandler())), http.MethodPost)
 	if rec.Code != http.StatusServiceUnavailable || !errors.Is(got, middleware.ErrBeginTimeout) {
 		t.Errorf("response %d, error %v", rec.Code, got)
 	}
@@ -317,7 +330,7 @@ func TestFlushHijackBuffered(t *testing.T) {
 	tx := &recTx{}
 	var calls int
 	rec := httptest.NewRecorder()
-	h := middleware.New(begins(tx, &calls)).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := middleware.New(begins(tx, &calls)).Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("a"))
 		w.(http.Flusher).Flush()
 		if err := http.NewResponseController(w).Flush(); err != nil {
@@ -329,7 +342,7 @@ func TestFlushHijackBuffered(t *testing.T) {
 		if _, _, err := http.NewResponseController(w).Hijack(); !errors.Is(err, middleware.ErrHijack) {
 			t.Errorf("Hijack: %v", err)
 		}
-	}))
+	})))
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/x", nil))
 	if rec.Body.String() != "a" {
 		t.Errorf("body %q", rec.Body)
@@ -342,13 +355,13 @@ func TestStreaming(t *testing.T) {
 		tx := &recTx{}
 		var calls int
 		rec := httptest.NewRecorder()
-		h := middleware.New(begins(tx, &calls), stream).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := middleware.New(begins(tx, &calls), stream).Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte("a"))
 			w.(http.Flusher).Flush()
 			if !rec.Flushed || rec.Body.String() != "a" {
 				t.Error("a streamed Flush did not reach the client")
 			}
-		}))
+		})))
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/x", nil))
 		if tx.outcome() != "commit" {
 			t.Errorf("transaction: %s", tx.outcome())
@@ -358,7 +371,7 @@ func TestStreaming(t *testing.T) {
 		tx := &recTx{commitErr: errors.New("gone")}
 		var calls int
 		h := middleware.New(begins(tx, &calls), stream, middleware.WithLogger(slog.New(slog.DiscardHandler))).
-			Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("a")) }))
+			Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("a")) })))
 		defer func() {
 			if v := recover(); v != http.ErrAbortHandler {
 				t.Errorf("recovered %v, want http.ErrAbortHandler", v)
@@ -370,7 +383,7 @@ func TestStreaming(t *testing.T) {
 		tx := &recTx{commitErr: errors.New("gone")}
 		var calls int
 		h := middleware.New(begins(tx, &calls), stream, middleware.WithLogger(slog.New(slog.DiscardHandler))).
-			Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+			Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
 		if rec := do(h, http.MethodPost); rec.Code != http.StatusInternalServerError {
 			t.Errorf("response %d, want 500", rec.Code)
 		}
@@ -411,7 +424,104 @@ func TestConstructionPanics(t *testing.T) {
 func TestBeginReturnsNothing(t *testing.T) {
 	mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) { return nil, nil },
 		middleware.WithLogger(slog.New(slog.DiscardHandler)))
-	if rec := do(mw.Handler(http.NotFoundHandler()), http.MethodPost); rec.Code != http.StatusServiceUnavailable {
+	if rec := do(mw.Handler(using(http.NotFoundHandler())), http.MethodPost); rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("response %d", rec.Code)
 	}
+}
+
+// TestLazyBegin: the transaction begins at its first use. A request that
+// never uses it opens none, and its hooks still run by its status; hooks
+// registered before the begin run with the transaction's; after the
+// request nothing begins again.
+func TestLazyBegin(t *testing.T) {
+	t.Run("unused", func(t *testing.T) {
+		for status, want := range map[int]string{http.StatusCreated: "commit", http.StatusConflict: "rollback"} {
+			var calls int
+			var ran []string
+			var late outbox.TxContext
+			mw := middleware.New(begins(&recTx{}, &calls))
+			rec := do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				outbox.AfterCommit(r.Context(), func() { ran = append(ran, "commit") })
+				outbox.AfterRollback(r.Context(), func() { ran = append(ran, "rollback") })
+				late, _ = outbox.TxFromContext(r.Context())
+				w.WriteHeader(status)
+			})), http.MethodPost)
+			if calls != 0 || rec.Code != status || strings.Join(ran, ",") != want {
+				t.Errorf("status %d: %d begins, response %d, hooks %v; want no begin and the %s hook", status, calls, rec.Code, ran, want)
+			}
+			if _, err := outbox.Begun(late); !errors.Is(err, sql.ErrTxDone) || calls != 0 {
+				t.Errorf("a use after the request: %v, %d begins; want sql.ErrTxDone and none", err, calls)
+			}
+		}
+	})
+	t.Run("hooks before the begin", func(t *testing.T) {
+		tx := &recTx{}
+		var calls int
+		var ran []string
+		mw := middleware.New(begins(tx, &calls))
+		do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			outbox.AfterCommit(r.Context(), func() { ran = append(ran, "before") })
+			otx, _ := outbox.TxFromContext(r.Context())
+			if _, err := outbox.Begun(otx); err != nil {
+				t.Error(err)
+			}
+			otx.AfterCommit(func() { ran = append(ran, "after") })
+			w.WriteHeader(http.StatusCreated)
+		})), http.MethodPost)
+		if calls != 1 || tx.outcome() != "commit" || strings.Join(ran, ",") != "before,after" {
+			t.Errorf("%d begins, %s, hooks %v; want one begin, commit, before,after", calls, tx.outcome(), ran)
+		}
+	})
+	t.Run("a begin failure the handler ignored", func(t *testing.T) {
+		var rolledBack bool
+		mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
+			return nil, errors.New("connection refused")
+		}, middleware.WithLogger(slog.New(slog.DiscardHandler)))
+		rec := do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			outbox.AfterRollback(r.Context(), func() { rolledBack = true })
+			otx, _ := outbox.TxFromContext(r.Context())
+			if _, err := otx.ExecContext(r.Context(), "INSERT ..."); err == nil {
+				t.Error("ExecContext without a transaction succeeded")
+			}
+			w.WriteHeader(http.StatusCreated) // wrongly: its write failed
+		})), http.MethodPost)
+		if rec.Code != http.StatusServiceUnavailable || !rolledBack {
+			t.Errorf("response %d, after-rollback hook ran %v; want 503 and the hook", rec.Code, rolledBack)
+		}
+	})
+	t.Run("a begin failure in a streamed request", func(t *testing.T) {
+		mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
+			return nil, errors.New("connection refused")
+		}, middleware.WithLogger(slog.New(slog.DiscardHandler)), middleware.WithStreaming(func(*http.Request) bool { return true }))
+		if rec := do(mw.Handler(using(http.NotFoundHandler())), http.MethodPost); rec.Code != http.StatusServiceUnavailable {
+			t.Errorf("nothing sent yet: response %d, want 503", rec.Code)
+		}
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusOK)
+			otx, _ := outbox.TxFromContext(r.Context())
+			otx.ExecContext(r.Context(), "INSERT ...") // fails; the handler ignores it
+		}))
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Errorf("a 2xx streamed before a failed begin: recovered %v, want http.ErrAbortHandler", v)
+			}
+		}()
+		do(h, http.MethodPost)
+	})
+	t.Run("another panic after a begin failure goes on", func(t *testing.T) {
+		mw := middleware.New(func(context.Context, *sql.TxOptions) (middleware.Unit, error) {
+			return nil, errors.New("connection refused")
+		}, middleware.WithLogger(slog.New(slog.DiscardHandler)))
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			otx, _ := outbox.TxFromContext(r.Context())
+			otx.ExecContext(r.Context(), "INSERT ...")
+			panic("boom")
+		}))
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want boom", v)
+			}
+		}()
+		do(h, http.MethodPost)
+	})
 }

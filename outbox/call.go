@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +16,9 @@ import (
 // PanicError is the error of a handler that panicked.
 type PanicError struct {
 	Value any
-	Stack []byte
+	Stack []byte // as debug.Stack returned it, at the recover
+
+	logged atomic.Bool // by the dispatcher, once
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("outbox: handler panicked: %v", e.Value) }
@@ -116,4 +119,47 @@ func (d *dispatcher) call(ctx context.Context, timeout time.Duration, f func(con
 		}
 		return fmt.Errorf("outbox: handler cancelled: %w", ctx.Err())
 	}
+}
+
+// maxStackBytes bounds the stack of a handler panic in the log.
+const maxStackBytes = 4 << 10
+
+// panicStack returns the stack of a handler panic for the log: from the
+// panic site on (debug.Stack's own frames, the recover's and the
+// runtime's panic frame cut), at most maxStackBytes, cut at a line. A
+// stack shows functions, files and argument words, never the data they
+// point to, so no payload reaches the log through it.
+func panicStack(stack []byte) string {
+	s := string(stack)
+	if i := strings.Index(s, "\npanic("); i >= 0 {
+		s = s[i+1:]
+		// Drop the panic( line and its file:line line.
+		for range 2 {
+			if j := strings.IndexByte(s, '\n'); j >= 0 {
+				s = s[j+1:]
+			}
+		}
+	}
+	s = strings.TrimRight(s, "\n")
+	if len(s) <= maxStackBytes {
+		return s
+	}
+	cut := strings.LastIndexByte(s[:maxStackBytes], '\n')
+	if cut < 0 {
+		cut = maxStackBytes
+	}
+	return s[:cut] + fmt.Sprintf("\n… (%d more bytes)", len(s)-cut)
+}
+
+// logPanic logs a handler panic once, at ERROR, with its trimmed stack:
+// a batch handler's panic is the outcome of every event of the batch,
+// and is logged for the first.
+func (d *dispatcher) logPanic(s *subscription, it *item, err error) {
+	pe, ok := errors.AsType[*PanicError](err)
+	if !ok || !pe.logged.CompareAndSwap(false, true) {
+		return
+	}
+	d.log.Error("handler panicked; the delivery counts as failed",
+		slog.String("subscription", s.Name), slog.String("event_id", it.env.ID), slog.String("event_type", string(it.env.Type)),
+		slog.String("error", errorText(pe.Error())), slog.String("stack", panicStack(pe.Stack)))
 }

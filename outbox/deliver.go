@@ -238,6 +238,7 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 		}
 		return r // resDone
 	}
+	d.logPanic(s, it, err)
 	if ctx.Err() != nil {
 		// Shutdown cancelled the call: not the event's fault.
 		s.circuit.release(probe)

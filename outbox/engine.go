@@ -20,7 +20,10 @@ const storeTimeout = 15 * time.Second
 // Start launches the workers, the completion writer, the lease renewer, the
 // sampler and (unless disabled) the poller, and returns at once. The engine
 // runs until Close; cancelling ctx stops it without draining, and Close must
-// still be called. To drain on shutdown, give Start a context that outlives
+// still be called. A cancellation before Close is a mistake (requests go on
+// publishing, and nothing delivers): it is logged at ERROR, once, and
+// Health (LiveHandler, ReadyHandler) reports the instance neither live
+// nor ready from then on. To drain on shutdown, give Start a context that outlives
 // the shutdown signal (context.WithoutCancel(ctx)) and let Close stop the
 // engine. Calling Start again does nothing; after Close it returns
 // ErrClosed.
@@ -49,6 +52,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 		return ErrClosed // Close came meanwhile, and found nothing started
 	}
 	o.started = true
+	o.stopWatch = context.AfterFunc(ctx, func() { o.startCancelled(ctx) })
 	// Every part stops by the end of the engine's life at the latest,
 	// whenever Close comes to stop it: each has then had Close's last
 	// grace period to return before Close gives up waiting for it.
@@ -71,6 +75,25 @@ func (o *Outbox) Start(ctx context.Context) error {
 		o.seq.start(ctx, o.seq.run)
 	}
 	return nil
+}
+
+// startCancelled reports, once, that Start's context ended before Close:
+// the engine has stopped delivering, silently but for this, while Publish
+// still writes events and requests still succeed. Health then reports
+// the instance neither live nor ready.
+func (o *Outbox) startCancelled(ctx context.Context) {
+	o.mu.RLock()
+	closed := o.closed
+	o.mu.RUnlock()
+	if closed {
+		return
+	}
+	cause := context.Cause(ctx)
+	if !o.health.startCancelled.CompareAndSwap(nil, &cause) {
+		return
+	}
+	o.log.Error("the context given to Start was cancelled before Close: delivery has stopped, while Publish still writes events (they wait in the table for an instance that runs); give Start a context that lives until Close, e.g. context.WithoutCancel(ctx), and stop the engine with Close",
+		slog.Any("cause", cause))
 }
 
 // Close stops the engine: it stops the poller, lets the workers deliver
@@ -100,7 +123,8 @@ func (o *Outbox) Start(ctx context.Context) error {
 // Close may be called without Start and more than once; a second call
 // waits for the first and returns nil. It returns an error if ctx ended
 // and an abandoned handler call had still not returned the grace period
-// after its context was cancelled.
+// after its context was cancelled, and one that names the order if the
+// store's *sql.DB was closed before it: close the Outbox first.
 func (o *Outbox) Close(ctx context.Context) error {
 	o.mu.Lock()
 	if o.closed {
@@ -110,6 +134,9 @@ func (o *Outbox) Close(ctx context.Context) error {
 	}
 	o.closed = true
 	started := o.started
+	if o.stopWatch != nil {
+		o.stopWatch()
+	}
 	o.mu.Unlock()
 	defer close(o.closeDone)
 	defer defaultOutbox.CompareAndSwap(o, nil)
@@ -146,7 +173,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	if !started {
 		// Only what Publish leased here, waiting for Start, can be held.
 		if o.disp.handBack() > 0 || len(o.poller.dropped) > 0 {
-			o.releaseHeld(ctx)
+			return o.releaseHeld(ctx)
 		}
 		return nil
 	}
@@ -172,7 +199,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	stop("sampler", o.sampler.stop(o.patience))
 	stop("cleaner", o.cleaner.stop(o.patience))
 	err := o.disp.waitStragglers(ctx)
-	o.releaseHeld(ctx)
+	err = errors.Join(err, o.releaseHeld(ctx))
 	if len(stuck) > 0 {
 		err = errors.Join(err, fmt.Errorf("outbox: close: the %s did not return: blocked in a database call that ignores its context (on MySQL, a COMMIT on a connection that stopped answering); it returns when the driver does", strings.Join(stuck, ", ")))
 	}
@@ -190,11 +217,14 @@ const releaseTimeout = 5 * time.Second
 // it runs any more (Close's last step). Instance ids are unique among live
 // instances (Config.InstanceID), so it takes nothing from another. A part
 // Close gave up waiting for may still commit a claim after it: that claim
-// waits out its lease.
-func (o *Outbox) releaseHeld(ctx context.Context) {
+// waits out its lease. It returns an error only for a database handle
+// closed before the Outbox, a mistake of order in the caller's shutdown
+// that nothing else would report; other failures are logged, and leases
+// run out.
+func (o *Outbox) releaseHeld(ctx context.Context) error {
 	r, ok := o.store.(driver.OwnerReleaser)
 	if !ok {
-		return // handBack released what was queued, by id
+		return nil // handBack released what was queued, by id
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
@@ -203,11 +233,22 @@ func (o *Outbox) releaseHeld(ctx context.Context) {
 	o.m.Statement("release", n, time.Since(start))
 	if err != nil {
 		o.log.Error("release the leases left on close; their events are delivered again once the leases run out", slog.Any("error", err))
-		return
+		if dbClosed(err) {
+			return fmt.Errorf("outbox: close: the database handle was closed before the Outbox, so the last completions and the release of this instance's leases were not written (their events go out again once the leases run out): close the Outbox before the *sql.DB (call ob.Close, then db.Close; with defer, defer db.Close() first): %w", err)
+		}
+		return nil
 	}
 	if n > 0 {
 		o.log.Info("released the leases left on close", slog.Int("leases", n))
 	}
+	return nil
+}
+
+// dbClosed reports whether err is database/sql's error for a *sql.DB
+// used after its Close. database/sql does not export it; its text has
+// not changed since Go 1.0.
+func dbClosed(err error) bool {
+	return strings.Contains(err.Error(), "sql: database is closed")
 }
 
 // QueueDepths returns the current lengths of the hot and cold queues.

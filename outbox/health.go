@@ -16,6 +16,9 @@ type health struct {
 	completeFails atomic.Int64 // completion writes failed since the last success
 	renewFails    atomic.Int64 // lease renewal rounds failed since the last success
 	abandoned     atomic.Int64 // handler calls past their timeout, still running
+	// startCancelled holds the cause of the cancellation of Start's
+	// context before Close: delivery stopped, Publish goes on.
+	startCancelled atomic.Pointer[error]
 }
 
 // HealthCheck is one check of Health.
@@ -54,7 +57,12 @@ func (o *Outbox) Health(ctx context.Context) HealthStatus {
 		checks = append(checks, HealthCheck{Name: name, OK: ok, Detail: detail, Live: live, Ready: ready})
 	}
 	running := started && !closed
-	add("running", running, true, true, map[bool]string{true: "started", false: "not started, or closed"}[running])
+	detail := map[bool]string{true: "started", false: "not started, or closed"}[running]
+	if cause := o.health.startCancelled.Load(); running && cause != nil {
+		running = false
+		detail = fmt.Sprintf("stopped: the context given to Start was cancelled (%v) before Close; nothing is delivered while Publish still writes events", *cause)
+	}
+	add("running", running, true, true, detail)
 
 	if o.cfg.DisablePoller {
 		add("poller", true, true, false, "disabled")
@@ -79,7 +87,7 @@ func (o *Outbox) Health(ctx context.Context) HealthStatus {
 	add("circuits", true, false, false, fmt.Sprintf("open: %v", open))
 
 	werr := o.reg.sync(ctx)
-	detail := "registered the subscriptions"
+	detail = "registered the subscriptions"
 	if werr != nil {
 		detail = werr.Error()
 	}

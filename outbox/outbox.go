@@ -72,6 +72,9 @@ type Outbox struct {
 	started   bool
 	closed    bool
 	closeDone chan struct{}
+	// stopWatch stops the watch on Start's context (set by Start, called
+	// by Close): a cancellation after Close is no news.
+	stopWatch func() bool
 }
 
 // deps are what every part of the engine shares; they never change after
@@ -228,6 +231,10 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 // through a closed outbox, is written free, so that any instance's poller
 // can take it at once.
 func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, envs []Envelope) error {
+	tx, err := Begun(tx) // the store writes through the transaction itself
+	if err != nil {
+		return err
+	}
 	o.mu.RLock()
 	closed := o.closed
 	o.mu.RUnlock()

@@ -32,10 +32,38 @@ func ContextWithTx(ctx context.Context, tx TxContext) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
 
-// TxFromContext returns the transaction carried by ctx, if any.
+// TxFromContext returns the transaction carried by ctx, if any. It may be
+// a LazyTx that has not begun yet: AfterCommit and AfterRollback on it
+// begin nothing, ExecContext begins it. An accessor that hands the
+// transaction itself to its caller resolves it with Begun first.
 func TxFromContext(ctx context.Context) (TxContext, bool) {
 	tx, ok := ctx.Value(txKey{}).(TxContext)
 	return tx, ok && tx != nil
+}
+
+// LazyTx is a TxContext whose transaction begins at its first use, so
+// that it holds a pooled connection only from its first statement to its
+// end: package middleware puts one into each transactional request. Its
+// ExecContext begins it; AfterCommit and AfterRollback before the begin
+// are kept and handed to the transaction when it begins (or run at the
+// request's end if it never begins). Publish begins it before writing and
+// writes through the transaction it returns.
+type LazyTx interface {
+	TxContext
+	// Begin begins the transaction unless it has begun, and returns it;
+	// every call returns the same transaction, or the same error if the
+	// begin failed (after the end of the unit of work: sql.ErrTxDone).
+	Begin() (TxContext, error)
+}
+
+// Begun returns tx, or the transaction a LazyTx begins (see
+// LazyTx.Begin). Accessors of middleware bindings (txmw.Tx, gormoutbox.DB,
+// entoutbox.Tx) call it before handing the transaction out.
+func Begun(tx TxContext) (TxContext, error) {
+	if l, ok := tx.(LazyTx); ok {
+		return l.Begin()
+	}
+	return tx, nil
 }
 
 // Hooks keeps the after-commit and after-rollback callbacks of one

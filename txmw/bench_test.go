@@ -18,6 +18,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	db := testdb.SQLite(b)
 	body := []byte(`{"id":"01JD0000000000000000000000","status":"placed"}`)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		txmw.TxFrom(r.Context()) // begins the request's transaction, which begins at its first use
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write(body)

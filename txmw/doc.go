@@ -49,11 +49,36 @@
 // before COMMIT is reported as middleware.ErrTxTimeout, not as
 // sql.ErrTxDone.
 //
+// # When the transaction begins
+//
+// At its first use, not before the handler: [Tx], [TxFrom], [Transact]
+// inside the request, or outbox.Publish. A request holds a pooled
+// connection only from its first statement to its end, so a handler that
+// reads the body first holds none while a slow client sends it, and a
+// request that never touches the database opens no transaction. The
+// price: the pool may be found exhausted in the middle of the handler,
+// after work outside the database that the 503 does not undo, and the
+// snapshot starts at the first statement (see package middleware, "When
+// the transaction begins").
+//
+// # Slow clients
+//
+// Bound the client at the server all the same: http.Server's
+// ReadHeaderTimeout and ReadTimeout limit how long the headers and the
+// whole request may take, and http.MaxBytesReader how large the body may
+// be:
+//
+//	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
+//	...
+//	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20)) // 413 on *http.MaxBytesError
+//
 // # Pool exhaustion
 //
-// Begin waits at most [middleware.WithBeginTimeout] (5 s by default) for a
-// connection, then the request gets 503 with Retry-After and the handler
-// does not run.
+// The begin waits at most [middleware.WithBeginTimeout] (5 s by default)
+// for a connection, then the request gets 503 with Retry-After: [Tx] and
+// [TxFrom] panic with the error (Transactional recovers it and answers),
+// outbox.Publish returns it, and whatever the handler writes afterwards
+// is replaced by the 503.
 //
 // # Nesting
 //

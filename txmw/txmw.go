@@ -21,8 +21,12 @@ type Option = middleware.Option
 // Transactional returns a middleware that runs each POST, PUT, PATCH and
 // DELETE request in one transaction on db, commits it on a 2xx response
 // before the response goes out, and then runs the after-commit hooks. See
-// the package documentation. It panics if db is nil or an option is
-// invalid.
+// the package documentation. The transaction begins at its first use, so
+// a handler reading a slow client's body holds no connection meanwhile;
+// bound clients at the server all the same (http.Server's
+// ReadHeaderTimeout and ReadTimeout, http.MaxBytesReader on the body; see
+// "Slow clients" in the package documentation). It panics if db is nil or
+// an option is invalid.
 func Transactional(db *sqlx.DB, opts ...Option) func(http.Handler) http.Handler {
 	if db == nil {
 		panic("txmw: Transactional: db is nil")
@@ -62,28 +66,45 @@ func (t *sqlTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &
 func (t *sqlTx) Rollback() error { return outbox.EndTx(t.ctx, t.Tx.Rollback, false, &t.Hooks) }
 
 // TxFrom returns the *sqlx.Tx of the request (or of Transact) that ctx
-// belongs to, and reports whether there is one.
+// belongs to, and reports whether there is one. The request's
+// transaction begins here, at its first use (see the package
+// documentation); if it cannot begin (the pool is exhausted), TxFrom
+// panics with the error, and Transactional answers 503.
 func TxFrom(ctx context.Context) (*sqlx.Tx, bool) {
-	t, ok := outbox.TxFromContext(ctx)
-	if !ok {
-		return nil, false
-	}
-	st, ok := t.(*sqlTx)
+	st, ok := begun(ctx)
 	if !ok {
 		return nil, false
 	}
 	return st.Tx, true
 }
 
+// begun returns ctx's txmw transaction, begun; it panics with the error
+// of a begin that failed, which the middleware answers.
+func begun(ctx context.Context) (*sqlTx, bool) {
+	t, ok := outbox.TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	t, err := outbox.Begun(t)
+	if err != nil {
+		panic(err)
+	}
+	st, ok := t.(*sqlTx)
+	return st, ok
+}
+
 // Tx returns the *sqlx.Tx of the request (or of Transact) that ctx belongs
 // to. It panics if there is none: a handler that needs a transaction is
 // mounted in the wrong place, which no request can repair. Use TxFrom to
-// test.
+// test. The request's transaction begins here at its first use; if it
+// cannot begin, Tx panics with the error, which Transactional answers
+// with 503.
 func Tx(ctx context.Context) *sqlx.Tx {
 	if tx, ok := TxFrom(ctx); ok {
 		return tx
 	}
 	if t, ok := outbox.TxFromContext(ctx); ok {
+		t, _ = outbox.Begun(t) // TxFrom began it
 		panic(fmt.Sprintf("txmw: Tx: the context carries a %T, not a txmw transaction; use the accessor of the middleware that began it", t))
 	}
 	panic("txmw: Tx: no transaction in context; wrap the route with txmw.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or use txmw.Transact")
@@ -105,6 +126,10 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 		panic("txmw: Transact needs a db and a function")
 	}
 	if t, ok := outbox.TxFromContext(ctx); ok {
+		t, err := outbox.Begun(t)
+		if err != nil {
+			return fmt.Errorf("txmw: Transact: begin the context's transaction: %w", err)
+		}
 		st, ok := t.(*sqlTx)
 		if !ok {
 			return fmt.Errorf("txmw: Transact: the context carries a %T, not a txmw transaction, and a second one could deadlock the pool; use the API of the library that began it", t)

@@ -60,7 +60,11 @@
 // [Transactional] is package middleware bound to ent: each POST, PUT,
 // PATCH and DELETE runs in one transaction, the response is buffered, a
 // 2xx commits before it goes out and then the after-commit hooks run; any
-// other status or a panic rolls back.
+// other status or a panic rolls back. The transaction begins at its first
+// use ([Tx], outbox.Publish), not before the handler, so a handler holds
+// no pooled connection while it reads a slow client's body; if the pool
+// is exhausted then, the request gets 503 (see package middleware, "When
+// the transaction begins").
 //
 //	r.Use(entoutbox.Transactional(client, middleware.WithOutbox(ob)))
 //	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {

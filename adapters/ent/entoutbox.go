@@ -151,6 +151,9 @@ func (r rollbacker[T]) Rollback(ctx context.Context, tx T) error {
 // Wrap.
 func Bind[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
 	if t, ok := outbox.TxFromContext(ctx); ok {
+		if _, lazy := t.(outbox.LazyTx); lazy {
+			t, _ = outbox.Begun(t) // the request's: tx is most likely it
+		}
 		if b, ok := t.(bound); ok && b.same(tx) {
 			return ctx
 		}
@@ -159,8 +162,10 @@ func Bind[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[
 }
 
 // TxFrom returns the ent transaction that ctx carries (from Bind or
-// Transactional) and reports whether there is one. T is your generated
-// transaction type:
+// Transactional) and reports whether there is one. The request's
+// transaction begins here, at its first use (see package middleware); if
+// it cannot begin (the pool is exhausted), TxFrom panics with the error,
+// and Transactional answers 503. T is your generated transaction type:
 //
 //	tx, ok := entoutbox.TxFrom[*ent.Tx](ctx)
 func TxFrom[T any](ctx context.Context) (T, bool) {
@@ -168,6 +173,10 @@ func TxFrom[T any](ctx context.Context) (T, bool) {
 	t, ok := outbox.TxFromContext(ctx)
 	if !ok {
 		return zero, false
+	}
+	t, err := outbox.Begun(t)
+	if err != nil {
+		panic(err) // the middleware answers 503
 	}
 	b, ok := t.(*binding[T])
 	if !ok {
@@ -186,6 +195,7 @@ func Tx[T any](ctx context.Context) T {
 		return tx
 	}
 	if t, ok := outbox.TxFromContext(ctx); ok {
+		t, _ = outbox.Begun(t) // TxFrom began it
 		var want T
 		panic(fmt.Sprintf("entoutbox: Tx: the context carries a %T, not an ent transaction of type %T; use the accessor of the middleware that began it", t, want))
 	}

@@ -29,6 +29,10 @@ func Savepoint(ctx context.Context, fn func(ctx context.Context) error) (err err
 	if !ok {
 		return outbox.ErrNoTx
 	}
+	t, err = outbox.Begun(t)
+	if err != nil {
+		return err
+	}
 	b, ok := t.(bound)
 	if !ok {
 		return ErrNotBound

@@ -58,7 +58,11 @@
 // [Transactional] is package middleware bound to GORM: each POST, PUT,
 // PATCH and DELETE runs in one transaction, the response is buffered, a
 // 2xx commits before it goes out and then the after-commit hooks run; any
-// other status or a panic rolls back. Handlers take the request's
+// other status or a panic rolls back. The transaction begins at its first
+// use ([DB], outbox.Publish), not before the handler, so a handler holds
+// no pooled connection while it reads a slow client's body; if the pool
+// is exhausted then, the request gets 503 (see package middleware, "When
+// the transaction begins"). Handlers take the request's
 // transaction with [DB] and publish with the request's context:
 //
 //	r.Use(gormoutbox.Transactional(db, middleware.WithOutbox(ob)))

@@ -79,11 +79,17 @@ func (t *boundTx) Rollback() error         { return t.conn.Rollback() }
 
 // DBFrom returns the *gorm.DB of the transaction that ctx carries (from
 // Transactional or Context), bound to ctx, and reports whether there is
-// one.
+// one. The request's transaction begins here, at its first use (see
+// package middleware); if it cannot begin (the pool is exhausted), DBFrom
+// panics with the error, and Transactional answers 503.
 func DBFrom(ctx context.Context) (*gorm.DB, bool) {
 	t, ok := outbox.TxFromContext(ctx)
 	if !ok {
 		return nil, false
+	}
+	t, err := outbox.Begun(t)
+	if err != nil {
+		panic(err) // the middleware answers 503
 	}
 	b, ok := t.(*boundTx)
 	if !ok {
@@ -106,6 +112,7 @@ func DB(ctx context.Context) *gorm.DB {
 		return db
 	}
 	if t, ok := outbox.TxFromContext(ctx); ok {
+		t, _ = outbox.Begun(t) // DBFrom began it
 		panic(fmt.Sprintf("gormoutbox: DB: the context carries a %T, not a GORM transaction; use the accessor of the middleware that began it", t))
 	}
 	panic("gormoutbox: DB: no transaction in context; wrap the route with gormoutbox.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise)")

@@ -149,8 +149,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	a.start(ctx)
 	srv := &http.Server{
-		Handler:           a.handler,
+		Handler: a.handler,
+		// Bound slow clients: the headers, and the whole request with its
+		// body (decodeBody also caps the body with http.MaxBytesReader).
+		// The transaction begins at the handler's first use of it, after
+		// the body is read, so a slow body holds no pooled connection.
 		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)

@@ -185,7 +185,9 @@ func run(ctx context.Context, o options) (*roundTrip, error) {
 		return h.Get("traceparent")
 	}
 
-	if err := ob.Start(ctx); err != nil {
+	// Start's context must outlive the signal: cancelling it stops the
+	// engine without draining (and is logged as an error); Close stops it.
+	if err := ob.Start(context.WithoutCancel(ctx)); err != nil {
 		return nil, err
 	}
 	closeOutbox := func() error {

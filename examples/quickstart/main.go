@@ -3,9 +3,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"log"
+	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	chimw "github.com/go-chi/chi/v5/middleware"
@@ -21,10 +28,16 @@ import (
 const OrderPlaced outbox.EventType = "OrderPlaced"
 
 func main() {
+	// Ctrl-C or SIGTERM ends this context; the outbox gets one that outlives
+	// it, so that Close can still deliver what is queued.
+	stopped, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	ctx := context.Background()
+
 	// MySQL/MariaDB: sqlx.MustOpen("mysql", "app:pw@tcp(db:3306)/app?interpolateParams=true")
 	db := sqlx.MustOpen("sqlite", sqlstore.SQLiteDSN("quickstart.db"))
-	db.MustExec(`CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, item TEXT NOT NULL)`)
+	defer db.Close() // runs last: after the outbox is closed
+	db.MustExec(`CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, item VARCHAR(100) NOT NULL)`)
 
 	store := sqlstore.Must(sqlstore.New(db, sqlstore.Options{}))
 	if err := store.Migrate(ctx); err != nil { // creates the outbox table
@@ -40,8 +53,9 @@ func main() {
 		log.Printf("deliver %s %s %s", ev.Type, ev.ID, ev.JSON) // to Kafka, NATS, a webhook…
 		return nil                                              // an error retries with back-off
 	}, OrderPlaced)
-	ob.Start(ctx)
-	defer ob.Close(ctx) // drains the queues, waits for every goroutine
+	if err := ob.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
 
 	r := chi.NewRouter()
 	r.Use(chimw.Recoverer, txmw.Transactional(db, middleware.WithOutbox(ob)))
@@ -56,9 +70,35 @@ func main() {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		w.WriteHeader(http.StatusCreated) // 2xx: commit, then the event goes to the listener
+		w.WriteHeader(http.StatusCreated) // 2xx: commit, then the event goes to the handler
 	})
-	log.Print("listening on :8081; try: curl -i -X POST localhost:8081/orders/1")
-	srv := &http.Server{Addr: ":8081", Handler: r}
-	log.Print(srv.ListenAndServe())
+
+	ln, err := net.Listen("tcp", cmp.Or(os.Getenv("ADDR"), ":8081"))
+	if err != nil { // the address is taken, say
+		ob.Close(ctx)
+		log.Fatal(err)
+	}
+	// The timeouts bound slow clients (see "With chi, in ten lines").
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Printf("listening on %s; try: curl -i -X POST localhost:8081/orders/1", ln.Addr())
+	select {
+	case err := <-served:
+		ob.Close(ctx)
+		log.Fatal(err)
+	case <-stopped.Done():
+	}
+	stop() // a second Ctrl-C kills at once
+
+	// Finish the requests in flight, then deliver what is queued and stop.
+	log.Print("shutting down")
+	shutdown, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Print(err)
+	}
+	if err := ob.Close(shutdown); err != nil {
+		log.Fatal(err)
+	}
 }
