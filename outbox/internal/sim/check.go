@@ -51,7 +51,7 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int, frozen bool) *c
 	defer w.mu.Unlock()
 	e := w.events[n-1]
 	c := &call{sub: sp.name, n: n, key: e.key, node: nd, attempt: ev.Attempt, start: w.now(), running: true,
-		zombie: frozen || nd.stale[ev.ID]}
+		zombie: frozen || (staleZombies && nd.stale[ev.ID])}
 	w.calls = append(w.calls, c)
 	{ // always: a failing seed keeps the trace's tail
 		w.logLocked("%s: deliver #%d (key %q seq %d) to %s, attempt %d", nd.name, n, e.key, seq, sp.name, ev.Attempt)
@@ -389,3 +389,9 @@ func (w *world) closeAll() {
 		}
 	}
 }
+
+// staleZombies, when set, also excludes from the order checks the calls
+// of events an instance held when a long freeze began. The engine checks
+// each lease before a call (inflightSet.expired) since session 23, so
+// the rule is off: a call after a thaw must hold its lease.
+var staleZombies = false
