@@ -296,12 +296,22 @@ func testInvalid(t *testing.T, e *env) {
 		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"bad key": "v"}}, "Headers"},
 		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\r\nInjected: 1"}}, "Headers"},
 		{outbox.Envelope{Type: typeA, JSON: []byte(payload), ID: strings.Repeat("x", 65)}, "ID"},
+		// What a connector refuses (the webhook's HTTP headers) or a
+		// terminal obeys is refused at Publish, not found dead later.
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\x1b[31m"}}, "Headers"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\x7f"}}, "Headers"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\u0085"}}, "Headers"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\u2028"}}, "Headers"},
+		{outbox.Envelope{Type: typeA + "\u202e", JSON: []byte(payload)}, "Type"},
+		{outbox.Envelope{Type: typeA + "\x1b", JSON: []byte(payload)}, "Type"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), AggregateID: "42\u2029"}, "AggregateID"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), AggregateID: "42\x07"}, "AggregateID"},
 	}
 	for _, c := range cases {
 		_, err := ob.PublishTx(ctx, tx, c.env)
 		var ve *outbox.ValidationError
 		if !errors.As(err, &ve) || ve.Field != c.field {
-			t.Errorf("PublishTx(%+v): %v; want a ValidationError for %s", truncated(fmt.Sprint(c.env.Headers), 80), err, c.field)
+			t.Errorf("PublishTx(headers %s, type %q): %v; want a ValidationError for %s", truncated(fmt.Sprintf("%q", c.env.Headers), 80), c.env.Type, err, c.field)
 			continue
 		}
 		if strings.Contains(err.Error(), secret) {
