@@ -24,8 +24,9 @@ const (
 // "whsec_" followed by the base64 (standard alphabet) of the key bytes.
 const SecretPrefix = "whsec_"
 
-// MinSecretBytes is the shortest key New and Verify accept.
-const MinSecretBytes = 16
+// MinSecretBytes is the shortest key New and Verify accept: 24 bytes, as
+// Standard Webhooks asks.
+const MinSecretBytes = 24
 
 // DefaultTolerance is the tolerance Verify uses when given 0: how far the
 // signed timestamp may be from the receiver's clock, either way.
