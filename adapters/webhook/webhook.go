@@ -11,10 +11,10 @@
 //   - webhook-id: the event id (the same on every redelivery: receivers
 //     de-duplicate on it), percent-encoded if it holds a ".", a "%", a
 //     space or non-ASCII bytes, so that the signed content parses one way
-//     only; webhook-timestamp (unix seconds) and webhook-signature: "v1,"
-//     + base64(HMAC-SHA256(key, id + "." + timestamp + "." + body)) for
-//     each configured secret, space separated, so that secrets can be
-//     rotated;
+//     only; webhook-timestamp (unix seconds) and webhook-signature:
+//     "v1," + base64(HMAC-SHA256(key, id + "." + timestamp + "." +
+//     body)) for each configured secret, space separated, so that
+//     secrets can be rotated;
 //   - the event's metadata as headers, named as on every other broker
 //     (txoutbox-id, txoutbox-type, …, traceparent; the table is in
 //     adapters/README.md), and Content-Type from it; never an event's
