@@ -87,10 +87,11 @@ type Config struct {
 	// Timeout bounds each request, from connecting to the end of the
 	// answer's headers; a timeout counts as the endpoint being
 	// unavailable. Defaults to 15s, within the 15–30 s Standard Webhooks
-	// suggests. The subscription's Timeout bounds it too: the engine's
-	// default (outbox.DefaultListenerTimeout, 10s) cuts a request first
-	// and counts a failed attempt, so give the subscription a Timeout
-	// above this one (20s for the default).
+	// suggests. The subscription's Timeout bounds it too (a request cut by
+	// it is unavailable as well): the engine's default
+	// (outbox.DefaultListenerTimeout, 10s) is shorter, so give the
+	// subscription a Timeout above this one (20s for the default) for the
+	// endpoint to get the whole 15 s.
 	Timeout time.Duration
 	// Client sends the requests. Defaults to a client of its own with a
 	// connection pool sized for concurrent deliveries to one host. The
