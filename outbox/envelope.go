@@ -15,8 +15,9 @@ import (
 )
 
 // EventType names a kind of event, such as "OrderPlaced". Declare the types
-// of a service as constants; any non-empty string is allowed, so dynamic
-// types work too:
+// of a service as constants; any non-empty printable string of at most
+// MaxTypeLen bytes is allowed (no control, line-separator or
+// bidirectional control characters), so dynamic types work too:
 //
 //	const OrderPlaced outbox.EventType = "OrderPlaced"
 type EventType string
@@ -65,7 +66,11 @@ type Envelope struct {
 	// ID identifies the event; consumers de-duplicate on it. Defaults to a
 	// new ULID, monotonic within the process.
 	ID string
-	// Type is the event's type. Required.
+	// Type is the event's type. Required. Like every text field of the
+	// envelope (ID, AggregateType, AggregateID, TenantID, OrderingKey,
+	// header values), it must be printable: Publish refuses control
+	// characters (tab, CR, LF, ESC, DEL, C1), U+2028, U+2029 and the
+	// bidirectional controls, which connectors refuse or terminals obey.
 	Type EventType
 	// OccurredAt is when the event happened. Defaults to the time of Publish.
 	OccurredAt time.Time
@@ -80,8 +85,11 @@ type Envelope struct {
 	// bytes. Brokers' connectors use it as the message key.
 	OrderingKey string
 	// Headers are string metadata (trace ids, content types). Keys must be
-	// HTTP-style tokens; values must not contain CR, LF or NUL; encoded as
-	// a JSON object they take at most MaxHeadersBytes.
+	// HTTP-style tokens; values must be printable UTF-8 text: no control
+	// characters (tab, CR, LF, ESC, DEL, C1), no U+2028/U+2029 and no
+	// bidirectional controls, which some connector refuses (an HTTP
+	// header) or a terminal obeys. Encoded as a JSON object they take at
+	// most MaxHeadersBytes.
 	Headers map[string]string
 	// JSON is the payload as a JSON document. It must be valid JSON.
 	JSON json.RawMessage
@@ -168,11 +176,11 @@ func (e *Envelope) validate() error {
 		if !isToken(k) {
 			return invalid("Headers", "key %q is not a token (letters, digits and !#$%%&'*+-.^_`|~ only)", truncateKey(k))
 		}
-		if bytes.ContainsAny([]byte(v), "\r\n\x00") {
-			return invalid("Headers", "value of key %q contains CR, LF or NUL", k)
-		}
 		if !utf8.ValidString(v) {
 			return invalid("Headers", "value of key %q is not valid UTF-8", k)
+		}
+		if i, r, what := findUnsafe(v); what != "" {
+			return invalid("Headers", "value of key %q has %s (%U) at byte %d; %s", k, what, r, i, unsafeFix)
 		}
 	}
 	return nil
@@ -186,12 +194,38 @@ func checkText(field, s string, max int) error {
 	if !utf8.ValidString(s) {
 		return invalid(field, "not valid UTF-8")
 	}
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return invalid(field, "contains a control character")
-		}
+	if i, r, what := findUnsafe(s); what != "" {
+		return invalid(field, "has %s (%U) at byte %d; %s", what, r, i, unsafeFix)
 	}
 	return nil
+}
+
+// unsafeFix is the advice of an error of findUnsafe's.
+const unsafeFix = "metadata must be printable text: remove it, or carry such data in the payload"
+
+// findUnsafe returns the first character of s that some connector
+// refuses or that a terminal or log viewer obeys rather than shows: C0
+// controls (tab, CR and LF among them), DEL, C1 controls, the line and
+// paragraph separators, and the bidirectional marks, embeddings,
+// overrides and isolates. An HTTP header refuses the controls (the
+// webhook's event would be dead on its first attempt); the separators
+// break lines in logs and JSON-in-JavaScript; the bidi controls make
+// outboxctl and the admin page show text in another order than stored.
+// It returns what = "" when s is clean.
+func findUnsafe(s string) (at int, r rune, what string) {
+	for i, r := range s {
+		switch {
+		case r < 0x20, r == 0x7f:
+			return i, r, "a control character"
+		case r >= 0x80 && r <= 0x9f:
+			return i, r, "a C1 control character"
+		case r == 0x2028, r == 0x2029:
+			return i, r, "a line or paragraph separator"
+		case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+			return i, r, "a bidirectional control character"
+		}
+	}
+	return 0, 0, ""
 }
 
 func truncateKey(k string) string {

@@ -14,18 +14,19 @@ import (
 func TestValidate(t *testing.T) {
 	ok := Envelope{Type: "T", JSON: []byte(`{}`)}
 	exact := make([]byte, MaxPayloadBytes)
-	cases := []struct {
+	type validateCase struct {
 		name  string
 		env   Envelope
 		field string // "" means valid
 		msg   string
-	}{
+	}
+	cases := []validateCase{
 		{"minimal JSON", ok, "", ""},
 		{"raw bytes, binary", Envelope{Type: "T", Bytes: []byte{0, 0xff}}, "", ""},
 		{"exactly 1 MiB", Envelope{Type: "T", Bytes: exact}, "", ""},
 		{"empty JSON document is invalid", Envelope{Type: "T", JSON: []byte{}}, "JSON", "not valid JSON"},
 		{"missing type", Envelope{JSON: []byte(`{}`)}, "Type", "required"},
-		{"type with newline", Envelope{Type: "T\n", JSON: []byte(`{}`)}, "Type", "control character"},
+		{"type with newline", Envelope{Type: "T\n", JSON: []byte(`{}`)}, "Type", "U+000A"},
 		{"type too long", Envelope{Type: EventType(strings.Repeat("t", MaxTypeLen+1)), JSON: []byte(`{}`)}, "Type", "limit of 128"},
 		{"no payload", Envelope{Type: "T"}, "JSON", "payload is required"},
 		{"both payloads", Envelope{Type: "T", JSON: []byte(`{}`), Bytes: []byte("x")}, "JSON", "not both"},
@@ -33,13 +34,39 @@ func TestValidate(t *testing.T) {
 		{"invalid JSON", Envelope{Type: "T", JSON: []byte(`{"a":`)}, "JSON", "not valid JSON"},
 		{"header key with space", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"a b": "v"}}, "Headers", "not a token"},
 		{"empty header key", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"": "v"}}, "Headers", "not a token"},
-		{"header value CR", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": "a\rb"}}, "Headers", "CR, LF or NUL"},
-		{"header value LF", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": "a\nb"}}, "Headers", "CR, LF or NUL"},
-		{"header value NUL", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": "a\x00b"}}, "Headers", "CR, LF or NUL"},
+		{"header value CR", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": "a\rb"}}, "Headers", "U+000D"},
+		{"header value LF", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": "a\nb"}}, "Headers", "U+000A"},
+		{"header value NUL", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": "a\x00b"}}, "Headers", "U+0000"},
 		{"token punctuation allowed", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"X-Trace_id.v1!#$%&'*+^`|~": "v"}}, "", ""},
 		{"id too long", Envelope{Type: "T", JSON: []byte(`{}`), ID: strings.Repeat("i", 65)}, "ID", "limit of 64"},
 		{"aggregate id too long", Envelope{Type: "T", JSON: []byte(`{}`), AggregateID: strings.Repeat("i", 129)}, "AggregateID", "limit of 128"},
 		{"tenant not UTF-8", Envelope{Type: "T", JSON: []byte(`{}`), TenantID: "\xff"}, "TenantID", "UTF-8"},
+		{"printable non-ASCII allowed", Envelope{Type: "注文.placé", AggregateID: "Ærø-١٢", JSON: []byte(`{}`), Headers: map[string]string{"k": "naïve – “ok” 🙂"}}, "", ""},
+		{"header value space allowed", Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": " a b "}}, "", ""},
+	}
+	// What some connector refuses (the webhook's HTTP headers, terminals,
+	// log lines): every field named below refuses each of these.
+	refused := []struct{ name, s, code string }{
+		{"ESC", "a\x1b[31mb", "U+001B"},
+		{"BEL", "a\x07", "U+0007"},
+		{"TAB", "a\tb", "U+0009"},
+		{"DEL", "a\x7fb", "U+007F"},
+		{"C1 NEL", "a\u0085b", "U+0085"},
+		{"C1 CSI", "a\u009bb", "U+009B"},
+		{"line separator", "a\u2028b", "U+2028"},
+		{"paragraph separator", "a\u2029b", "U+2029"},
+		{"right-to-left override", "a\u202eb", "U+202E"},
+		{"left-to-right embedding", "a\u202ab", "U+202A"},
+		{"right-to-left isolate", "a\u2067b", "U+2067"},
+		{"right-to-left mark", "a\u200fb", "U+200F"},
+	}
+	for _, r := range refused {
+		cases = append(cases,
+			validateCase{"header value " + r.name, Envelope{Type: "T", JSON: []byte(`{}`), Headers: map[string]string{"k": r.s}}, "Headers", r.code},
+			validateCase{"type " + r.name, Envelope{Type: EventType(r.s), JSON: []byte(`{}`)}, "Type", r.code},
+			validateCase{"aggregate id " + r.name, Envelope{Type: "T", AggregateID: r.s, JSON: []byte(`{}`)}, "AggregateID", r.code},
+			validateCase{"aggregate type " + r.name, Envelope{Type: "T", AggregateType: AggregateType(r.s), JSON: []byte(`{}`)}, "AggregateType", r.code},
+		)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

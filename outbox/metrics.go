@@ -31,7 +31,9 @@ const (
 // ones are added. The package github.com/txoutbox/txoutbox/prom exports them to
 // Prometheus.
 type Metrics interface {
-	// Published counts an event written by Publish (not yet committed).
+	// Published counts an event written by Publish, once its transaction
+	// has committed (from the transaction's after-commit hooks): events
+	// of a transaction, or savepoint, that rolled back are never counted.
 	Published(t EventType)
 	// HotEnqueued counts an event handed to the dispatcher after commit.
 	HotEnqueued()

@@ -269,25 +269,25 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 	if err != nil {
 		return err
 	}
-	for _, env := range envs {
-		o.m.Published(env.Type)
-	}
-	if len(mine) > 0 || len(ordered) > 0 || len(named) > 0 {
-		tx.AfterCommit(func() {
-			if len(ordered) > 0 {
-				o.disp.keys.committedNumbers(rows, ordered, time.Now())
-			}
-			for _, env := range mine {
-				o.enqueueHot(env, written)
-			}
-			for _, p := range mineOrdered {
-				o.enqueueOrdered(p, written)
-			}
-			for _, k := range named {
-				o.seq.name(k)
-			}
-		})
-	}
+	// Counted once committed: a rolled-back transaction makes no metric
+	// (nor, in prom, a label value).
+	tx.AfterCommit(func() {
+		for _, env := range envs {
+			o.m.Published(env.Type)
+		}
+		if len(ordered) > 0 {
+			o.disp.keys.committedNumbers(rows, ordered, time.Now())
+		}
+		for _, env := range mine {
+			o.enqueueHot(env, written)
+		}
+		for _, p := range mineOrdered {
+			o.enqueueOrdered(p, written)
+		}
+		for _, k := range named {
+			o.seq.name(k)
+		}
+	})
 	return nil
 }
 

@@ -19,7 +19,7 @@
 // All names start with the namespace, "txoutbox" unless [WithNamespace]
 // says otherwise. Durations are in seconds.
 //
-//	txoutbox_events_published_total{event_type}      counter   Publish calls that wrote a row (before commit)
+//	txoutbox_events_published_total{event_type}      counter   events written by Publish, once committed
 //	txoutbox_hot_enqueued_total                      counter   committed events handed to the hot queue
 //	txoutbox_hot_dropped_total                       counter   committed events left to the poller (hot queue full, late commit)
 //	txoutbox_cold_enqueued_total                     counter   events the poller queued
@@ -42,8 +42,11 @@
 // minutes; the pending gauges are sampled every outbox.Config.StatsInterval
 // and only if the store implements [driver.StatsReader].
 //
-// The event_type label has one value per event type published; keep event
-// types a fixed set of constants, not data.
+// The event_type label has one value per event type, for the first
+// [DefaultMaxEventTypes] types committed in the process
+// ([WithMaxEventTypes]); later types are counted as [OtherEventType], so
+// that types made from data cannot grow the series without bound. Keep
+// event types a fixed set of constants, not data.
 //
 // # Queries and alerts
 //

@@ -105,7 +105,7 @@ txoutbox_dispatch_total{outcome="retry",path="hot"} 0
 # HELP txoutbox_delivery_failures_total Failed delivery attempts by event type and outcome: retry (another attempt scheduled) or dead (failed for the last time).
 # TYPE txoutbox_delivery_failures_total counter
 txoutbox_delivery_failures_total{event_type="Bad",outcome="dead"} 1
-# HELP txoutbox_events_published_total Events written by Publish, by event type; counted before commit, so it includes events whose transaction rolled back.
+# HELP txoutbox_events_published_total Events written by Publish, by event type; counted once their transaction committed. Types past the first MaxEventTypes are counted as "other".
 # TYPE txoutbox_events_published_total counter
 txoutbox_events_published_total{event_type="Bad"} 1
 txoutbox_events_published_total{event_type="Good"} 1

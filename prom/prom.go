@@ -3,6 +3,8 @@ package prom
 import (
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +30,14 @@ var DefaultBuckets = []float64{
 	120, 300,
 }
 
+// DefaultMaxEventTypes is how many event types get an event_type label
+// value of their own (WithMaxEventTypes).
+const DefaultMaxEventTypes = 100
+
+// OtherEventType is the event_type label value of every event type seen
+// after the first MaxEventTypes.
+const OtherEventType = "other"
+
 // Label values. Path and outcome values are those of outbox.Path and
 // outbox.Outcome.
 var (
@@ -44,6 +54,7 @@ type options struct {
 	latencyBuckets  []float64
 	durationBuckets []float64
 	nativeFactor    float64
+	maxTypes        int
 }
 
 // WithNamespace replaces the "txoutbox" prefix of the metric names. It
@@ -59,6 +70,19 @@ func WithNamespace(ns string) Option {
 // outboxes in one process (for example {"outbox": "orders"}).
 func WithConstLabels(l prometheus.Labels) Option {
 	return func(o *options) { o.constLabels = l }
+}
+
+// WithMaxEventTypes sets how many event types get an event_type label
+// value of their own: the first n types seen (committed events only:
+// Published is called after the commit), in this process; every later
+// type is counted under OtherEventType, so that types made from data
+// cannot grow the series without bound. It panics unless n > 0.
+// Defaults to DefaultMaxEventTypes.
+func WithMaxEventTypes(n int) Option {
+	if n <= 0 {
+		panic(fmt.Sprintf("prom: WithMaxEventTypes: %d must be greater than 0", n))
+	}
+	return func(o *options) { o.maxTypes = n }
 }
 
 // WithLatencyBuckets sets the buckets, in seconds, of
@@ -131,6 +155,8 @@ type Metrics struct {
 	statementRows    *prometheus.CounterVec
 	statementTime    *prometheus.HistogramVec
 
+	types *typeLabels
+
 	// Children resolved once, so that the hot path does no label lookup.
 	dispatchedBy map[outbox.Path]map[outbox.Outcome]prometheus.Counter
 	durationBy   map[outbox.Path]map[outbox.Outcome]prometheus.Observer
@@ -151,7 +177,7 @@ var (
 // unregistered in tests. It fails if reg already has metrics of the same
 // names and labels, for example a second outbox without WithConstLabels.
 func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
-	o := options{namespace: DefaultNamespace, latencyBuckets: DefaultBuckets, durationBuckets: DefaultBuckets}
+	o := options{namespace: DefaultNamespace, latencyBuckets: DefaultBuckets, durationBuckets: DefaultBuckets, maxTypes: DefaultMaxEventTypes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -173,7 +199,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	}
 	m := &Metrics{
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total", ConstLabels: cl,
-			Help: "Events written by Publish, by event type; counted before commit, so it includes events whose transaction rolled back."}, []string{"event_type"}),
+			Help: "Events written by Publish, by event type; counted once their transaction committed. Types past the first MaxEventTypes are counted as \"other\"."}, []string{"event_type"}),
 		hotEnqueued:  counter("hot_enqueued_total", "Events handed to the dispatcher's hot queue after their transaction committed."),
 		hotDropped:   counter("hot_dropped_total", "Committed events the hot path left to the poller: the hot queue was full, or the transaction committed too late for its lease."),
 		coldEnqueued: counter("cold_enqueued_total", "Events the poller claimed and queued on the cold queue."),
@@ -224,6 +250,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			"Time the engine's store calls took (with the engine's retries), by statement.", o.durationBuckets, "statement"),
 		unknownStatus: gauge("unknown_status_events", "Rows whose status the engine does not know (never delivered; written by hand or by a newer version); sampled every Config.StatsInterval."),
 
+		types:        &typeLabels{max: o.maxTypes},
 		dispatchedBy: map[outbox.Path]map[outbox.Outcome]prometheus.Counter{},
 		durationBy:   map[outbox.Path]map[outbox.Outcome]prometheus.Observer{},
 		latencyBy:    map[outbox.Path]prometheus.Observer{},
@@ -267,7 +294,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Published implements outbox.Metrics.
-func (m *Metrics) Published(t outbox.EventType) { m.published.WithLabelValues(string(t)).Inc() }
+func (m *Metrics) Published(t outbox.EventType) {
+	m.published.WithLabelValues(m.types.label(t)).Inc()
+}
 
 // HotEnqueued implements outbox.Metrics.
 func (m *Metrics) HotEnqueued() { m.hotEnqueued.Inc() }
@@ -281,7 +310,7 @@ func (m *Metrics) ColdEnqueued(n int) { m.coldEnqueued.Add(float64(n)) }
 // Dispatched implements outbox.Metrics.
 func (m *Metrics) Dispatched(t outbox.EventType, p outbox.Path, o outbox.Outcome, took time.Duration) {
 	if o != outbox.OutcomeDone {
-		m.failures.WithLabelValues(string(t), string(o)).Inc()
+		m.failures.WithLabelValues(m.types.label(t), string(o)).Inc()
 	}
 	c, ok := m.dispatchedBy[p][o]
 	if !ok { // a path or outcome added to outbox after this package
@@ -324,7 +353,9 @@ func (m *Metrics) Backlog(s outbox.Stats) {
 }
 
 // NoListener implements outbox.Metrics.
-func (m *Metrics) NoListener(t outbox.EventType) { m.noListener.WithLabelValues(string(t)).Inc() }
+func (m *Metrics) NoListener(t outbox.EventType) {
+	m.noListener.WithLabelValues(m.types.label(t)).Inc()
+}
 
 // Circuit implements outbox.Metrics.
 func (m *Metrics) Circuit(sub string, s outbox.CircuitState) {
@@ -365,4 +396,35 @@ func (m *Metrics) Statement(name string, rows int, took time.Duration) {
 	m.statements.WithLabelValues(name).Inc()
 	m.statementRows.WithLabelValues(name).Add(float64(rows))
 	m.statementTime.WithLabelValues(name).Observe(took.Seconds())
+}
+
+// typeLabels caps the event_type label: the first max types seen keep
+// their name, the rest are OtherEventType. A known type costs one
+// sync.Map read; a type past the cap, one atomic read more.
+type typeLabels struct {
+	max   int
+	n     atomic.Int64
+	known sync.Map // string → struct{}
+	mu    sync.Mutex
+}
+
+func (l *typeLabels) label(t outbox.EventType) string {
+	s := string(t)
+	if _, ok := l.known.Load(s); ok {
+		return s
+	}
+	if l.n.Load() >= int64(l.max) {
+		return OtherEventType
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.known.Load(s); ok {
+		return s
+	}
+	if l.n.Load() >= int64(l.max) {
+		return OtherEventType
+	}
+	l.known.Store(s, struct{}{})
+	l.n.Add(1)
+	return s
 }

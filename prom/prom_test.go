@@ -49,7 +49,7 @@ txoutbox_cleaned_rows_total 1017
 # HELP txoutbox_cold_enqueued_total Events the poller claimed and queued on the cold queue.
 # TYPE txoutbox_cold_enqueued_total counter
 txoutbox_cold_enqueued_total 7
-# HELP txoutbox_events_published_total Events written by Publish, by event type; counted before commit, so it includes events whose transaction rolled back.
+# HELP txoutbox_events_published_total Events written by Publish, by event type; counted once their transaction committed. Types past the first MaxEventTypes are counted as "other".
 # TYPE txoutbox_events_published_total counter
 txoutbox_events_published_total{event_type="OrderCancelled"} 1
 txoutbox_events_published_total{event_type="OrderPlaced"} 2

@@ -17,7 +17,7 @@ func BenchmarkDeliver(b *testing.B) {
 	c := cluster(b)
 	topic := topicName(b)
 	createTopic(b, c, topic, nil)
-	pub := publisher(b, client(b, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	pub := publisher(b, client(b, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 	e := newEngine(b, outbox.Subscription{Name: "to-kafka", Batch: pub.Handler(), BatchSize: 500},
 		outbox.Config{PollInterval: 50 * time.Millisecond})
 	payload := fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 190))

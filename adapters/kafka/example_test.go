@@ -43,7 +43,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer cl.Close()
-	pub, err := kafkaoutbox.New(cl, kafkaoutbox.Topic("orders"))
+	pub, err := kafkaoutbox.New(cl, kafkaoutbox.Config{Topic: "orders"})
 	if err != nil {
 		log.Fatal(err)
 	}

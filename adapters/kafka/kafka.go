@@ -6,7 +6,7 @@
 // event gets its own outcome.
 //
 //	cl, _ := kgo.NewClient(kgo.SeedBrokers("kafka:9092"))
-//	pub, _ := kafkaoutbox.New(cl, kafkaoutbox.Topic("orders"))
+//	pub, _ := kafkaoutbox.New(cl, kafkaoutbox.Config{Topic: "orders"})
 //	ob.Subscribe(outbox.Subscription{Name: "to-kafka", Batch: pub.Handler()})
 //
 // The record's value is the payload byte for byte, its headers are the
@@ -70,8 +70,37 @@ const TypePlaceholder = "{type}"
 // MaxTopicLen is the longest topic name Kafka accepts.
 const MaxTopicLen = 249
 
-// Option configures a Publisher.
-type Option func(*config)
+// Config configures a Publisher. Exactly one of Topic, TopicTemplate and
+// TopicFunc is required; the zero value of every other field means its
+// default.
+type Config struct {
+	// Topic sends every event to the topic name.
+	Topic string
+	// TopicTemplate sends each event to the topic named by the template
+	// with every "{type}" replaced by the event's type: "events.{type}"
+	// sends an OrderPlaced event to "events.OrderPlaced". An event whose
+	// type makes an invalid topic name goes DEAD with a permanent error.
+	TopicTemplate string
+	// TopicFunc chooses each event's topic. A name that is not a valid
+	// Kafka topic makes the event go DEAD with a permanent error.
+	TopicFunc func(ev *outbox.Event) string
+	// Key computes a record's key. Records with equal keys go to one
+	// partition, in the order the outbox delivers them; a key coarser than
+	// the ordering key keeps that order, a finer one (such as
+	// AggregateKey when OrderingKey groups several aggregates) loses it.
+	// Defaults to OrderingKey: the event's ordering key, or no key when it
+	// has none (the client's partitioner then spreads such records).
+	Key func(ev *outbox.Event) []byte
+	// AckTimeout bounds how long one Handler call waits for Kafka's
+	// acknowledgements; records not acknowledged by then are reported
+	// unavailable (an outage: no attempt is spent). Defaults to waiting
+	// until shortly before the call's context deadline (the
+	// subscription's Timeout): a fifth of the time left earlier, at most a
+	// second, so that it answers before the engine gives up on it (which
+	// would count an attempt). Without a deadline and without AckTimeout,
+	// a call waits as long as Kafka is away.
+	AckTimeout time.Duration
+}
 
 type config struct {
 	topic    string
@@ -79,47 +108,6 @@ type config struct {
 	topicFn  func(ev *outbox.Event) string
 	key      func(ev *outbox.Event) []byte
 	ack      time.Duration
-	set      int // how many of the topic options were given
-}
-
-// AckTimeout bounds how long one Handler call waits for Kafka's
-// acknowledgements; records not acknowledged by then are reported
-// unavailable (an outage: no attempt is spent). By default the call waits
-// until shortly before its context's deadline (the subscription's
-// Timeout): a fifth of the time left earlier, at most a second, so that it
-// answers before the engine gives up on it (which would count an attempt). Without a
-// deadline and without AckTimeout, a call waits as long as Kafka is away.
-func AckTimeout(d time.Duration) Option {
-	return func(c *config) { c.ack = d }
-}
-
-// Topic sends every event to the topic name.
-func Topic(name string) Option {
-	return func(c *config) { c.topic, c.set = name, c.set+1 }
-}
-
-// TopicTemplate sends each event to the topic named by tmpl with every
-// "{type}" replaced by the event's type: "events.{type}" sends an
-// OrderPlaced event to "events.OrderPlaced". An event whose type makes an
-// invalid topic name goes DEAD with a permanent error.
-func TopicTemplate(tmpl string) Option {
-	return func(c *config) { c.template, c.set = tmpl, c.set+1 }
-}
-
-// TopicFunc chooses each event's topic with fn. A name that is not a
-// valid Kafka topic makes the event go DEAD with a permanent error.
-func TopicFunc(fn func(ev *outbox.Event) string) Option {
-	return func(c *config) { c.topicFn, c.set = fn, c.set+1 }
-}
-
-// Key sets the function that computes a record's key, overriding the
-// default, OrderingKey: the event's ordering key, or no key when it has
-// none (the client's partitioner then spreads such records). Records with
-// equal keys go to one partition, in the order the outbox delivers them;
-// a key coarser than the ordering key keeps that order, a finer one (such
-// as AggregateKey when OrderingKey groups several aggregates) loses it.
-func Key(fn func(ev *outbox.Event) []byte) Option {
-	return func(c *config) { c.key = fn }
 }
 
 // OrderingKey is the default record key: the event's ordering key
@@ -136,8 +124,8 @@ func OrderingKey(ev *outbox.Event) []byte {
 }
 
 // AggregateKey is a record key of the event's aggregate id alone, or nil
-// when it is empty: the default before ordering keys (Key(AggregateKey)
-// keeps the earlier partitioning).
+// when it is empty: the default before ordering keys (Config.Key:
+// AggregateKey keeps the earlier partitioning).
 func AggregateKey(ev *outbox.Event) []byte {
 	if ev.AggregateID == "" {
 		return nil
@@ -154,20 +142,26 @@ type Publisher struct {
 }
 
 // New returns a Publisher that produces through client, which the caller
-// keeps and closes (after the outbox). Exactly one of Topic,
-// TopicTemplate and TopicFunc must be given. New fails when the client
+// keeps and closes (after the outbox). Exactly one of Config.Topic,
+// TopicTemplate and TopicFunc must be set. New fails when the client
 // disables idempotent writes (kgo.DisableIdempotentWrite): without them a
 // retried produce request can write a record twice, or out of order.
-func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
+func New(client *kgo.Client, cfg Config) (*Publisher, error) {
 	if client == nil {
 		return nil, errors.New("kafkaoutbox: New: client is nil")
 	}
-	c := config{key: OrderingKey}
-	for _, o := range opts {
-		o(&c)
+	c := config{topic: cfg.Topic, template: cfg.TopicTemplate, topicFn: cfg.TopicFunc, key: cfg.Key, ack: cfg.AckTimeout}
+	if c.key == nil {
+		c.key = OrderingKey
 	}
-	if c.set != 1 {
-		return nil, fmt.Errorf("kafkaoutbox: New: give exactly one of Topic, TopicTemplate and TopicFunc (got %d)", c.set)
+	set := 0
+	for _, given := range []bool{c.topic != "", c.template != "", c.topicFn != nil} {
+		if given {
+			set++
+		}
+	}
+	if set != 1 {
+		return nil, fmt.Errorf("kafkaoutbox: New: set exactly one of Config.Topic, TopicTemplate and TopicFunc (got %d)", set)
 	}
 	switch {
 	case c.topicFn != nil:
@@ -184,10 +178,7 @@ func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
 		}
 	}
 	if c.ack < 0 {
-		return nil, fmt.Errorf("kafkaoutbox: New: AckTimeout %v is negative", c.ack)
-	}
-	if c.key == nil {
-		return nil, errors.New("kafkaoutbox: New: Key function is nil")
+		return nil, fmt.Errorf("kafkaoutbox: New: Config.AckTimeout %v is negative", c.ack)
 	}
 	if v, ok := client.OptValue(kgo.DisableIdempotentWrite).(bool); ok && v {
 		return nil, errors.New("kafkaoutbox: New: the client disables idempotent writes (kgo.DisableIdempotentWrite): a retried produce could then duplicate or reorder records; remove that option")

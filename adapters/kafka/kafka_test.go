@@ -25,9 +25,9 @@ import (
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
-func publisher(t testing.TB, cl *kgo.Client, opts ...kafkaoutbox.Option) *kafkaoutbox.Publisher {
+func publisher(t testing.TB, cl *kgo.Client, cfg kafkaoutbox.Config) *kafkaoutbox.Publisher {
 	t.Helper()
-	p, err := kafkaoutbox.New(cl, opts...)
+	p, err := kafkaoutbox.New(cl, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestCommitProducesOneRecord(t *testing.T) {
 	c := cluster(t)
 	topic := topicName(t)
 	createTopic(t, c, topic, nil)
-	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 	e := newEngine(t, outbox.Subscription{Name: "to-kafka", Batch: pub.Handler()}, outbox.Config{})
 
 	payload := []byte(`{"id":42,"item":"book","note":"bytes \u00e9 kept"}`)
@@ -95,7 +95,7 @@ func TestRollbackProducesNothing(t *testing.T) {
 	c := cluster(t)
 	topic := topicName(t)
 	createTopic(t, c, topic, nil)
-	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 	var calls atomic.Int32
 	e := newEngine(t, outbox.Subscription{Name: "to-kafka", Batch: func(ctx context.Context, evs []outbox.Event) error {
 		calls.Add(1)
@@ -134,12 +134,12 @@ func TestRedeliveryIsSameIDAndKey(t *testing.T) {
 	// Two clients: the crashed process and the one that took over.
 	// The first delivers through the batch handler, the second through
 	// Publish, the one-event handler.
-	first := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	first := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 	if err := first.Handler()(ctx, []outbox.Event{ev}); err != nil {
 		t.Fatalf("first delivery: %v", err)
 	}
 	ev.Attempt++
-	second := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	second := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 	if err := second.Publish(ctx, ev); err != nil {
 		t.Fatalf("second delivery: %v", err)
 	}
@@ -172,7 +172,7 @@ func TestOversizedIsDeadAtOnce(t *testing.T) {
 			c := cluster(t)
 			topic := topicName(t)
 			createTopic(t, c, topic, tc.configs)
-			pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+			pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 			e := newEngine(t, outbox.Subscription{Name: "to-kafka", Batch: pub.Handler(), MaxAttempts: 5}, outbox.Config{})
 			ids := e.publish(t, true, outbox.Envelope{Type: "Big", AggregateID: "1", Bytes: noise(tc.size)})
 			st := e.waitFinal(t, 15*time.Second, ids...)[ids[0]]
@@ -210,7 +210,7 @@ func TestBatchOutcomePerEvent(t *testing.T) {
 	prefix := topicName(t)
 	topic := prefix + ".Good"
 	createTopic(t, c, topic, map[string]*string{"max.message.bytes": ptr("65536")})
-	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.TopicTemplate(prefix+".{type}"))
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{TopicTemplate: prefix + ".{type}"})
 
 	var evs []outbox.Event
 	for i := range 7 {
@@ -265,7 +265,7 @@ func TestOutageLosesNothingAndSpendsNoAttempt(t *testing.T) {
 	topic := topicName(t)
 	createTopic(t, c, topic, nil)
 	proxy := testbroker.NewProxy(t, c.ListenAddrs()[0])
-	pub := publisher(t, client(t, proxy.Addr(), proxy.Addr()), kafkaoutbox.Topic(topic))
+	pub := publisher(t, client(t, proxy.Addr(), proxy.Addr()), kafkaoutbox.Config{Topic: topic})
 
 	var unavailable, failed atomic.Int32
 	sawOutage := make(chan struct{})
@@ -341,7 +341,7 @@ func TestOutageLosesNothingAndSpendsNoAttempt(t *testing.T) {
 // configuration error to see, not an outage that parks the subscription.
 func TestUnknownTopicIsRetried(t *testing.T) {
 	c := cluster(t)
-	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topicName(t)))
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topicName(t)})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := pub.Publish(ctx, outbox.Event{Envelope: outbox.Envelope{ID: "1", Type: "x", JSON: []byte(`{}`)}})
@@ -356,24 +356,24 @@ func TestNewValidates(t *testing.T) {
 	cl := client(t, "127.0.0.1:1", "")
 	for _, tc := range []struct {
 		name string
-		opts []kafkaoutbox.Option
+		cfg  kafkaoutbox.Config
 	}{
-		{"no topic", nil},
-		{"two topics", []kafkaoutbox.Option{kafkaoutbox.Topic("a"), kafkaoutbox.Topic("b")}},
-		{"bad topic", []kafkaoutbox.Option{kafkaoutbox.Topic("a b")}},
-		{"template without placeholder", []kafkaoutbox.Option{kafkaoutbox.TopicTemplate("events")}},
-		{"bad template", []kafkaoutbox.Option{kafkaoutbox.TopicTemplate("events/{type}")}},
-		{"nil key", []kafkaoutbox.Option{kafkaoutbox.Topic("a"), kafkaoutbox.Key(nil)}},
+		{"no topic", kafkaoutbox.Config{}},
+		{"two topics", kafkaoutbox.Config{Topic: "a", TopicTemplate: "b.{type}"}},
+		{"bad topic", kafkaoutbox.Config{Topic: "a b"}},
+		{"template without placeholder", kafkaoutbox.Config{TopicTemplate: "events"}},
+		{"bad template", kafkaoutbox.Config{TopicTemplate: "events/{type}"}},
+		{"negative ack timeout", kafkaoutbox.Config{Topic: "a", AckTimeout: -1}},
 	} {
-		if _, err := kafkaoutbox.New(cl, tc.opts...); err == nil {
+		if _, err := kafkaoutbox.New(cl, tc.cfg); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
 		}
 	}
 	noIdem := client(t, "127.0.0.1:1", "", kgo.DisableIdempotentWrite())
-	if _, err := kafkaoutbox.New(noIdem, kafkaoutbox.Topic("a")); err == nil || !strings.Contains(err.Error(), "idempotent") {
+	if _, err := kafkaoutbox.New(noIdem, kafkaoutbox.Config{Topic: "a"}); err == nil || !strings.Contains(err.Error(), "idempotent") {
 		t.Fatalf("a client without idempotent writes: %v", err)
 	}
-	if _, err := kafkaoutbox.New(cl, kafkaoutbox.TopicTemplate("events.{type}")); err != nil {
+	if _, err := kafkaoutbox.New(cl, kafkaoutbox.Config{TopicTemplate: "events.{type}"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -382,7 +382,7 @@ func TestNewValidates(t *testing.T) {
 func TestRecordKeyAndTopic(t *testing.T) {
 	cl := client(t, "127.0.0.1:1", "")
 	ev := &outbox.Event{Envelope: outbox.Envelope{ID: "1", Type: "OrderPlaced", AggregateID: "a", TenantID: "t", Bytes: []byte{0, 1}}}
-	pub := publisher(t, cl, kafkaoutbox.TopicTemplate("ev.{type}"))
+	pub := publisher(t, cl, kafkaoutbox.Config{TopicTemplate: "ev.{type}"})
 	r, err := pub.Record(ev)
 	if err != nil || r.Topic != "ev.OrderPlaced" || string(r.Key) != ":a" || !bytes.Equal(r.Value, []byte{0, 1}) {
 		t.Fatalf("%+v %v", r, err)
@@ -391,18 +391,20 @@ func TestRecordKeyAndTopic(t *testing.T) {
 	if r, err = pub.Record(ev); err != nil || string(r.Key) != "customer:9" {
 		t.Fatalf("key %q (%v), want the OrderingKey", r.Key, err)
 	}
-	pub = publisher(t, cl, kafkaoutbox.Topic("x"), kafkaoutbox.Key(kafkaoutbox.AggregateKey))
+	pub = publisher(t, cl, kafkaoutbox.Config{Topic: "x", Key: kafkaoutbox.AggregateKey})
 	if r, err = pub.Record(ev); err != nil || string(r.Key) != "a" {
 		t.Fatalf("key %q (%v), want the aggregate id", r.Key, err)
 	}
 	ev.OrderingKey = ""
-	pub = publisher(t, cl, kafkaoutbox.TopicFunc(func(ev *outbox.Event) string { return "t-" + ev.TenantID }),
-		kafkaoutbox.Key(func(ev *outbox.Event) []byte { return []byte(ev.TenantID) }))
+	pub = publisher(t, cl, kafkaoutbox.Config{
+		TopicFunc: func(ev *outbox.Event) string { return "t-" + ev.TenantID },
+		Key:       func(ev *outbox.Event) []byte { return []byte(ev.TenantID) },
+	})
 	if r, err = pub.Record(ev); err != nil || r.Topic != "t-t" || string(r.Key) != "t" {
 		t.Fatalf("%+v %v", r, err)
 	}
 	ev.AggregateID = ""
-	pub = publisher(t, cl, kafkaoutbox.Topic("x"))
+	pub = publisher(t, cl, kafkaoutbox.Config{Topic: "x"})
 	if r, _ = pub.Record(ev); r.Key != nil {
 		t.Fatalf("key %q for an event without aggregate", r.Key)
 	}
@@ -439,7 +441,7 @@ func TestUnreachable(t *testing.T) {
 func TestOrderedKeyKeepsOrderInPartition(t *testing.T) {
 	topic := topicName(t)
 	c := cluster(t, kfake.SeedTopics(4, topic))
-	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Topic(topic))
+	pub := publisher(t, client(t, c.ListenAddrs()[0], ""), kafkaoutbox.Config{Topic: topic})
 	type body struct {
 		Seq int `json:"seq"`
 	}

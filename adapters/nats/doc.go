@@ -6,7 +6,9 @@
 //	nc, _ := nats.Connect(url, nats.MaxReconnects(-1))
 //	js, _ := jetstream.New(nc)
 //	pub, _ := natsoutbox.New(js, natsoutbox.Config{Subject: "events.{type}"})
-//	err := pub.Subscribe(ctx, ob, outbox.Subscription{Name: "to-nats"})
+//	sub := outbox.Subscription{Name: "to-nats", Batch: pub.Handler()}
+//	err = pub.Check(ctx, sub, ob.Config()) // the stream's duplicate window
+//	err = ob.Subscribe(sub)
 //	...
 //	ob.Start(ctx)
 //	defer nc.Drain()      // runs second: the connection goes after

@@ -58,7 +58,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := pub.Subscribe(ctx, ob, outbox.Subscription{Name: "orders-to-nats"}); err != nil {
+	sub := outbox.Subscription{Name: "orders-to-nats", Batch: pub.Handler()}
+	if err := pub.Check(ctx, sub, ob.Config()); err != nil { // the stream's duplicate window covers the retries
+		log.Fatal(err)
+	}
+	if err := ob.Subscribe(sub); err != nil {
 		log.Fatal(err)
 	}
 	if err := ob.Start(ctx); err != nil {

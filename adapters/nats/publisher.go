@@ -216,6 +216,10 @@ func classify(id, subject string, err error) error {
 // Subscribe checks sub against the stream's duplicate window (Check, with
 // ob.Config()), sets sub.Batch to the publisher's Handler and subscribes it
 // to ob. Call it before ob.Start.
+//
+// Deprecated: attach the connector as every connector is attached,
+// ob.Subscribe(outbox.Subscription{Name: …, Batch: pub.Handler()}), after
+// pub.Check(ctx, sub, ob.Config()).
 func (p *Publisher) Subscribe(ctx context.Context, ob *outbox.Outbox, sub outbox.Subscription) error {
 	sub.Handler, sub.Tx, sub.Batch = nil, nil, p.Handler()
 	if err := p.Check(ctx, sub, ob.Config()); err != nil {

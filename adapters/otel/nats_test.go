@@ -52,7 +52,11 @@ func TestHTTPRequestToNATS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := pub.Subscribe(ctx, ob, outbox.Subscription{Name: "to-nats"}); err != nil {
+		sub := outbox.Subscription{Name: "to-nats", Batch: pub.Handler()}
+		if err := pub.Check(ctx, sub, ob.Config()); err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Subscribe(sub); err != nil {
 			t.Fatal(err)
 		}
 	})

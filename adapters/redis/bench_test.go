@@ -22,11 +22,11 @@ func BenchmarkPublish(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			rdb := newClient(b, testbroker.Redis(b))
 			stream := prefix(b, rdb) + "events"
-			opts := []redisoutbox.Option{redisoutbox.Stream(stream), redisoutbox.MaxLen(10000)}
+			cfg := redisoutbox.Config{Stream: stream, MaxLen: 10000}
 			if idem {
-				opts = append(opts, redisoutbox.Idempotent(time.Minute))
+				cfg.IdempotentTTL = time.Minute
 			}
-			pub, err := redisoutbox.New(rdb, opts...)
+			pub, err := redisoutbox.New(rdb, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}

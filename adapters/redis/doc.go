@@ -7,14 +7,14 @@
 // payload, byte for byte:
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	pub, err := redisoutbox.New(rdb, redisoutbox.StreamTemplate("events:${type}"))
+//	pub, err := redisoutbox.New(rdb, redisoutbox.Config{StreamTemplate: "events:${type}"})
 //	...
 //	ob.Subscribe(outbox.Subscription{Name: "to-redis", Batch: pub.Handler()})
 //
 // Delivery is at least once. Redis Streams do not de-duplicate: an event
 // delivered again (a crash before the outbox recorded it as done, a reply
 // lost with the connection) is a second entry with the same txoutbox-id,
-// on which consumers de-duplicate — unless the Idempotent option is set,
+// on which consumers de-duplicate — unless Config.IdempotentTTL is set,
 // which adds an event to a stream at most once within a ttl.
 //
 // The outcome of each event is its own: an entry too big for

@@ -33,7 +33,7 @@ func Example() {
 
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	defer rdb.Close() // after ob.Close
-	pub, err := redisoutbox.New(rdb, redisoutbox.StreamTemplate("example:${type}"), redisoutbox.MaxLen(10000))
+	pub, err := redisoutbox.New(rdb, redisoutbox.Config{StreamTemplate: "example:${type}", MaxLen: 10000})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -82,7 +82,7 @@ type fixture struct {
 type setupOpts struct {
 	addr string // the client's address; default the shared server
 	sub  outbox.Subscription
-	opts []redisoutbox.Option
+	cfg  redisoutbox.Config // Stream defaults to the fixture's
 	wrap func(outbox.BatchHandler) outbox.BatchHandler
 }
 
@@ -101,7 +101,11 @@ func setup(t testing.TB, so setupOpts) *fixture {
 		client = newClient(t, so.addr)
 	}
 	var err error
-	f.pub, err = redisoutbox.New(client, append([]redisoutbox.Option{redisoutbox.Stream(f.stream)}, so.opts...)...)
+	cfg := so.cfg
+	if cfg.Stream == "" && cfg.StreamTemplate == "" {
+		cfg.Stream = f.stream
+	}
+	f.pub, err = redisoutbox.New(client, cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -53,26 +53,25 @@ func TestNewChecksOptions(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	for _, c := range []struct {
-		opts []Option
-		err  string
+		cfg Config
+		err string
 	}{
-		{[]Option{Stream("")}, "empty stream key"},
-		{[]Option{StreamTemplate("x:${nope}")}, "unknown placeholder"},
-		{[]Option{MaxLen(-1)}, "MaxLen -1"},
-		{[]Option{MaxMessageBytes(0)}, "MaxMessageBytes 0"},
-		{[]Option{PayloadField("")}, "empty PayloadField"},
-		{[]Option{PayloadField("txoutbox-id")}, "is a metadata field"},
-		{[]Option{Idempotent(0)}, "under a millisecond"},
+		{Config{Stream: "a", StreamTemplate: "b:${type}"}, "at most one of"},
+		{Config{StreamTemplate: "x:${nope}"}, "unknown placeholder"},
+		{Config{MaxLen: -1}, "MaxLen -1"},
+		{Config{MaxMessageBytes: -1}, "MaxMessageBytes -1"},
+		{Config{PayloadField: "txoutbox-id"}, "is a metadata field"},
+		{Config{IdempotentTTL: time.Microsecond}, "under a millisecond"},
 	} {
-		if _, err := New(rdb, c.opts...); err == nil || !strings.Contains(err.Error(), c.err) {
+		if _, err := New(rdb, c.cfg); err == nil || !strings.Contains(err.Error(), c.err) {
 			t.Errorf("%v, want %q", err, c.err)
 		}
 	}
-	if _, err := New(nil); err == nil {
+	if _, err := New(nil, Config{}); err == nil {
 		t.Error("nil client accepted")
 	}
 	// A fixed key is literal, '$' included.
-	p, err := New(rdb, Stream("a$b"))
+	p, err := New(rdb, Config{Stream: "a$b"})
 	if err != nil {
 		t.Fatal(err)
 	}

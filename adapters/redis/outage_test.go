@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	redisoutbox "github.com/txoutbox/txoutbox/adapters/redis"
 	"github.com/txoutbox/txoutbox/internal/testbroker"
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -34,7 +33,7 @@ func outage(t *testing.T, idem bool) {
 		sub: outbox.Subscription{MaxAttempts: 2, CircuitThreshold: 3, CircuitProbe: 100 * time.Millisecond, CircuitMaxProbe: 200 * time.Millisecond, Timeout: 2 * time.Second},
 	}
 	if idem {
-		so.opts = append(so.opts, redisoutbox.Idempotent(time.Minute))
+		so.cfg.IdempotentTTL = time.Minute
 	}
 	f := setup(t, so)
 

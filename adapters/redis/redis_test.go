@@ -110,11 +110,11 @@ func TestRedelivery(t *testing.T) {
 			addr := testbroker.Redis(t)
 			rdb := newClient(t, addr)
 			stream := prefix(t, rdb) + "events"
-			opts := []redisoutbox.Option{redisoutbox.Stream(stream)}
+			cfg := redisoutbox.Config{Stream: stream}
 			if idem {
-				opts = append(opts, redisoutbox.Idempotent(time.Minute))
+				cfg.IdempotentTTL = time.Minute
 			}
-			pub, err := redisoutbox.New(rdb, opts...)
+			pub, err := redisoutbox.New(rdb, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -153,7 +153,7 @@ func TestIdempotentThroughEngine(t *testing.T) {
 	var mu sync.Mutex
 	calls := 0
 	f := setup(t, setupOpts{
-		opts: []redisoutbox.Option{redisoutbox.Idempotent(time.Minute)},
+		cfg: redisoutbox.Config{IdempotentTTL: time.Minute},
 		wrap: func(h outbox.BatchHandler) outbox.BatchHandler {
 			return func(ctx context.Context, evs []outbox.Event) error {
 				mu.Lock()
@@ -183,7 +183,7 @@ func TestIdempotentThroughEngine(t *testing.T) {
 // An event bigger than MaxMessageBytes is dead at its first attempt, with
 // the sizes in its last error, and adds nothing; the next event goes.
 func TestOversizedIsDeadAtOnce(t *testing.T) {
-	f := setup(t, setupOpts{opts: []redisoutbox.Option{redisoutbox.MaxMessageBytes(4096)}, sub: outbox.Subscription{MaxAttempts: 5}})
+	f := setup(t, setupOpts{cfg: redisoutbox.Config{MaxMessageBytes: 4096}, sub: outbox.Subscription{MaxAttempts: 5}})
 	ids := f.publish(
 		outbox.Envelope{Type: "Big", Bytes: bytes.Repeat([]byte("x"), 5000)},
 		outbox.Envelope{Type: "Small", Bytes: []byte("x")},
@@ -212,7 +212,7 @@ func TestBatchOutcomePerEvent(t *testing.T) {
 	addr := testbroker.Redis(t)
 	rdb := newClient(t, addr)
 	p := prefix(t, rdb)
-	pub, err := redisoutbox.New(rdb, redisoutbox.StreamTemplate(p+"${tenant}"), redisoutbox.MaxMessageBytes(1024))
+	pub, err := redisoutbox.New(rdb, redisoutbox.Config{StreamTemplate: p + "${tenant}", MaxMessageBytes: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,8 +267,8 @@ func TestBatchThroughEngine(t *testing.T) {
 	var mu sync.Mutex
 	var sizes []int
 	f := setup(t, setupOpts{
-		opts: []redisoutbox.Option{redisoutbox.MaxMessageBytes(1024)},
-		sub:  outbox.Subscription{BatchSize: 20, BatchLinger: 50 * time.Millisecond},
+		cfg: redisoutbox.Config{MaxMessageBytes: 1024},
+		sub: outbox.Subscription{BatchSize: 20, BatchLinger: 50 * time.Millisecond},
 		wrap: func(h outbox.BatchHandler) outbox.BatchHandler {
 			return func(ctx context.Context, evs []outbox.Event) error {
 				mu.Lock()
@@ -310,11 +310,11 @@ func TestMaxLenTrims(t *testing.T) {
 		addr := testbroker.Redis(t)
 		rdb := newClient(t, addr)
 		stream := prefix(t, rdb) + "events"
-		opts := []redisoutbox.Option{redisoutbox.Stream(stream), redisoutbox.MaxLen(10)}
+		cfg := redisoutbox.Config{Stream: stream, MaxLen: 10}
 		if idem {
-			opts = append(opts, redisoutbox.Idempotent(time.Minute))
+			cfg.IdempotentTTL = time.Minute
 		}
-		pub, err := redisoutbox.New(rdb, opts...)
+		pub, err := redisoutbox.New(rdb, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -344,7 +344,7 @@ func TestIdempotentAfterScriptFlush(t *testing.T) {
 	addr := testbroker.Redis(t)
 	rdb := newClient(t, addr)
 	stream := prefix(t, rdb) + "events"
-	pub, err := redisoutbox.New(rdb, redisoutbox.Stream(stream), redisoutbox.Idempotent(time.Minute))
+	pub, err := redisoutbox.New(rdb, redisoutbox.Config{Stream: stream, IdempotentTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

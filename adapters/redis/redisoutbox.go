@@ -25,12 +25,12 @@ const (
 	// Redis's default proto-max-bulk-len (512 MiB).
 	DefaultMaxMessageBytes = 512 << 20
 	// DedupSuffix is put between the stream key and the event id to name
-	// the key that marks an event as stored in Idempotent mode (see
+	// the key that marks an event as stored with IdempotentTTL (see
 	// Publisher.DedupKey).
 	DedupSuffix = ":txoutbox-dedup:"
 )
 
-// luaUnpackLimit bounds the fields an Idempotent XADD can take: the script
+// luaUnpackLimit bounds the fields an idempotent XADD (IdempotentTTL) can take: the script
 // unpacks them onto Lua's C stack (LUAI_MAXCSTACK is 8000 slots).
 const luaUnpackLimit = 7900
 
@@ -47,110 +47,99 @@ type Publisher struct {
 	dedupTTL     time.Duration
 }
 
-// Option configures a Publisher.
-type Option func(*config)
-
-type config struct {
-	stream, tmpl string
-	tmplSet      bool
-	maxLen       int64
-	maxBytes     int
-	payloadField string
-	dedupTTL     time.Duration
-	dedupSet     bool
-}
-
-// Stream sets a fixed stream key for every event.
-func Stream(key string) Option {
-	return func(c *config) { c.stream, c.tmpl, c.tmplSet = key, "", false }
-}
-
-// StreamTemplate sets the stream key per event from a template whose
-// placeholders are replaced by the event's fields: ${type}, ${aggregate_type}
-// and ${tenant}. For example "events:${type}" sends an OrderPlaced event to
-// "events:OrderPlaced". New rejects an unknown placeholder; an event whose
-// placeholder would be empty (no aggregate type, no tenant) is dead at once
-// (outbox.Permanent), as no key can be built for it.
-func StreamTemplate(tmpl string) Option {
-	return func(c *config) { c.tmpl, c.tmplSet, c.stream = tmpl, true, "" }
-}
-
-// MaxLen trims each stream on every XADD to about n entries (MAXLEN ~ n:
-// Redis trims whole macro nodes, so a stream keeps at least n entries and
-// may keep a few more). Zero, the default, does not trim. A consumer that
-// falls more than n entries behind loses the oldest ones.
-func MaxLen(n int64) Option {
-	return func(c *config) { c.maxLen = n }
-}
-
-// MaxMessageBytes bounds the size of one stream entry: the bytes of every
-// field name and value, the payload included. An event above it is dead at
-// once (outbox.Permanent) with a reason that gives both sizes. Defaults to
-// DefaultMaxMessageBytes; set it to what your server and consumers accept
-// (proto-max-bulk-len, client buffers, maxmemory).
-func MaxMessageBytes(n int) Option {
-	return func(c *config) { c.maxBytes = n }
-}
-
-// PayloadField names the entry field that carries the payload (default
-// "payload"). A user header of the same name is left out of the entry.
-func PayloadField(name string) Option {
-	return func(c *config) { c.payloadField = name }
-}
-
-// Idempotent makes a redelivered event (same id, same stream) add no second
-// entry: each event is added by a Lua script that also sets a marker key
-// (see Publisher.DedupKey) holding the entry's id, which expires after ttl,
-// and that adds nothing when the marker exists. ttl must cover the longest
-// time an event can be delivered again (its retries, an outage, a lease
-// takeover); the default, without this option, is one XADD per delivery,
-// and consumers de-duplicate on the txoutbox-id field.
-//
-// With Redis Cluster, the stream key and the marker must be in one slot:
-// the marker takes the stream's hash tag, or the whole key as its tag when
-// it has none; a key without a hash tag must then not contain '}'.
-func Idempotent(ttl time.Duration) Option {
-	return func(c *config) { c.dedupTTL, c.dedupSet = ttl, true }
+// Config configures a Publisher. Its zero value sends every event to the
+// stream DefaultStream.
+type Config struct {
+	// Stream is the stream key of every event. Defaults to DefaultStream
+	// when StreamTemplate is not set either; set at most one of the two.
+	Stream string
+	// StreamTemplate sets the stream key per event from a template whose
+	// placeholders are replaced by the event's fields: ${type},
+	// ${aggregate_type} and ${tenant}. For example "events:${type}" sends
+	// an OrderPlaced event to "events:OrderPlaced". New rejects an unknown
+	// placeholder; an event whose placeholder would be empty (no
+	// aggregate type, no tenant) is dead at once (outbox.Permanent), as no
+	// key can be built for it.
+	StreamTemplate string
+	// MaxLen trims each stream on every XADD to about MaxLen entries
+	// (MAXLEN ~ n: Redis trims whole macro nodes, so a stream keeps at
+	// least n entries and may keep a few more). A consumer that falls
+	// more than n entries behind loses the oldest ones. Defaults to 0: no
+	// trimming.
+	MaxLen int64
+	// MaxMessageBytes bounds the size of one stream entry: the bytes of
+	// every field name and value, the payload included. An event above it
+	// is dead at once (outbox.Permanent) with a reason that gives both
+	// sizes. Set it to what your server and consumers accept
+	// (proto-max-bulk-len, client buffers, maxmemory). Defaults to
+	// DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// PayloadField names the entry field that carries the payload. A
+	// user header of the same name is left out of the entry. Defaults to
+	// DefaultPayloadField ("payload").
+	PayloadField string
+	// IdempotentTTL, when set, makes a redelivered event (same id, same
+	// stream) add no second entry: each event is added by a Lua script
+	// that also sets a marker key (see Publisher.DedupKey) holding the
+	// entry's id, which expires after IdempotentTTL, and that adds nothing
+	// when the marker exists. It must cover the longest time an event can
+	// be delivered again (its retries, an outage, a lease takeover); at
+	// least a millisecond. Defaults to 0: one XADD per delivery, and
+	// consumers de-duplicate on the txoutbox-id field.
+	//
+	// With Redis Cluster, the stream key and the marker must be in one
+	// slot: the marker takes the stream's hash tag, or the whole key as
+	// its tag when it has none; a key without a hash tag must then not
+	// contain '}'.
+	IdempotentTTL time.Duration
 }
 
 // New returns a Publisher that adds events to streams of client (a
-// *redis.Client, *redis.ClusterClient or *redis.Ring). It checks the
-// options: a template with an unknown placeholder, a negative MaxLen, a
-// MaxMessageBytes or Idempotent ttl that is not positive are errors.
+// *redis.Client, *redis.ClusterClient or *redis.Ring). It checks cfg:
+// both Stream and StreamTemplate, a template with an unknown placeholder,
+// a negative MaxLen or MaxMessageBytes, or an IdempotentTTL under a
+// millisecond are errors.
 //
 // Give the client small dial, read and write timeouts (a second or so):
 // a broker that does not answer then fails the call quickly, and the
 // outbox's circuit takes over (see Publisher.Handler).
-func New(client redis.UniversalClient, opts ...Option) (*Publisher, error) {
+func New(client redis.UniversalClient, cfg Config) (*Publisher, error) {
 	if client == nil {
 		return nil, errors.New("redisoutbox: New: nil client")
 	}
-	c := config{stream: DefaultStream, maxBytes: DefaultMaxMessageBytes, payloadField: DefaultPayloadField}
-	for _, o := range opts {
-		o(&c)
+	if cfg.Stream != "" && cfg.StreamTemplate != "" {
+		return nil, errors.New("redisoutbox: New: set at most one of Config.Stream and Config.StreamTemplate")
 	}
-	t := &template{src: c.stream, parts: []part{{lit: c.stream}}}
-	if c.tmplSet {
+	stream := cfg.Stream
+	if stream == "" {
+		stream = DefaultStream
+	}
+	t := &template{src: stream, parts: []part{{lit: stream}}}
+	if cfg.StreamTemplate != "" {
 		var err error
-		if t, err = parseTemplate(c.tmpl); err != nil {
+		if t, err = parseTemplate(cfg.StreamTemplate); err != nil {
 			return nil, err
 		}
-	} else if c.stream == "" {
-		return nil, errors.New("redisoutbox: New: empty stream key")
+	}
+	payloadField := cfg.PayloadField
+	if payloadField == "" {
+		payloadField = DefaultPayloadField
 	}
 	switch {
-	case c.maxLen < 0:
-		return nil, fmt.Errorf("redisoutbox: New: MaxLen %d is negative", c.maxLen)
-	case c.maxBytes <= 0:
-		return nil, fmt.Errorf("redisoutbox: New: MaxMessageBytes %d is not positive", c.maxBytes)
-	case c.payloadField == "":
-		return nil, errors.New("redisoutbox: New: empty PayloadField")
-	case meta.Reserved(c.payloadField) || c.payloadField == meta.ContentType:
-		return nil, fmt.Errorf("redisoutbox: New: PayloadField %q is a metadata field", c.payloadField)
-	case c.dedupSet && c.dedupTTL < time.Millisecond:
-		return nil, fmt.Errorf("redisoutbox: New: Idempotent ttl %v is under a millisecond", c.dedupTTL)
+	case cfg.MaxLen < 0:
+		return nil, fmt.Errorf("redisoutbox: New: Config.MaxLen %d is negative", cfg.MaxLen)
+	case cfg.MaxMessageBytes < 0:
+		return nil, fmt.Errorf("redisoutbox: New: Config.MaxMessageBytes %d is negative", cfg.MaxMessageBytes)
+	case meta.Reserved(payloadField) || payloadField == meta.ContentType:
+		return nil, fmt.Errorf("redisoutbox: New: Config.PayloadField %q is a metadata field", payloadField)
+	case cfg.IdempotentTTL != 0 && cfg.IdempotentTTL < time.Millisecond:
+		return nil, fmt.Errorf("redisoutbox: New: Config.IdempotentTTL %v is under a millisecond", cfg.IdempotentTTL)
 	}
-	return &Publisher{client: client, stream: t, maxLen: c.maxLen, maxBytes: c.maxBytes, payloadField: c.payloadField, dedupTTL: c.dedupTTL}, nil
+	maxBytes := cfg.MaxMessageBytes
+	if maxBytes == 0 {
+		maxBytes = DefaultMaxMessageBytes
+	}
+	return &Publisher{client: client, stream: t, maxLen: cfg.MaxLen, maxBytes: maxBytes, payloadField: payloadField, dedupTTL: cfg.IdempotentTTL}, nil
 }
 
 // Handler returns the batch handler to subscribe:
@@ -250,7 +239,7 @@ func (p *Publisher) entry(ev *outbox.Event) (entry, error) {
 		return entry{}, outbox.Permanent(fmt.Errorf("redisoutbox: event %s is %d bytes as a stream entry (payload %d bytes), over MaxMessageBytes %d: it can never be stored", ev.ID, size, len(ev.Payload()), p.maxBytes))
 	}
 	if p.dedupTTL > 0 && len(values) > luaUnpackLimit {
-		return entry{}, outbox.Permanent(fmt.Errorf("redisoutbox: event %s has %d fields, over the %d an Idempotent XADD can take", ev.ID, len(values)/2, luaUnpackLimit/2))
+		return entry{}, outbox.Permanent(fmt.Errorf("redisoutbox: event %s has %d fields, over the %d an idempotent XADD (Config.IdempotentTTL) can take", ev.ID, len(values)/2, luaUnpackLimit/2))
 	}
 	return entry{stream: stream, id: ev.ID, values: values}, nil
 }
@@ -328,7 +317,7 @@ func (p *Publisher) exec(ctx context.Context, es []entry, errs []error) {
 }
 
 // DedupKey returns the key that marks the event id as stored in stream in
-// Idempotent mode: stream + DedupSuffix + id when the stream key has a hash
+// IdempotentTTL mode: stream + DedupSuffix + id when the stream key has a hash
 // tag, else "{" + stream + "}" + DedupSuffix + id, so that the marker is
 // in the stream's Redis Cluster slot.
 func (p *Publisher) DedupKey(stream, id string) string {

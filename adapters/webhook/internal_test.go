@@ -3,8 +3,11 @@ package webhook
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
 )
 
 // The Standard Webhooks reference vector: a receiver's existing library
@@ -81,5 +84,65 @@ func TestRetryAfterParsing(t *testing.T) {
 		if got := p.retryAfter(v); got != want {
 			t.Errorf("Retry-After %q: %s, want %s", v, got, want)
 		}
+	}
+}
+
+// An event id holding "." cannot shift the boundaries of the signed
+// content id.timestamp.body: the webhook-id is encoded, so the signature
+// of (id "a.100", ts 200, body X) does not verify as (id "a", ts 100,
+// body "200.X"); an id without "." goes as it is.
+func TestMessageIDWithDotIsEncoded(t *testing.T) {
+	secret := NewSecret()
+	p, err := New(Config{URL: "https://h/x", Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.now = func() time.Time { return time.Unix(200, 0) }
+	ev := &outbox.Event{Envelope: outbox.Envelope{ID: "a.100", Type: "t", Bytes: []byte("X")}}
+	h := http.Header{}
+	if err := p.setHeaders(h, ev, ev.Bytes); err != nil {
+		t.Fatal(err)
+	}
+	id := h.Get(HeaderID)
+	if strings.Contains(id, ".") || id == "" {
+		t.Fatalf("webhook-id %q holds a dot", id)
+	}
+	if err := verifyAt(secret, h, []byte("X"), 0, time.Unix(200, 0)); err != nil {
+		t.Fatalf("the request does not verify: %v", err)
+	}
+	forged := http.Header{}
+	forged.Set(HeaderID, "a")
+	forged.Set(HeaderTimestamp, "100")
+	forged.Set(HeaderSignature, h.Get(HeaderSignature))
+	if err := verifyAt(secret, forged, []byte("200.X"), time.Hour, time.Unix(200, 0)); !errors.Is(err, ErrSignature) {
+		t.Fatalf("the signature of id %q verifies as id \"a\" with another body: %v", ev.ID, err)
+	}
+	// Distinct ids stay distinct; plain ids (ULIDs, UUIDs, "order:42") are unchanged.
+	seen := map[string]string{}
+	for _, in := range []string{"a.b", "a%2Eb", "a%b", "a b", "é", "01JDEF", "order:42", "4f1c-9a"} {
+		out := webhookID(in)
+		if prev, dup := seen[out]; dup {
+			t.Errorf("ids %q and %q both encode to %q", prev, in, out)
+		}
+		seen[out] = in
+		if strings.ContainsAny(out, ". ") {
+			t.Errorf("webhookID(%q) = %q", in, out)
+		}
+	}
+	for _, plain := range []string{"01JDEF", "order:42", "4f1c-9a"} {
+		if webhookID(plain) != plain {
+			t.Errorf("webhookID(%q) = %q, want it unchanged", plain, webhookID(plain))
+		}
+	}
+}
+
+// The default timeout is within the 15–30 s Standard Webhooks suggests.
+func TestDefaultTimeout(t *testing.T) {
+	p, err := New(Config{URL: "https://h/x", Secret: NewSecret()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.timeout < 15*time.Second || p.timeout > 30*time.Second {
+		t.Fatalf("default timeout %s, want 15–30 s", p.timeout)
 	}
 }

@@ -24,8 +24,9 @@ const (
 // "whsec_" followed by the base64 (standard alphabet) of the key bytes.
 const SecretPrefix = "whsec_"
 
-// MinSecretBytes is the shortest key New and Verify accept.
-const MinSecretBytes = 16
+// MinSecretBytes is the shortest key New and Verify accept: 24 bytes, as
+// Standard Webhooks asks.
+const MinSecretBytes = 24
 
 // DefaultTolerance is the tolerance Verify uses when given 0: how far the
 // signed timestamp may be from the receiver's clock, either way.
@@ -83,8 +84,11 @@ func sign(key []byte, id, ts string, body []byte) string {
 
 // Sign returns the webhook-signature value of one secret for a message:
 // "v1," + base64(HMAC-SHA256(key, id + "." + unix seconds + "." + body)).
-// The connector calls it for every secret; it is exported for receivers'
-// tests and for tools that replay a request by hand.
+// id is the webhook-id header's value: the connector sends an event id
+// that holds a "." (or "%", a space, non-ASCII) percent-encoded, so that
+// the signed content parses one way only. The connector signs with every
+// secret; Sign is exported for receivers' tests and for tools that replay
+// a request by hand.
 func Sign(secret, id string, timestamp time.Time, body []byte) (string, error) {
 	key, err := decodeSecret(secret)
 	if err != nil {

@@ -9,13 +9,17 @@
 // Each request carries:
 //
 //   - webhook-id: the event id (the same on every redelivery: receivers
-//     de-duplicate on it), webhook-timestamp (unix seconds) and
-//     webhook-signature: "v1," + base64(HMAC-SHA256(key, id + "." +
-//     timestamp + "." + body)) for each configured secret, space
-//     separated, so that secrets can be rotated;
+//     de-duplicate on it), percent-encoded if it holds a ".", a "%", a
+//     space or non-ASCII bytes, so that the signed content parses one way
+//     only; webhook-timestamp (unix seconds) and webhook-signature:
+//     "v1," + base64(HMAC-SHA256(key, id + "." + timestamp + "." +
+//     body)) for each configured secret, space separated, so that
+//     secrets can be rotated;
 //   - the event's metadata as headers, named as on every other broker
 //     (txoutbox-id, txoutbox-type, …, traceparent; the table is in
-//     adapters/README.md), and Content-Type from it;
+//     adapters/README.md), and Content-Type from it; never an event's
+//     Authorization or Cookie (unless Config.ForwardHeaders names it),
+//     Proxy-Authorization, hop-by-hop headers, Host or Expect;
 //   - the payload as the body, byte for byte.
 //
 // # Outcomes
@@ -28,7 +32,8 @@
 // date) is honoured. Other 3xx and 4xx answers (410 Gone among them) are
 // permanent (outbox.Permanent): the event is dead at once, and the error
 // (a *StatusError) names the status, and the Location of a redirect,
-// which is never followed unless Config.FollowRedirects is set.
+// which is never followed unless Config.FollowRedirects is set, and then
+// only within the origin of Config.URL.
 //
 // Response bodies are never logged nor put into errors: the connector
 // reads at most a few kilobytes of them, to reuse the connection, and
@@ -55,7 +60,7 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultTimeout          = 10 * time.Second
+	DefaultTimeout          = 15 * time.Second
 	DefaultMaxRetryAfter    = 10 * time.Minute
 	DefaultBatchConcurrency = 8
 	DefaultUserAgent        = "txoutbox-webhook/1"
@@ -81,17 +86,24 @@ type Config struct {
 	Secrets []string
 	// Timeout bounds each request, from connecting to the end of the
 	// answer's headers; a timeout counts as the endpoint being
-	// unavailable. The subscription's Timeout bounds it too. Defaults to
-	// 10s.
+	// unavailable. Defaults to 15s, within the 15–30 s Standard Webhooks
+	// suggests. The subscription's Timeout bounds it too (a request cut by
+	// it is unavailable as well): the engine's default
+	// (outbox.DefaultListenerTimeout, 10s) is shorter, so give the
+	// subscription a Timeout above this one (20s for the default) for the
+	// endpoint to get the whole 15 s.
 	Timeout time.Duration
 	// Client sends the requests. Defaults to a client of its own with a
 	// connection pool sized for concurrent deliveries to one host. The
 	// Publisher uses a copy whose CheckRedirect refuses redirects, unless
 	// FollowRedirects is set.
 	Client *http.Client
-	// FollowRedirects lets the client follow redirects (with its own
-	// CheckRedirect, or Go's default of ten). By default a 3xx answer is
-	// a permanent error naming its Location.
+	// FollowRedirects lets the client follow redirects within the
+	// origin of URL (its scheme, host and port), then with its own
+	// CheckRedirect, or Go's default of ten. A redirect to another origin
+	// is never followed, so that the signature and Header's credentials
+	// reach no other host: like every 3xx answer when FollowRedirects is
+	// off, it is a permanent error naming its Location.
 	FollowRedirects bool
 	// MaxBodyBytes refuses events whose payload is longer, as a permanent
 	// error (the event is dead at once, the request is never sent): set it
@@ -109,12 +121,22 @@ type Config struct {
 	// BatchConcurrency bounds the requests one BatchHandler call sends at
 	// once. Defaults to 8.
 	BatchConcurrency int
+	// ForwardHeaders names the credential headers (Authorization,
+	// Cookie) that are forwarded when an event carries them. By default
+	// they are dropped: an event's headers come from business code and
+	// whatever it copied from its own requests, and must not become
+	// credentials at the receiver. Proxy-Authorization, the hop-by-hop
+	// headers (Connection, Keep-Alive, TE, Trailer, Upgrade, …), Expect,
+	// Host and the headers this connector sets are never forwarded; New
+	// refuses them here. Defaults to none.
+	ForwardHeaders []string
 }
 
 // Publisher posts events to one endpoint. It is safe for concurrent use;
 // its handlers may run on many goroutines at once (the subscription's
 // Concurrency).
 type Publisher struct {
+	u       *url.URL
 	url     string
 	origin  string // scheme://host, for errors
 	keys    [][]byte
@@ -124,6 +146,8 @@ type Publisher struct {
 	maxBody int
 	maxRA   time.Duration
 	header  http.Header
+	forward map[string]bool // credential headers an event may set
+	follow  bool
 	ua      string
 	batchN  int
 	now     func() time.Time
@@ -166,7 +190,14 @@ func New(cfg Config) (*Publisher, error) {
 			}
 		}
 	}
+	forward, err := forwardSet(cfg.ForwardHeaders)
+	if err != nil {
+		return nil, err
+	}
 	p := &Publisher{
+		u:       u,
+		forward: forward,
+		follow:  cfg.FollowRedirects,
 		url:     u.String(),
 		origin:  u.Scheme + "://" + u.Host,
 		keys:    keys,
@@ -186,11 +217,59 @@ func New(cfg Config) (*Publisher, error) {
 		t.MaxIdleConnsPerHost = 64
 		c.Transport, p.owned = t, t
 	}
-	if !cfg.FollowRedirects {
-		c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	}
+	c.CheckRedirect = p.checkRedirect(c.CheckRedirect)
 	p.client = &c
 	return p, nil
+}
+
+// forwardSet checks Config.ForwardHeaders.
+func forwardSet(names []string) (map[string]bool, error) {
+	set := map[string]bool{}
+	for _, n := range names {
+		k := http.CanonicalHeaderKey(n)
+		switch {
+		case !validHeaderName(n):
+			return nil, fmt.Errorf("webhook: Config.ForwardHeaders: %q is not a valid header name", n)
+		case never[k]:
+			return nil, fmt.Errorf("webhook: Config.ForwardHeaders: %s is never forwarded (it belongs to the connection or to this connector); remove it", k)
+		case !credential[k]:
+			return nil, fmt.Errorf("webhook: Config.ForwardHeaders: %s is forwarded anyway; list only %s", k, "Authorization or Cookie")
+		}
+		set[k] = true
+	}
+	return set, nil
+}
+
+// checkRedirect returns the client's redirect policy: none without
+// FollowRedirects; else within the origin of Config.URL only, then next's
+// (or Go's default of ten).
+func (p *Publisher) checkRedirect(next func(*http.Request, []*http.Request) error) func(*http.Request, []*http.Request) error {
+	return func(req *http.Request, via []*http.Request) error {
+		if !p.follow || !sameOrigin(p.u, req.URL) {
+			return http.ErrUseLastResponse // outcome makes the 3xx a permanent error
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+}
+
+// sameOrigin reports whether a and b have the same scheme, host and port.
+func sameOrigin(a, b *url.URL) bool {
+	port := func(u *url.URL) string {
+		if p := u.Port(); p != "" {
+			return p
+		}
+		if strings.EqualFold(u.Scheme, "https") {
+			return "443"
+		}
+		return "80"
+	}
+	return strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Hostname(), b.Hostname()) && port(a) == port(b)
 }
 
 func or[T comparable](v, d T) T {
@@ -259,6 +338,9 @@ type StatusError struct {
 	// RetryAfter is the wait a 429 or 503 answer asked for, capped by
 	// Config.MaxRetryAfter (0 if it did not say).
 	RetryAfter time.Duration
+	// CrossOrigin reports a redirect not followed, with
+	// Config.FollowRedirects, because its Location is on another origin.
+	CrossOrigin bool
 }
 
 func (e *StatusError) Error() string {
@@ -270,6 +352,9 @@ func (e *StatusError) Error() string {
 			loc = "(none)"
 		}
 		s += ": redirect to " + loc + " not followed"
+		if e.CrossOrigin {
+			s += " (another origin: redirects are followed within the scheme, host and port of Config.URL only; point Config.URL at the new address)"
+		}
 	case e.RetryAfter > 0:
 		s += fmt.Sprintf(" (retry after %s)", e.RetryAfter)
 	}
@@ -331,6 +416,9 @@ func (p *Publisher) outcome(resp *http.Response) error {
 		return se // retry, spending an attempt
 	case code >= 300 && code < 400:
 		se.Location = resp.Header.Get("Location")
+		if loc, err := resp.Location(); err == nil && p.follow {
+			se.CrossOrigin = !sameOrigin(p.u, loc)
+		}
 		return outbox.Permanent(se)
 	}
 	return outbox.Permanent(se) // 1xx (never final), 4xx: the endpoint refuses this event
@@ -357,15 +445,19 @@ func (p *Publisher) retryAfter(v string) time.Duration {
 	return max(0, min(d, p.maxRA))
 }
 
-// hopByHop are headers an event cannot set: they belong to the
-// connection, or to this connector.
-var hopByHop = map[string]bool{
+// never are headers an event cannot set: they belong to the connection
+// (hop-by-hop, Host, framing, Expect), to a proxy, or to this connector.
+var never = map[string]bool{
 	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
-	"Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authorization": true, "Te": true,
-	"Trailer": true, "Upgrade": true, "Content-Type": true, "User-Agent": true,
+	"Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authorization": true, "Proxy-Authenticate": true,
+	"Te": true, "Trailer": true, "Upgrade": true, "Expect": true, "Content-Type": true, "User-Agent": true,
 	http.CanonicalHeaderKey(HeaderID): true, http.CanonicalHeaderKey(HeaderTimestamp): true,
 	http.CanonicalHeaderKey(HeaderSignature): true,
 }
+
+// credential are headers an event sets only when Config.ForwardHeaders
+// names them.
+var credential = map[string]bool{"Authorization": true, "Cookie": true}
 
 func (p *Publisher) setHeaders(h http.Header, ev *outbox.Event, body []byte) error {
 	for _, m := range meta.Headers(ev) {
@@ -374,7 +466,7 @@ func (p *Publisher) setHeaders(h http.Header, ev *outbox.Event, body []byte) err
 			h.Set("Content-Type", m.Value)
 			continue
 		}
-		if hopByHop[k] {
+		if never[k] || (credential[k] && !p.forward[k]) {
 			continue
 		}
 		if !validHeaderName(m.Key) {
@@ -386,18 +478,19 @@ func (p *Publisher) setHeaders(h http.Header, ev *outbox.Event, body []byte) err
 		h.Set(k, m.Value)
 	}
 	for k, vs := range p.header {
-		if hopByHop[http.CanonicalHeaderKey(k)] {
+		if never[http.CanonicalHeaderKey(k)] {
 			continue
 		}
 		h[http.CanonicalHeaderKey(k)] = vs
 	}
 	h.Set("User-Agent", p.ua)
 	ts := strconv.FormatInt(p.now().Unix(), 10)
+	id := webhookID(ev.ID)
 	sigs := make([]string, len(p.keys))
 	for i, k := range p.keys {
-		sigs[i] = sign(k, ev.ID, ts, body)
+		sigs[i] = sign(k, id, ts, body)
 	}
-	h.Set(HeaderID, ev.ID)
+	h.Set(HeaderID, id)
 	h.Set(HeaderTimestamp, ts)
 	h.Set(HeaderSignature, strings.Join(sigs, " "))
 	return nil
@@ -430,3 +523,30 @@ func validHeaderValue(s string) bool {
 	}
 	return true
 }
+
+// webhookID returns the webhook-id of an event id: the id itself, unless
+// it holds a ".", which would make the signed content id.timestamp.body
+// parse more than one way, a "%", a space or a byte outside printable
+// ASCII (which receivers may trim or mangle in a header); those bytes are
+// then percent-encoded ("a.b" goes as "a%2Eb"). Distinct ids keep
+// distinct webhook-ids, and every redelivery of an event has the same.
+func webhookID(id string) string {
+	clean := true
+	for i := 0; i < len(id) && clean; i++ {
+		clean = !needsEscape(id[i])
+	}
+	if clean {
+		return id
+	}
+	var b strings.Builder
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; needsEscape(c) {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+func needsEscape(c byte) bool { return c == '.' || c == '%' || c <= ' ' || c >= 0x7f }

@@ -327,7 +327,7 @@ func (b *redisBroker) Raw(ctx context.Context, dest string, payloads [][]byte, c
 }
 
 func (b *redisBroker) Connector(dest string) (outbox.BatchHandler, func(), error) {
-	p, err := redisoutbox.New(b.rdb, redisoutbox.Stream(dest))
+	p, err := redisoutbox.New(b.rdb, redisoutbox.Config{Stream: dest})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -386,7 +386,7 @@ func (b *kafkaBroker) Raw(ctx context.Context, dest string, payloads [][]byte, c
 }
 
 func (b *kafkaBroker) Connector(dest string) (outbox.BatchHandler, func(), error) {
-	p, err := kafkaoutbox.New(b.cl, kafkaoutbox.Topic(dest))
+	p, err := kafkaoutbox.New(b.cl, kafkaoutbox.Config{Topic: dest})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -84,7 +84,11 @@ func subscribeForwarders(ctx context.Context, o appOptions, ob *outbox.Outbox, l
 		if err != nil {
 			return nil, err
 		}
-		if err := pub.Subscribe(sctx, ob, sub); err != nil {
+		sub.Batch = pub.Handler()
+		if err := pub.Check(sctx, sub, ob.Config()); err != nil { // the stream's duplicate window covers the retries
+			return nil, err
+		}
+		if err := ob.Subscribe(sub); err != nil {
 			return nil, err
 		}
 		log.Info("forwarding events to NATS", slog.String("url", f.nc.ConnectedUrlRedacted()), slog.String("stream", stream), slog.String("subjects", prefix+".<type>"))

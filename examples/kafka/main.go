@@ -74,7 +74,7 @@ func run(brokers, topic string) error {
 		return err
 	}
 	defer cl.Close() // after the outbox's Close (defers run last-in first-out)
-	pub, err := kafkaoutbox.New(cl, kafkaoutbox.Topic(topic))
+	pub, err := kafkaoutbox.New(cl, kafkaoutbox.Config{Topic: topic})
 	if err != nil {
 		return err
 	}

@@ -83,7 +83,11 @@ func run(url, dbPath string) error {
 	if err != nil {
 		return err
 	}
-	if err := pub.Subscribe(ctx, ob, outbox.Subscription{Name: "orders-to-nats"}); err != nil {
+	sub := outbox.Subscription{Name: "orders-to-nats", Batch: pub.Handler()}
+	if err := pub.Check(ctx, sub, ob.Config()); err != nil { // the stream's duplicate window covers the retries
+		return err
+	}
+	if err := ob.Subscribe(sub); err != nil {
 		return err
 	}
 	if err := ob.Start(ctx); err != nil {

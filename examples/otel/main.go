@@ -157,7 +157,11 @@ func run(ctx context.Context, o options) (*roundTrip, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := pub.Subscribe(ctx, ob, outbox.Subscription{Name: "to-nats"}); err != nil {
+	toNATS := outbox.Subscription{Name: "to-nats", Batch: pub.Handler()}
+	if err := pub.Check(ctx, toNATS, ob.Config()); err != nil { // the stream's duplicate window covers the retries
+		return nil, err
+	}
+	if err := ob.Subscribe(toNATS); err != nil {
 		return nil, err
 	}
 

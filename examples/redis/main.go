@@ -58,7 +58,7 @@ func run(addr, stream string) error {
 	// and the outbox's circuit holds the events until it is back.
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: time.Second})
 	defer rdb.Close()
-	pub, err := redisoutbox.New(rdb, redisoutbox.Stream(stream), redisoutbox.MaxLen(100000), redisoutbox.Idempotent(24*time.Hour))
+	pub, err := redisoutbox.New(rdb, redisoutbox.Config{Stream: stream, MaxLen: 100000, IdempotentTTL: 24 * time.Hour})
 	if err != nil {
 		return err
 	}

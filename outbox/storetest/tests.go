@@ -22,9 +22,13 @@ const (
 	payload                  = `{"order":"42"}`
 )
 
-// 18.1: a rolled-back transaction leaves no row and fires no listener.
+// 18.1: a rolled-back transaction leaves no row, fires no listener and
+// counts in no metric.
 func testAtomicity(t *testing.T, e *env) {
-	ob := e.outbox(t, fastConfig())
+	cfg := fastConfig()
+	m := &counting{}
+	cfg.Metrics = m
+	ob := e.outbox(t, cfg)
 	rec := newRecorder(1)
 	ob.Handle("all", rec.listen)
 	start(t, ob)
@@ -43,6 +47,9 @@ func testAtomicity(t *testing.T, e *env) {
 	if _, err := e.store.(driver.Inspector).Inspect(ctx, rolledBack); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Inspect rolled-back event: err = %v, want ErrNotFound", err)
 	}
+	if n := m.published.Load(); n != 0 {
+		t.Fatalf("Metrics.Published called %d times for a rolled-back event, want 0", n)
+	}
 	// A committed event after it is delivered; the rolled-back one never.
 	committed := e.publish(t, ob, outbox.Envelope{Type: typeB, JSON: []byte(payload)})
 	rec.wait(t, wait)
@@ -50,6 +57,9 @@ func testAtomicity(t *testing.T, e *env) {
 	counts, _ := rec.snapshot()
 	if counts[rolledBack] != 0 || counts[committed] != 1 {
 		t.Fatalf("deliveries = %v; want only %s once", counts, committed)
+	}
+	if n := m.published.Load(); n != 1 {
+		t.Fatalf("Metrics.Published called %d times, want 1 (the committed event)", n)
 	}
 	e.wantDelivered(t, 1)
 }
@@ -296,12 +306,22 @@ func testInvalid(t *testing.T, e *env) {
 		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"bad key": "v"}}, "Headers"},
 		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\r\nInjected: 1"}}, "Headers"},
 		{outbox.Envelope{Type: typeA, JSON: []byte(payload), ID: strings.Repeat("x", 65)}, "ID"},
+		// What a connector refuses (the webhook's HTTP headers) or a
+		// terminal obeys is refused at Publish, not found dead later.
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\x1b[31m"}}, "Headers"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\x7f"}}, "Headers"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\u0085"}}, "Headers"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), Headers: map[string]string{"k": secret + "\u2028"}}, "Headers"},
+		{outbox.Envelope{Type: typeA + "\u202e", JSON: []byte(payload)}, "Type"},
+		{outbox.Envelope{Type: typeA + "\x1b", JSON: []byte(payload)}, "Type"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), AggregateID: "42\u2029"}, "AggregateID"},
+		{outbox.Envelope{Type: typeA, JSON: []byte(payload), AggregateID: "42\x07"}, "AggregateID"},
 	}
 	for _, c := range cases {
 		_, err := ob.PublishTx(ctx, tx, c.env)
 		var ve *outbox.ValidationError
 		if !errors.As(err, &ve) || ve.Field != c.field {
-			t.Errorf("PublishTx(%+v): %v; want a ValidationError for %s", truncated(fmt.Sprint(c.env.Headers), 80), err, c.field)
+			t.Errorf("PublishTx(headers %s, type %q): %v; want a ValidationError for %s", truncated(fmt.Sprintf("%q", c.env.Headers), 80), c.env.Type, err, c.field)
 			continue
 		}
 		if strings.Contains(err.Error(), secret) {
