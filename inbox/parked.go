@@ -80,6 +80,18 @@ func (ib *Inbox) scanEntry(s scanner) (Entry, error) {
 	return e, nil
 }
 
+// Entry returns one parked message; ErrNotParked if there is none.
+func (ib *Inbox) Entry(ctx context.Context, consumer, id string) (Entry, error) {
+	e, err := ib.scanEntry(ib.db.QueryRowContext(ctx, ib.q.entry, consumer, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Entry{}, fmt.Errorf("%w (consumer %q, id %q)", ErrNotParked, consumer, id)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("inbox: read the parked message: %w", err)
+	}
+	return e, nil
+}
+
 // Replay applies a parked message with h, like Handle: in one transaction
 // the row becomes applied and h runs. If h fails, the message stays
 // parked with h's error as its last error, and Replay returns Parked and
@@ -95,12 +107,9 @@ func (ib *Inbox) replay(ctx context.Context, consumer, id string, h Handler) (Re
 	if h == nil {
 		panic("inbox: Replay: handler is nil")
 	}
-	e, err := ib.scanEntry(ib.db.QueryRowContext(ctx, ib.q.entry, consumer, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Failed, fmt.Errorf("%w (consumer %q, id %q)", ErrNotParked, consumer, id)
-	}
+	e, err := ib.Entry(ctx, consumer, id)
 	if err != nil {
-		return Failed, fmt.Errorf("inbox: read the parked message: %w", err)
+		return Failed, err
 	}
 	unit, err := ib.begin(ctx, &sql.TxOptions{})
 	if err != nil {
