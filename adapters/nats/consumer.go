@@ -141,6 +141,7 @@ func (c *Consumer) pull(it jetstream.MessagesContext, work chan<- jetstream.Msg)
 		}
 		if err != nil {
 			c.log.Warn("natsoutbox: pull", slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+			c.pause(time.Second) // a lost connection fails every Next at once
 			continue
 		}
 		select {
@@ -154,6 +155,16 @@ func (c *Consumer) pull(it jetstream.MessagesContext, work chan<- jetstream.Msg)
 		case <-c.closing:
 			_ = msg.Nak()
 		}
+	}
+}
+
+// pause waits d, or until Close begins.
+func (c *Consumer) pause(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.closing:
 	}
 }
 
