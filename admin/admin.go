@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
@@ -44,6 +45,13 @@ type Config struct {
 	// behind one load balancer must share it; defaults to a random key per
 	// process (a restart makes open pages reload before their next POST).
 	CSRFKey []byte
+	// Inbox, if set, adds the parked messages of package inbox to the
+	// API (list, replay, purge). Optional.
+	Inbox *inbox.Inbox
+	// InboxHandlers are the handlers replay runs, by inbox consumer name
+	// (the page runs in the service, so it has them); replay of a
+	// consumer without one answers 501.
+	InboxHandlers map[string]inbox.Handler
 	// Realm, if set, makes a 401 carry a WWW-Authenticate: Basic challenge
 	// with it, so that a browser asks for a user name and password (see
 	// Token).

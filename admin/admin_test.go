@@ -279,6 +279,9 @@ var routes = []struct{ method, path string }{
 	{"POST", "/admin/blocked/skip?id=x"},
 	{"GET", "/admin/api/blocked"},
 	{"POST", "/admin/api/dead/skip?id=x"},
+	{"GET", "/admin/api/inbox"},
+	{"POST", "/admin/api/inbox/replay?consumer=c&id=x"},
+	{"POST", "/admin/api/inbox/purge?consumer=c&id=x"},
 	{"GET", "/admin/no-such-page"},
 	{"DELETE", "/admin/api/dead"},
 }

@@ -31,6 +31,9 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+b+"/api/dead/skip", h.apiSkip)
 	m.HandleFunc("GET "+b+"/api/blocked", h.apiBlocked)
 	m.HandleFunc("GET "+b+"/api/events/{id}", h.apiEvent)
+	m.HandleFunc("GET "+b+"/api/inbox", h.apiInbox)
+	m.HandleFunc("POST "+b+"/api/inbox/replay", h.apiInboxReplay)
+	m.HandleFunc("POST "+b+"/api/inbox/purge", h.apiInboxPurge)
 	// Pages.
 	m.HandleFunc("GET "+b+"/{$}", h.pageIndex)
 	if b != "" {

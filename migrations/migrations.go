@@ -1,6 +1,7 @@
-// Package migrations holds the SQL that creates the outbox table, one
-// folder per dialect (mysql, postgres, sqlite), embedded so that the
-// library and the outboxctl CLI apply the same files.
+// Package migrations holds the SQL that creates the outbox table (and the
+// inbox tables of package inbox), one folder per dialect (mysql, postgres,
+// sqlite), embedded so that the library and the outboxctl CLI apply the
+// same files.
 //
 // Files are named NNN_description.sql and applied in order. The token
 // {{table}} stands for the quoted table name and {{name}} for its bare

@@ -52,6 +52,20 @@ Commands:
   dead purge [ID...|filters] [-yes]
                              delete dead letters; without -yes it only
                              counts them and exits 3
+  inbox list [-consumer C] [-limit 100]
+                             parked inbox messages (package inbox), never
+                             payloads
+  inbox show CONSUMER ID [-payload]
+                             one parked message with its headers and last
+                             error; the payload only with -payload
+  inbox purge CONSUMER ID... [-yes]
+                             drop parked messages (their ids still
+                             de-duplicate); without -yes it only counts
+                             them and exits 3
+  inbox cleanup [-retention 168h] [-limit 1000]
+                             delete the inbox's dedupe rows older than
+                             -retention (replay needs the service's handler:
+                             Inbox.Replay in Go)
   pause SUB / resume SUB     pause or resume a subscription everywhere
   retire SUB [-yes] [-idle 1m]
                              retire a subscription no instance runs any
@@ -260,6 +274,8 @@ func (c *cli) dispatch(args []string) error {
 			return c.deadPurge(rest)
 		}
 		return usageErr("dead %s: want list, show, replay or purge", s)
+	case "inbox":
+		return c.inboxCmd(sub)
 	case "pause", "resume":
 		return c.pause(cmd, args)
 	case "retire":

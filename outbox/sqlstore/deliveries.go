@@ -81,6 +81,15 @@ func (s *Store) inTx(ctx context.Context, f func(tx *sqlx.Tx) error) error {
 // table's name with "_registry" appended.
 func (s *Store) RegistryTable() string { return s.suffixed("_registry") }
 
+// InboxTable returns the quoted name of the inbox table (package inbox):
+// the outbox table's name with "_inbox" appended. Migrate creates it.
+func (s *Store) InboxTable() string { return s.suffixed("_inbox") }
+
+// InboxFailuresTable returns the quoted name of the table in which the
+// inbox counts the failed attempts of messages not yet applied: the
+// outbox table's name with "_inbox_failures" appended.
+func (s *Store) InboxFailuresTable() string { return s.suffixed("_inbox_failures") }
+
 // regFence is the condition, appended to a completing write's WHERE clause,
 // that holds only while the registry's version is the one bound last.
 // A statement's read sees every registration committed before the

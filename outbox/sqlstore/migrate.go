@@ -44,7 +44,8 @@ func (s *Store) Migrations() ([]Migration, error) {
 			return nil, err
 		}
 		sqlText := strings.NewReplacer("{{table}}", s.table, "{{name}}", s.name,
-			"{{subscriptions}}", s.SubscriptionsTable(), "{{deliveries}}", s.DeliveriesTable(), "{{attempts}}", s.AttemptsTable(), "{{keys}}", s.KeysTable(), "{{registry}}", s.RegistryTable()).Replace(string(b))
+			"{{subscriptions}}", s.SubscriptionsTable(), "{{deliveries}}", s.DeliveriesTable(), "{{attempts}}", s.AttemptsTable(), "{{keys}}", s.KeysTable(), "{{registry}}", s.RegistryTable(),
+			"{{inbox}}", s.InboxTable(), "{{inbox_failures}}", s.InboxFailuresTable()).Replace(string(b))
 		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(base, ".sql"), SQL: sqlText})
 	}
 	return out, nil

@@ -47,9 +47,10 @@ func (s *Store) KeysTable() string { return s.suffixed("_keys") }
 
 // Tables returns the quoted names of every table the store uses: the
 // outbox table, its schema versions, subscriptions, deliveries, attempts
-// and ordering keys.
+// and ordering keys, the registry, and the inbox's two tables.
 func (s *Store) Tables() []string {
-	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable(), s.RegistryTable()}
+	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable(), s.RegistryTable(),
+		s.InboxTable(), s.InboxFailuresTable()}
 }
 
 // orderedKeep is the least time an ordered event stays stored after it
