@@ -176,6 +176,13 @@ func (w *world) owed() (problems []string, pending int) {
 		if e.state != committed {
 			continue
 		}
+		if !w.takenLocked(e.typ) {
+			if p := w.unowned(ctx, e); p != "" {
+				pending++
+				problems = append(problems, p)
+			}
+			continue
+		}
 		var rec outbox.Record
 		var recErr error
 		read := false // rec is read once, for the first owed delivery not made
@@ -212,6 +219,31 @@ func (w *world) owed() (problems []string, pending int) {
 		}
 	}
 	return problems, pending
+}
+
+// takenLocked reports whether a subscription of the run takes type t
+// (w.mu held).
+func (w *world) takenLocked(t outbox.EventType) bool {
+	for _, sp := range w.specs {
+		if sp.takes(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// unowned checks e, an event of a type no subscription of the run takes:
+// it must be completed (at once, by the first instance that claims it),
+// not left NEW or handed back for ever.
+func (w *world) unowned(ctx context.Context, e *event) string {
+	rec, err := w.store.Inspect(ctx, e.id)
+	if err != nil {
+		return fmt.Sprintf("event #%d (%s): %v", e.n, e.id, err)
+	}
+	if rec.Status == outbox.StatusNew || rec.Status == outbox.StatusRetry {
+		return fmt.Sprintf("PENDING: event #%d (%s, type %s) that no subscription takes is still %v (owner %q) after the bound", e.n, e.id, e.typ, rec.Status, rec.Owner)
+	}
+	return ""
 }
 
 // judge tells, for an event not delivered to sp, whether that is
