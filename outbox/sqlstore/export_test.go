@@ -49,3 +49,7 @@ func Bounded(s *Store, ctx context.Context, q string) string { return s.bounded(
 func MakeKey(ctx context.Context, s *Store, key string) error {
 	return s.maker.make(ctx, s, key)
 }
+
+// CheckServerVersion is the rule of Store.CheckServer over a version
+// string, for the dialect named dialect.
+var CheckServerVersion = checkServerVersion

@@ -61,6 +61,9 @@ func (s *Store) SchemaTable() string {
 // (MySQL GET_LOCK, PostgreSQL advisory lock) so that instances starting
 // together apply each step once, and records the applied versions in
 // <table>_schema. It is safe to call at every start.
+//
+// First it refuses a server the store is known not to work on (see
+// CheckServer), unless Options.AllowUnsupportedServer is set.
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	steps, err := s.Migrations()
 	if err != nil {
@@ -71,6 +74,11 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 		return fmt.Errorf("sqlstore: migrate: %w", err)
 	}
 	defer conn.Close()
+	if !s.anyServer {
+		if err := s.checkServer(ctx, conn); err != nil {
+			return err
+		}
+	}
 	if s.d.checkConn != nil {
 		if err := s.d.checkConn(ctx, conn); err != nil {
 			return err

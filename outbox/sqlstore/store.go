@@ -42,6 +42,11 @@ type Options struct {
 	// instead and deleted by a later completion once it was written 10
 	// minutes ago (see orderedKeep).
 	DeleteDelivered bool
+	// AllowUnsupportedServer lets Migrate go on where CheckServer refuses
+	// the server (TiDB, Vitess, MariaDB before 10.6, …; see CheckServer
+	// and docs/databases.md). The store does not work as documented
+	// there: set it only to try a server out, never where events matter.
+	AllowUnsupportedServer bool
 }
 
 // Store is an driver.Store over a SQL database. It is safe for concurrent
@@ -73,6 +78,8 @@ type Store struct {
 	fenceMu sync.Mutex // one lookup at a time
 
 	srv serverFlavor // MySQL dialect: MariaDB or MySQL; see bounded
+
+	anyServer bool // Options.AllowUnsupportedServer
 }
 
 var (
@@ -117,7 +124,7 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 		quoted[i] = d.quote(p)
 	}
 	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
-		cursors: make(map[string]claimCursor)}
+		cursors: make(map[string]claimCursor), anyServer: opts.AllowUnsupportedServer}
 	if d.name == "postgres" {
 		s.keep = orderedKeep
 	}
