@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"testing"
 	"time"
 )
 
@@ -53,3 +54,20 @@ func MakeKey(ctx context.Context, s *Store, key string) error {
 // CheckServerVersion is the rule of Store.CheckServer over a version
 // string, for the dialect named dialect.
 var CheckServerVersion = checkServerVersion
+
+// LockName returns the name of the named lock that prefix
+// ("txoutbox_migrate_", "txoutbox_partitions_") takes on s's table.
+func LockName(t testing.TB, s *Store, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	name, err := s.lockName(ctx, conn, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}

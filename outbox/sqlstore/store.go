@@ -56,8 +56,11 @@ type Store struct {
 	d     *Dialect
 	table string // quoted
 	name  string // bare, for index and lock names
-	q     queries
-	del   bool // Options.DeleteDelivered
+	// schema is the schema (MySQL: database) Options.Table names, or "";
+	// see lockName.
+	schema string
+	q      queries
+	del    bool // Options.DeleteDelivered
 
 	mu      sync.Mutex
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
@@ -125,6 +128,9 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 	}
 	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
 		cursors: make(map[string]claimCursor), anyServer: opts.AllowUnsupportedServer}
+	if len(parts) == 2 {
+		s.schema = parts[0]
+	}
 	if d.name == "postgres" {
 		s.keep = orderedKeep
 	}
