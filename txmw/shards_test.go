@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,26 +51,38 @@ type order struct {
 
 // A team that shards its data by tenant runs one Outbox per shard in one
 // process, each on its shard's database, and picks the shard's middleware
-// per request. Here three shards (a private MariaDB database, reached
-// through a TCP proxy; PostgreSQL; SQLite) take requests side by side.
-// The MariaDB shard's database then goes away (the proxy cuts every
-// connection) while two of its events are in the hands of their handler:
-// the other shards keep taking requests and delivering, the cut shard's
-// requests get 503 and its readiness fails; when the database comes back,
+// per request. Here three shards (a private MariaDB database and
+// PostgreSQL, each reached through a TCP proxy; SQLite) take requests side
+// by side. One server shard's database then goes away (its proxy cuts
+// every connection) while two of its events are in the hands of their
+// handler: the other shards keep taking requests and delivering, the cut
+// shard's requests get a 5xx and its readiness fails; when the database
+// comes back,
 // its events are delivered and its table owes nothing. Each shard's
 // metrics carry its label on one registry, and every event reaches only
 // its own shard's subscription.
 func TestOneOutboxPerShard(t *testing.T) {
+	for c, name := range []string{"mariadb", "postgres"} {
+		t.Run("cut-"+name, func(t *testing.T) { testShards(t, c) })
+	}
+}
+
+// testShards is TestOneOutboxPerShard with the database of shard c
+// (0 MariaDB, 1 PostgreSQL) cut.
+func testShards(t *testing.T, c int) {
 	ctx := context.Background()
-	proxy, mariaDB := privateMariaDBViaProxy(t)
+	mariaProxy, mariaDB := privateMariaDBViaProxy(t)
+	pgProxy, pgDB := postgresViaProxy(t)
+	proxy := []*testbroker.Proxy{mariaProxy, pgProxy}[c]
 	reg := prometheus.NewRegistry()
 	gate := make(chan struct{}) // closed: held events go through
 	entered := make(chan string, 10)
 	shards := []*shard{
 		newShard(t, "mariadb", mariaDB, reg, gate, entered),
-		newShard(t, "postgres", testdb.Postgres(t), reg, gate, entered),
+		newShard(t, "postgres", pgDB, reg, gate, entered),
 		newShard(t, "sqlite", testdb.SQLite(t), reg, gate, entered),
 	}
+	others := []int{1 - c, 2} // the shards that stay up
 	// Per shard, not global: a second outbox's metrics without the label
 	// collide on the registry, and New says so.
 	if _, err := prom.New(reg); err == nil {
@@ -120,10 +133,10 @@ func TestOneOutboxPerShard(t *testing.T) {
 		s.await(t, published[slicesIndex(shards, s)]...)
 	}
 
-	// Two events of the MariaDB shard are in their handler when its
-	// database goes away.
-	held := []string{mustPost(0, true), mustPost(3, true)}
-	published[0] = append(published[0], held...)
+	// Two events of shard c are in their handler when its database goes
+	// away.
+	held := []string{mustPost(c, true), mustPost(c+3, true)}
+	published[c] = append(published[c], held...)
 	for range held {
 		select {
 		case <-entered:
@@ -134,32 +147,33 @@ func TestOneOutboxPerShard(t *testing.T) {
 	proxy.Cut()
 
 	// The others go on: requests, deliveries, readiness.
-	before := [2]int{len(published[1]), len(published[2])}
-	postAll(1, 2, 4, 5)
-	shards[1].await(t, published[1][before[0]:]...)
-	shards[2].await(t, published[2][before[1]:]...)
-	if code, body := post(6, false); code < 500 {
+	before := [2]int{len(published[others[0]]), len(published[others[1]])}
+	postAll(others[0], others[1], others[0]+3, others[1]+3)
+	for k, i := range others {
+		shards[i].await(t, published[i][before[k]:]...)
+	}
+	if code, body := post(c+6, false); code < 500 {
 		t.Fatalf("POST to the shard whose database is down: %d %s, want a 5xx", code, body)
 	}
 	for i, s := range shards {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		h := s.ob.Health(hctx)
 		cancel()
-		if want := i != 0; h.Ready != want {
-			t.Fatalf("shard %s: ready %v with the MariaDB shard's database down, want %v: %+v", s.name, h.Ready, want, h.Checks)
+		if want := i != c; h.Ready != want {
+			t.Fatalf("shard %s: ready %v with the %s shard's database down, want %v: %+v", s.name, h.Ready, shards[c].name, want, h.Checks)
 		}
 	}
 
 	// The handler finishes while the database is away; then it comes back.
 	close(gate)
 	proxy.Restore()
-	after := mustPost(9, false)
-	published[0] = append(published[0], after)
-	shards[0].await(t, published[0]...)
-	shards[0].settled(t, len(published[0]))
+	after := mustPost(c+9, false)
+	published[c] = append(published[c], after)
+	shards[c].await(t, published[c]...)
+	shards[c].settled(t, len(published[c]))
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if h := shards[0].ob.Health(hctx); !h.Ready {
-		t.Fatalf("the MariaDB shard is not ready after its database came back: %+v", h.Checks)
+	if h := shards[c].ob.Health(hctx); !h.Ready {
+		t.Fatalf("the %s shard is not ready after its database came back: %+v", shards[c].name, h.Checks)
 	}
 	cancel()
 
@@ -231,6 +245,27 @@ func privateMariaDBViaProxy(t *testing.T) (*testbroker.Proxy, *sqlx.DB) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() }) // before the proxy stops and the database goes
+	return proxy, db
+}
+
+// postgresViaProxy opens the PostgreSQL test database through a TCP proxy.
+func postgresViaProxy(t *testing.T) (*testbroker.Proxy, *sqlx.DB) {
+	t.Helper()
+	testdb.Postgres(t) // skip, or fail in CI, without the server
+	u, err := url.Parse(testdb.PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testbroker.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	q := u.Query()
+	q.Set("connect_timeout", "2")
+	u.RawQuery = q.Encode()
+	db, err := sqlx.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() }) // before the proxy stops
 	return proxy, db
 }
 
