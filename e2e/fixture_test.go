@@ -22,8 +22,8 @@ import (
 	"github.com/txoutbox/txoutbox/txmw"
 )
 
-// databases are the ones the HTTP unit of work is tested on.
-var databases = []string{"sqlite", "mysql"}
+// databases are the ones the HTTP unit of work is tested on: all three.
+var databases = testdb.Names
 
 const itemCreated outbox.EventType = "item.created"
 
@@ -82,7 +82,7 @@ func (f *fixture) exec(t *testing.T, q string, args ...any) {
 func (f *fixture) count(t *testing.T, table, where string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := f.db.Get(&n, "SELECT COUNT(*) FROM "+table+" "+where, args...); err != nil {
+	if err := f.db.Get(&n, f.db.Rebind("SELECT COUNT(*) FROM "+table+" "+where), args...); err != nil {
 		t.Fatalf("count %s: %v", table, err)
 	}
 	return n
@@ -121,7 +121,7 @@ func (f *fixture) handlerErrors() []error {
 // transaction's outcome through hooks.
 func (f *fixture) create(r *http.Request, id string) error {
 	ctx := r.Context()
-	if _, err := txmw.Tx(ctx).ExecContext(ctx, "INSERT INTO "+f.items+" (id) VALUES (?)", id); err != nil {
+	if _, err := txmw.Tx(ctx).ExecContext(ctx, f.db.Rebind("INSERT INTO "+f.items+" (id) VALUES (?)"), id); err != nil {
 		return err
 	}
 	if _, err := outbox.Publish(ctx, outbox.Envelope{

@@ -102,7 +102,7 @@ func TestCommitFailure(t *testing.T) {
 		r := f.router()
 		var sabotage func(t *testing.T, r *http.Request) error
 		switch f.name {
-		case "sqlite":
+		case "sqlite", "postgres":
 			// A deferred foreign key is checked at COMMIT only.
 			parent, child := f.items+"_p", f.items+"_c"
 			f.exec(t, "CREATE TABLE "+parent+" (id VARCHAR(64) PRIMARY KEY)")
@@ -233,7 +233,7 @@ func TestClientDisconnect(t *testing.T) {
 		r.Post("/items/{id}", func(w http.ResponseWriter, r *http.Request) {
 			ctx := r.Context()
 			id := chi.URLParam(r, "id")
-			if _, err := txmw.Tx(ctx).ExecContext(ctx, "INSERT INTO "+f.items+" (id) VALUES (?)", id+"-a"); err != nil {
+			if _, err := txmw.Tx(ctx).ExecContext(ctx, f.db.Rebind("INSERT INTO "+f.items+" (id) VALUES (?)"), id+"-a"); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
@@ -328,7 +328,7 @@ func TestFlushAndHijack(t *testing.T) {
 			w.Write([]byte("part1 "))
 			w.(http.Flusher).Flush()
 			var n int
-			f.db.GetContext(r.Context(), &n, "SELECT COUNT(*) FROM "+f.items+" WHERE id = ?", id)
+			f.db.GetContext(r.Context(), &n, f.db.Rebind("SELECT COUNT(*) FROM "+f.items+" WHERE id = ?"), id)
 			streamed <- streamSeen{reached: p.reached(), committed: n}
 			w.Write([]byte("part2"))
 		})
@@ -391,7 +391,7 @@ func TestNestedOneConnection(t *testing.T) {
 					if tx != outer {
 						return errors.New("Transact began a second transaction")
 					}
-					_, err := tx.ExecContext(ctx, "INSERT INTO "+f.items+" (id) VALUES (?)", id+"-inner")
+					_, err := tx.ExecContext(ctx, f.db.Rebind("INSERT INTO "+f.items+" (id) VALUES (?)"), id+"-inner")
 					return err
 				})
 				if err != nil {
@@ -502,7 +502,7 @@ func TestConcurrentPosts(t *testing.T) {
 	for _, c := range []struct {
 		name, db string
 		conns    int // 0: testdb's pool (one connection for SQLite)
-	}{{"sqlite", "sqlite", 0}, {"sqlite-8-conns", "sqlite", 8}, {"mysql", "mysql", 0}} {
+	}{{"sqlite", "sqlite", 0}, {"sqlite-8-conns", "sqlite", 8}, {"mysql", "mysql", 0}, {"postgres", "postgres", 0}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			const n = 50
@@ -585,7 +585,7 @@ func TestHotListenerSeesRow(t *testing.T) {
 		got := make(chan seen, 1)
 		f.ob.Handle("listener-2", func(ctx context.Context, ev outbox.Event) error {
 			var n int
-			err := f.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+f.items+" WHERE id = ?", ev.AggregateID)
+			err := f.db.GetContext(ctx, &n, f.db.Rebind("SELECT COUNT(*) FROM "+f.items+" WHERE id = ?"), ev.AggregateID)
 			select {
 			case got <- seen{ev.Path, n, err}:
 			default:

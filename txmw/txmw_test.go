@@ -50,14 +50,14 @@ func (e *env) count(t testing.TB, table, id string) int {
 		col = "aggregate_id"
 	}
 	var n int
-	if err := e.db.Get(&n, "SELECT COUNT(*) FROM "+table+" WHERE "+col+" = ?", id); err != nil {
+	if err := e.db.Get(&n, e.db.Rebind("SELECT COUNT(*) FROM "+table+" WHERE "+col+" = ?"), id); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
 func eachDB(t *testing.T, fn func(t *testing.T, e *env)) {
-	for _, name := range []string{"sqlite", "mysql"} {
+	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			fn(t, setup(t, name))
@@ -77,7 +77,7 @@ func (c *calls) add(s string) func() {
 func (c *calls) String() string { c.mu.Lock(); defer c.mu.Unlock(); return strings.Join(c.s, ",") }
 
 func (e *env) write(ctx context.Context, tx *sqlx.Tx, id string) error {
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+e.items+" (id) VALUES (?)", id); err != nil {
+	if _, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO "+e.items+" (id) VALUES (?)"), id); err != nil {
 		return err
 	}
 	_, err := outbox.Publish(outbox.NewContext(ctx, e.ob), outbox.Envelope{Type: "item.created", AggregateID: id, JSON: []byte(`{}`)})

@@ -3,6 +3,7 @@ package entoutbox_test
 import (
 	"context"
 	"database/sql"
+	"net/url"
 	"slices"
 	"sync"
 	"testing"
@@ -19,8 +20,10 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 )
 
-// databases are the databases every behaviour is tested on.
-var databases = []string{"sqlite", "mysql"}
+// databases are the databases every behaviour is tested on: all that
+// testdb opens, each failing rather than skipping when its server is
+// missing in CI (TXOUTBOX_REQUIRE_DB).
+var databases = testdb.Names
 
 // fixture is one test's world: an ent client and a fresh outbox table
 // over one *sql.DB, and a started outbox that records what its listeners
@@ -36,14 +39,37 @@ type fixture struct {
 }
 
 // open returns a *sql.DB on a database of its own: a fresh SQLite file,
-// or a fresh MariaDB database (ent's table names are fixed by the schema,
-// and other tests run against the same server).
+// or a fresh MariaDB or PostgreSQL database (ent's table names are fixed
+// by the schema, and other tests run against the same server).
 func open(t *testing.T, name string) (*sql.DB, string) {
 	t.Helper()
-	if name == "sqlite" {
+	switch name {
+	case "sqlite":
 		return testdb.SQLite(t).DB, dialect.SQLite
+	case "postgres":
+		return privateDB(t, testdb.Postgres(t), "pgx", func(dbName string) string {
+			u, err := url.Parse(testdb.PostgresDSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.Path = "/" + dbName
+			return u.String()
+		}), dialect.Postgres
 	}
-	admin := testdb.MySQL(t)
+	return privateDB(t, testdb.MySQL(t), "mysql", func(dbName string) string {
+		cfg, err := mysql.ParseDSN(testdb.MySQLDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DBName = dbName
+		return cfg.FormatDSN()
+	}), dialect.MySQL
+}
+
+// privateDB creates a database on admin's server, dropped when t ends,
+// and opens it with the DSN that dsn returns for its name.
+func privateDB(t *testing.T, admin *sqlx.DB, driver string, dsn func(dbName string) string) *sql.DB {
+	t.Helper()
 	dbName := testdb.TableName("entoutbox")
 	if _, err := admin.Exec("CREATE DATABASE " + dbName); err != nil {
 		t.Fatalf("create database: %v", err)
@@ -53,23 +79,18 @@ func open(t *testing.T, name string) (*sql.DB, string) {
 			t.Errorf("drop database %s: %v", dbName, err)
 		}
 	})
-	cfg, err := mysql.ParseDSN(testdb.MySQLDSN())
+	db, err := sql.Open(driver, dsn(dbName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.DBName = dbName
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db, dialect.MySQL
+	t.Cleanup(func() { db.Close() }) // before the DROP
+	return db
 }
 
 func setup(t *testing.T, name string) *fixture {
 	t.Helper()
 	sqlDB, dia := open(t, name)
-	sx := sqlx.NewDb(sqlDB, map[string]string{dialect.SQLite: "sqlite", dialect.MySQL: "mysql"}[dia])
+	sx := sqlx.NewDb(sqlDB, map[string]string{dialect.SQLite: "sqlite", dialect.MySQL: "mysql", dialect.Postgres: "pgx"}[dia])
 	store := testdb.Store(t, sx)
 	client := testent.NewClient(testent.Driver(entsql.OpenDB(dia, sqlDB)))
 	ctx := context.Background()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -19,8 +20,10 @@ import (
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
-// databases are the databases every behaviour is tested on.
-var databases = []string{"sqlite", "mysql"}
+// databases are the databases every behaviour is tested on: all that
+// testdb opens, each failing rather than skipping when its server is
+// missing in CI (TXOUTBOX_REQUIRE_DB).
+var databases = testdb.Names
 
 // Order is the business row the tests write next to their events.
 type Order struct {
@@ -45,8 +48,11 @@ type fixture struct {
 }
 
 func dialector(name string, sqlDB *sql.DB) gorm.Dialector {
-	if name == "sqlite" {
+	switch name {
+	case "sqlite":
 		return sqlite.Dialector{Conn: sqlDB}
+	case "postgres":
+		return postgres.New(postgres.Config{Conn: sqlDB})
 	}
 	return mysql.New(mysql.Config{Conn: sqlDB})
 }

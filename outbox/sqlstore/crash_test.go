@@ -26,23 +26,26 @@ const crashEvents = 50
 // instance delivers every one of them once the dead instance's leases run
 // out.
 func TestCrashRecovery(t *testing.T) {
-	for _, name := range []string{"sqlite", "mysql"} {
+	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
 			var db *sqlx.DB
-			var dsn string
-			if name == "sqlite" {
+			var dsn, driver string
+			switch name {
+			case "sqlite":
 				path := filepath.Join(t.TempDir(), "crash.db")
-				dsn = sqlstore.SQLiteDSN(path)
-				db = sqlx.MustOpen("sqlite", dsn)
+				dsn, driver = sqlstore.SQLiteDSN(path), "sqlite"
+				db = sqlx.MustOpen(driver, dsn)
 				t.Cleanup(func() { db.Close() })
-			} else {
-				db, dsn = testdb.MySQL(t), testdb.MySQLDSN()
+			case "postgres":
+				db, dsn, driver = testdb.Postgres(t), testdb.PostgresDSN(), "pgx"
+			default:
+				db, dsn, driver = testdb.MySQL(t), testdb.MySQLDSN(), "mysql"
 			}
 			st := testdb.Store(t, db)
 			table := strings.Trim(st.Table(), "`\"")
 
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v")
-			cmd.Env = append(os.Environ(), "TXOUTBOX_CRASH_CHILD="+name+"|"+dsn+"|"+table)
+			cmd.Env = append(os.Environ(), "TXOUTBOX_CRASH_CHILD="+driver+"|"+dsn+"|"+table)
 			stdout, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)

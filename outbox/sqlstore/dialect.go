@@ -124,7 +124,7 @@ var (
 		lockTimeout:     true,
 		migrationUnlock: "SELECT RELEASE_LOCK(?)",
 	}
-	// Postgres is PostgreSQL 12+: claims use FOR UPDATE SKIP LOCKED, times
+	// Postgres is PostgreSQL 13+: claims use FOR UPDATE SKIP LOCKED, times
 	// are TIMESTAMPTZ from the server's clock.
 	Postgres = &Dialect{
 		name:            "postgres",

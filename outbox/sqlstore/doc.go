@@ -1,5 +1,5 @@
 // Package sqlstore implements driver.Store on SQL databases through sqlx:
-// MySQL 8 and MariaDB 10.6+ (the primary target), PostgreSQL 12+, and
+// MySQL 8 and MariaDB 10.6+ (the primary target), PostgreSQL 13+, and
 // SQLite 3.42+ (embedded, through the pure-Go modernc.org/sqlite).
 //
 //	db := sqlx.MustOpen("mysql", "app@tcp(db:3306)/app?parseTime=true&interpolateParams=true")

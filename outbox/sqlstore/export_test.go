@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"testing"
 	"time"
 )
 
@@ -48,4 +49,25 @@ func Bounded(s *Store, ctx context.Context, q string) string { return s.bounded(
 // MakeKey asks the store's key maker for key's row (MySQL).
 func MakeKey(ctx context.Context, s *Store, key string) error {
 	return s.maker.make(ctx, s, key)
+}
+
+// CheckServerVersion is the rule of Store.CheckServer over a version
+// string, for the dialect named dialect.
+var CheckServerVersion = checkServerVersion
+
+// LockName returns the name of the named lock that prefix
+// ("txoutbox_migrate_", "txoutbox_partitions_") takes on s's table.
+func LockName(t testing.TB, s *Store, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	name, err := s.lockName(ctx, conn, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"path"
 	"sort"
@@ -62,6 +63,9 @@ func (s *Store) SchemaTable() string {
 // (MySQL GET_LOCK, PostgreSQL advisory lock) so that instances starting
 // together apply each step once, and records the applied versions in
 // <table>_schema. It is safe to call at every start.
+//
+// First it refuses a server the store is known not to work on (see
+// CheckServer), unless Options.AllowUnsupportedServer is set.
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	steps, err := s.Migrations()
 	if err != nil {
@@ -72,13 +76,21 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 		return fmt.Errorf("sqlstore: migrate: %w", err)
 	}
 	defer conn.Close()
+	if !s.anyServer {
+		if err := s.checkServer(ctx, conn); err != nil {
+			return err
+		}
+	}
 	if s.d.checkConn != nil {
 		if err := s.d.checkConn(ctx, conn); err != nil {
 			return err
 		}
 	}
-	lockName := "txoutbox_migrate_" + s.name
 	if s.d.migrationLock != "" {
+		lockName, err := s.lockName(ctx, conn, "txoutbox_migrate_")
+		if err != nil {
+			return fmt.Errorf("sqlstore: migrate: %w", err)
+		}
 		if err := s.lockMigration(ctx, conn, lockName); err != nil {
 			return err
 		}
@@ -152,6 +164,38 @@ func (s *Store) lockMigration(ctx context.Context, conn *sql.Conn, name string) 
 		return fmt.Errorf("sqlstore: migrate: the migration lock %q is held by another session (an instance migrating, or a stuck session: see SELECT IS_USED_LOCK(%q)); gave up after %ds, nothing was migrated", name, name, secs)
 	}
 	return nil
+}
+
+// lockName returns the name of the named lock prefix takes on the
+// store's table: the prefix, then the table qualified by its database.
+// MySQL's named locks (GET_LOCK) belong to the server, not to a database:
+// with the bare table name, the stores of tenant shards that are
+// databases of one server, whose tables share a name, took each other's
+// locks (MaintainPartitions of one found another's held and did nothing).
+// PostgreSQL's advisory locks belong to the database already; there the
+// schema is added only when Options.Table names one. Names longer than
+// 64 characters, MySQL's limit, end in a hash of the whole instead.
+func (s *Store) lockName(ctx context.Context, conn interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}, prefix string) (string, error) {
+	qual := s.schema
+	if qual == "" && s.d.name == "mysql" {
+		var db sql.NullString
+		if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&db); err != nil {
+			return "", fmt.Errorf("name the lock: %w", err)
+		}
+		qual = db.String
+	}
+	name := prefix + s.name
+	if qual != "" {
+		name = prefix + qual + "." + s.name
+	}
+	if len(name) > 64 {
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		name = fmt.Sprintf("%s_%016x", name[:64-17], h.Sum64())
+	}
+	return name, nil
 }
 
 // splitStatements splits a migration file on semicolons that end a line,

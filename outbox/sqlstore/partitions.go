@@ -166,7 +166,8 @@ func (c PartitionConfig) withDefaults() PartitionConfig {
 // splitting pmax) and drops those whose day ended more than Retention
 // ago, only when no undelivered event remains in them (their events'
 // delivery rows go with them). One session at a time does it, under a
-// named lock (GET_LOCK); another finds it held and returns with Busy set.
+// named lock (GET_LOCK) of the table (see lockName); another finds it
+// held and returns with Busy set.
 // Run it daily or hourly from one place or every instance alike.
 func (s *Store) MaintainPartitions(ctx context.Context, cfg PartitionConfig) (PartitionResult, error) {
 	var res PartitionResult
@@ -179,7 +180,10 @@ func (s *Store) MaintainPartitions(ctx context.Context, cfg PartitionConfig) (Pa
 		return res, fmt.Errorf("sqlstore: maintain partitions: %w", err)
 	}
 	defer conn.Close()
-	lock := "txoutbox_partitions_" + s.name
+	lock, err := s.lockName(ctx, conn, "txoutbox_partitions_")
+	if err != nil {
+		return res, fmt.Errorf("sqlstore: maintain partitions: %w", err)
+	}
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", lock).Scan(&got); err != nil {
 		return res, fmt.Errorf("sqlstore: maintain partitions: lock: %w", err)

@@ -113,7 +113,7 @@ func TestPartitionMaintenance(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	lock := "txoutbox_partitions_" + s.Table()[1:len(s.Table())-1]
+	lock := sqlstore.LockName(t, s, "txoutbox_partitions_")
 	if _, err := conn.ExecContext(ctx, "SELECT GET_LOCK(?, 0)", lock); err != nil {
 		t.Fatal(err)
 	}

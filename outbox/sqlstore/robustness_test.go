@@ -255,7 +255,7 @@ func TestMigrateFailsWhenLockIsHeld(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer holder.Close()
-			lock := "txoutbox_migrate_" + strings.Trim(st.Table(), "`\"")
+			lock := sqlstore.LockName(t, st, "txoutbox_migrate_")
 			take, give := "SELECT GET_LOCK(?, 0)", "SELECT RELEASE_LOCK(?)"
 			if name == "postgres" {
 				take, give = "SELECT pg_advisory_lock(hashtext($1))", "SELECT pg_advisory_unlock(hashtext($1))"

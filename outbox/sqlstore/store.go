@@ -42,6 +42,11 @@ type Options struct {
 	// instead and deleted by a later completion once it was written 10
 	// minutes ago (see orderedKeep).
 	DeleteDelivered bool
+	// AllowUnsupportedServer lets Migrate go on where CheckServer refuses
+	// the server (TiDB, Vitess, MariaDB before 10.6, …; see CheckServer
+	// and docs/databases.md). The store does not work as documented
+	// there: set it only to try a server out, never where events matter.
+	AllowUnsupportedServer bool
 }
 
 // Store is an driver.Store over a SQL database. It is safe for concurrent
@@ -51,8 +56,11 @@ type Store struct {
 	d     *Dialect
 	table string // quoted
 	name  string // bare, for index and lock names
-	q     queries
-	del   bool // Options.DeleteDelivered
+	// schema is the schema (MySQL: database) Options.Table names, or "";
+	// see lockName.
+	schema string
+	q      queries
+	del    bool // Options.DeleteDelivered
 
 	mu      sync.Mutex
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
@@ -75,6 +83,8 @@ type Store struct {
 	fenceMu sync.Mutex // one lookup at a time
 
 	srv serverFlavor // MySQL dialect: MariaDB or MySQL; see bounded
+
+	anyServer bool // Options.AllowUnsupportedServer
 }
 
 var (
@@ -119,7 +129,10 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 		quoted[i] = d.quote(p)
 	}
 	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
-		cursors: make(map[string]claimCursor), claimSets: map[string]claimSet{}}
+		cursors: make(map[string]claimCursor), claimSets: map[string]claimSet{}, anyServer: opts.AllowUnsupportedServer}
+	if len(parts) == 2 {
+		s.schema = parts[0]
+	}
 	if d.name == "postgres" {
 		s.keep = orderedKeep
 	}
