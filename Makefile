@@ -21,10 +21,10 @@ test: vet
 	done
 	@if [ -s $(SKIPLOG) ]; then echo "== database suites that did not run:"; sort -u $(SKIPLOG) | sed 's|$(CURDIR)/||'; else echo "== every database suite ran"; fi
 
-## sim: the deterministic simulation of the engine (outbox/internal/sim; docs/design/simulation.md): SEEDS seeds (default 2000, about 2 min) from SIM_FROM, SIM_FAULTS fault classes (default: all but orphan and outage, whose defects are not fixed yet (docs/design/simulation.md); SIM_FAULTS=all for every class); SIM_SEED=n replays one seed and prints its trace. .ci/run runs it.
+## sim: the deterministic simulation of the engine (outbox/internal/sim; docs/design/simulation.md): SEEDS seeds (default 2000, about 2 min) from SIM_FROM, SIM_FAULTS fault classes (default all; a comma-separated list of crash,close,freeze,join,outage,pause,replay,skip,storeerr,slow,orphan for fewer); SIM_SEED=n replays one seed and prints its trace. .ci/run runs it.
 SEEDS      ?= 2000
 SIM_FROM   ?= 1
-SIM_FAULTS ?= crash,close,freeze,join,pause,replay,skip,storeerr,slow
+SIM_FAULTS ?= all
 sim:
 	SIM_RUN=1 SIM_SEED=$(SIM_SEED) $(GO) test -count=1 -timeout 60m -run 'TestSim$$' ./outbox/internal/sim/ -seeds $(SEEDS) -from $(SIM_FROM) -faults $(SIM_FAULTS) $(if $(SIM_SEED),-v)
 
