@@ -77,7 +77,7 @@ func (c *cli) open(create bool) (*sqlstore.Store, func(), error) {
 		db.Close()
 		return nil, nil, fmt.Errorf("connect to %s: %w", d.Display, err)
 	}
-	s, err := sqlstore.New(db, sqlstore.Options{Table: c.table})
+	s, err := sqlstore.New(db, sqlstore.Options{Table: c.table, AllowUnsupportedServer: c.anyServer})
 	if err != nil {
 		db.Close()
 		return nil, nil, usageErr("%v", err)
@@ -212,7 +212,9 @@ func yesNo(b bool) string {
 }
 
 func (c *cli) migrateUp(args []string) error {
-	return c.withStore(c.flags("migrate up"), args, exactly(0), func(s *sqlstore.Store, _ []string) error {
+	fs := c.flags("migrate up")
+	fs.BoolVar(&c.anyServer, "allow-unsupported-server", false, "migrate even a server known not to work with the outbox (docs/databases.md); at your own risk")
+	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
 		before, err := c.migrations(s)
 		if err != nil {
 			return err

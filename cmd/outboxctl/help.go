@@ -9,7 +9,7 @@ import (
 
 // commands is each command's synopsis and what it does, for its -h.
 var commands = map[string][2]string{
-	"migrate up":          {"migrate up", "Apply the pending schema migrations (Store.Migrate, with its lock) and name them."},
+	"migrate up":          {"migrate up [-allow-unsupported-server]", "Apply the pending schema migrations (Store.Migrate, with its lock) and name them.\nA server known not to work (docs/databases.md) is refused unless\n-allow-unsupported-server."},
 	"migrate status":      {"migrate status", "List the migrations and whether each is applied."},
 	"stats":               {"stats [-watch 5s]", "Counts by status, per event type and per subscription: pending, retrying,\ndead letters, age of the oldest pending (lag). -watch repeats until\ninterrupted."},
 	"dead list":           {"dead list [filters] [-limit 100]", "List dead letters: DEAD events and the dead deliveries of split events, in\nid order. Never payloads."},

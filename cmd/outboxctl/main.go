@@ -37,7 +37,9 @@ Usage:
   outboxctl [global flags] COMMAND [flags] [args]
 
 Commands:
-  migrate up                 apply the pending schema migrations
+  migrate up [-allow-unsupported-server]
+                             apply the pending schema migrations; a server
+                             known not to work is refused unless allowed
   migrate status             list the migrations and whether they are applied
   stats [-watch 5s]          counts per event type and per subscription:
                              pending, retrying, dead letters, oldest age (lag)
@@ -131,6 +133,8 @@ type cli struct {
 
 	dsn, table string
 	json       bool
+	// anyServer: migrate up -allow-unsupported-server.
+	anyServer bool
 }
 
 // exitErr carries an exit code other than exitError.

@@ -53,3 +53,15 @@ func TestRetireCommand(t *testing.T) {
 		})
 	}
 }
+
+// migrate up takes -allow-unsupported-server (sqlstore's
+// AllowUnsupportedServer), for a server the store's check refuses.
+func TestMigrateAllowUnsupportedServerFlag(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	if r := f.run("migrate", "up", "-allow-unsupported-server"); r.code != 0 {
+		t.Fatalf("migrate up -allow-unsupported-server: %+v", r)
+	}
+	if r := f.run("migrate", "up", "-h"); r.code != 0 || !strings.Contains(r.stdout, "-allow-unsupported-server") {
+		t.Fatalf("migrate up -h does not list the flag: %+v", r)
+	}
+}
