@@ -115,6 +115,8 @@ func Run(t *testing.T, h Harness) {
 		{"Method/DeliveryWrites", testMethodDeliveryWrites},
 		{"Method/DueNow", testMethodDueNow},
 		{"Method/ReleaseOwner", testMethodReleaseOwner},
+		{"Method/ClaimTypes", testMethodClaimTypes},
+		{"Method/Retire", testMethodRetire},
 		{"Ordered/Numbering", testOrderNumbering},
 		{"Ordered/HeadLeasedToOwner", testOrderHeadLeasedToOwner},
 		{"Ordered/LeasedAfterOwnersEvent", testOrderLeasedAfterOwnersEvent},
