@@ -320,7 +320,7 @@ func (c *completer) giveBackRefused(refused map[*item]bool) {
 	}
 	ctx, cancel := c.storeCtx()
 	defer cancel()
-	c.fence.registryChanged(ctx, v, its)
+	c.fence.resplit(ctx, v, its)
 }
 
 // sharedKeysLinger is the completion writer's linger while ordering keys

@@ -352,14 +352,23 @@ func (d *dispatcher) finish(it *item) {
 }
 
 // splitFenced makes write, and if the store refused it for a stale
-// registry while the event owes the same subscriptions under the new one
-// (recheck), makes it again with the new version.
-func (d *dispatcher) splitFenced(ctx context.Context, it *item, writes []driver.DeliveryWrite, write func([]driver.DeliveryWrite) (bool, error)) (bool, error) {
+// registry, makes it again with the new version, with the deliveries the
+// event owes elsewhere under the new registry (rewrites).
+// It returns the writes it made last.
+func (d *dispatcher) splitFenced(ctx context.Context, it *item, writes []driver.DeliveryWrite, write func([]driver.DeliveryWrite) (bool, error)) (bool, []driver.DeliveryWrite, error) {
 	held, err := write(writes)
-	if fenced(err) && len(d.recheck(ctx, it.registry, []*item{it})) == 1 {
-		held, err = write(writes) // it.registry is the new version now
+	if !fenced(err) || it.sub != nil {
+		return held, writes, err
 	}
-	return held, err
+	v := it.registry
+	if serr := d.reg.syncIfOlder(ctx, v); serr != nil {
+		return held, writes, err
+	}
+	if reg := d.reg.load(); reg.version != v {
+		writes = rewrites(it, writes, reg) // it.registry is the new version now
+		held, err = write(writes)
+	}
+	return held, writes, err
 }
 
 // canDeliver reports whether one of the subscriptions named is here, not
@@ -449,7 +458,7 @@ func (d *dispatcher) recordFailures(it *item) {
 			return d.dstore.FailDelivery(ctx, d.cfg.InstanceID, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
 		})
 	}
-	held, err := d.splitFenced(ctx, it, writes, write)
+	held, writes, err := d.splitFenced(ctx, it, writes, write)
 	if fenced(err) {
 		// Split for a stale registry: nothing written. The lease is
 		// still this instance's; the event goes back.

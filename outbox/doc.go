@@ -51,8 +51,10 @@
 // of subscriptions (its DONE, or its split) carries the version that set
 // was decided by and changes nothing if it moved on
 // ([driver.ErrRegistryChanged]). The instance learns the registry again
-// and delivers the event anew (a duplicate for the subscriptions that had
-// it), unless the new subscription does not take its type. The version is
+// and writes the completion anew with the new version: a split with a
+// delivery for each subscription the event owes now (the new one gets it;
+// those that had it do not run again), or the same DONE if the new
+// subscription does not take its type. The version is
 // read by the completing statement, which starts after the event was
 // delivered and so after every registration that committed before the
 // event: the fence holds for an instance that froze for longer than a

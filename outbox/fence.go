@@ -17,11 +17,15 @@ import (
 // carries the snapshot's version (item.registry), and the store refuses
 // it, changing nothing, if a subscription was registered since
 // (driver.ErrRegistryChanged). The engine then learns the registry again
-// and hands the events back to be delivered anew: a duplicate for the
-// subscriptions that had them (at least once), nothing lost for the new
-// one. An event whose owed set the new registry leaves as it was (the
-// new subscription does not take its type) is not handed back: its write
-// is made again with the new version (recheck).
+// and makes the write anew with the new version: the same DONE for an
+// event whose owed set the new registry leaves as it was (the new
+// subscription does not take its type: recheck), else a Split with a NEW
+// delivery for each subscription elsewhere the event owes now (rewrites,
+// resplit): the new subscription gets it, and those that delivered it
+// here do not run again. Handing the event back to be delivered anew to
+// every subscription (registryChanged) is the fallback when that write
+// fails too: a second delivery of an ordered event could then run beside
+// a later event of its key that its chain had already passed on.
 
 // fenced reports whether err is the store's refusal of a completing
 // write made with a stale registry.
@@ -31,7 +35,7 @@ func fenced(err error) bool { return errors.Is(err, driver.ErrRegistryChanged) }
 // store refuses a batch's DONE for a stale registry.
 type registryFence interface {
 	recheck(ctx context.Context, version int64, its []*item) []*item
-	registryChanged(ctx context.Context, version int64, its []*item)
+	resplit(ctx context.Context, version int64, its []*item)
 }
 
 // recheck learns the registry again after the store refused the
@@ -54,6 +58,66 @@ func (d *dispatcher) recheck(ctx context.Context, version int64, its []*item) []
 		}
 	}
 	return same
+}
+
+// rewrites returns writes, the outcomes of it here as its refused
+// completing write recorded them, for the registry reg that the instance
+// learned since: less the deliveries of subscriptions elsewhere that it
+// no longer owes (retired since), plus a NEW delivery for each
+// subscription elsewhere that it owes now and did not (registered since).
+// It sets it.owed and it.registry to reg's. The subscriptions that
+// delivered it here are not run again: only the new ones get it.
+func rewrites(it *item, writes []driver.DeliveryWrite, reg *registry) []driver.DeliveryWrite {
+	now := reg.owedElsewhere(it.env.Type)
+	out := make([]driver.DeliveryWrite, 0, len(writes)+len(now))
+	for _, w := range writes {
+		if slices.Contains(it.owed, w.Subscription) && !slices.Contains(now, w.Subscription) {
+			continue
+		}
+		out = append(out, w)
+	}
+	for _, name := range now {
+		if !slices.ContainsFunc(out, func(w driver.DeliveryWrite) bool { return w.Subscription == name }) {
+			out = append(out, driver.DeliveryWrite{Subscription: name, Status: driver.StatusNew})
+		}
+	}
+	it.owed, it.registry = now, reg.version
+	return out
+}
+
+// resplit records its, whole events delivered to every subscription here
+// whose DONE the store refused because the registry moved past version
+// and under the new one they owe other subscriptions too, as split
+// events: a NEW delivery for each subscription elsewhere they owe now
+// (rewrites), in one Split with the new version. What Split cannot
+// record (the registry moved again, the lease is lost, an error) is
+// handed back (registryChanged).
+func (d *dispatcher) resplit(ctx context.Context, version int64, its []*item) {
+	if err := d.reg.syncIfOlder(ctx, version); err != nil {
+		d.registryChanged(ctx, version, its)
+		return
+	}
+	reg := d.reg.load()
+	var back []*item
+	for _, it := range its {
+		writes := rewrites(it, nil, reg)
+		if len(writes) == 0 {
+			back = append(back, it) // owes nothing elsewhere again: rare, delivered anew
+			continue
+		}
+		held, err := retryStore(ctx, func() (bool, error) {
+			return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes, it.registry)
+		})
+		if err != nil || !held {
+			back = append(back, it)
+			continue
+		}
+		d.inflight.release(it.key())
+		d.seq.next(it)
+	}
+	if len(back) > 0 {
+		d.registryChanged(ctx, version, back)
+	}
 }
 
 // registryChanged takes its, whole events delivered here whose completing

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -236,4 +237,49 @@ func lagOf(t *testing.T, ob *outbox.Outbox, sub string) outbox.Lag {
 		}
 	}
 	return outbox.Lag{}
+}
+
+// An instance whose view of the registry is stale completes events for
+// the subscriptions it knows; the store refuses the DONE (the registry
+// fence), and the instance then records what the new subscription is
+// owed, a delivery for it, without running the subscriptions that had
+// the event again. (Before, it handed the whole event back, and every
+// subscription got it twice: seed 5545 of the simulation saw such a
+// second delivery of an ordered event run beside a later event of its
+// key.)
+func TestFencedCompletionGoesToTheNewSubscriptionOnly(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			st := testdb.Store(t, testdb.Open(t, name))
+			ctx := context.Background()
+			var mu sync.Mutex
+			got := map[string]int{}
+			old := startOrdered(t, st, outbox.Config{InstanceID: "old", PollInterval: time.Hour},
+				outbox.Subscription{Name: "a", Handler: func(ctx context.Context, ev outbox.Event) error {
+					mu.Lock()
+					got[ev.ID]++
+					mu.Unlock()
+					return nil
+				}})
+			// "b" registered by an instance old has not heard of (its next
+			// refresh is an hour away).
+			if _, err := st.SyncSubscriptions(ctx, []driver.SubscriptionInfo{{Name: "b"}}); err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for range 5 {
+				ids = append(ids, publishInTx(t, old, st, typedEnv("Opened")))
+			}
+			for _, id := range ids {
+				waitDelivery(t, st, id, "b", outbox.StatusNew)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range ids {
+				if got[id] != 1 {
+					t.Errorf("%s delivered to a %d times; want once (only b, registered since, is owed it again)", id, got[id])
+				}
+			}
+		})
+	}
 }
