@@ -140,7 +140,9 @@ func run(ctx context.Context, o options, stdout io.Writer, log *slog.Logger) (er
 		log.Info("billing event delivered", slog.String("event_id", ev.ID), slog.String("event_type", ev.Type.String()), slog.String("invoice", ev.AggregateID))
 		return nil
 	})
-	if err := ob.Start(ctx); err != nil {
+	// The engine and the consumer outlive ctx (Ctrl-C): Close stops them,
+	// letting what is in flight finish.
+	if err := ob.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, ob.Close(context.WithoutCancel(ctx))) }()
@@ -160,7 +162,7 @@ func run(ctx context.Context, o options, stdout io.Writer, log *slog.Logger) (er
 	if err != nil {
 		return err
 	}
-	if err := c.Start(ctx); err != nil {
+	if err := c.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: b.routes(), ReadHeaderTimeout: 5 * time.Second}
