@@ -12,7 +12,8 @@
 // Start the demo with NATS_URL set first: it creates the stream ORDERS.
 // billing reads it with the durable consumer "billing" (from the first
 // message; a restart goes on where it stopped) and serves its invoices at
-// GET /invoices and the parked messages at GET /parked. SIGINT or SIGTERM
+// GET /invoices and the parked messages at GET /parked (and, with
+// ADMIN_TOKEN, on the admin page at /admin/inbox). SIGINT or SIGTERM
 // stops it: the messages being handled finish, the others go back.
 package main
 
@@ -40,6 +41,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	natsoutbox "github.com/txoutbox/txoutbox/adapters/nats"
+	"github.com/txoutbox/txoutbox/admin"
 	"github.com/txoutbox/txoutbox/inbox"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/meta"
@@ -56,6 +58,7 @@ func main() {
 	flag.StringVar(&o.stream, "stream", "ORDERS", "stream of the orders service's events")
 	flag.StringVar(&o.addr, "addr", ":8081", "address of GET /invoices and GET /parked")
 	flag.StringVar(&o.dataDir, "data", "data", "directory of billing's SQLite database (billing.db)")
+	flag.StringVar(&o.adminToken, "admin-token", os.Getenv("ADMIN_TOKEN"), "serve the admin page at /admin/ (parked messages: list, show, replay, purge) to those who present this token (env ADMIN_TOKEN); empty: none")
 	flag.DurationVar(&o.retryDelay, "retry-delay", time.Second, "how long a message whose handler failed waits for its redelivery")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -69,6 +72,7 @@ func main() {
 
 type options struct {
 	natsURL, stream, addr, dataDir string
+	adminToken                     string
 	// retryDelay is how long a failed message waits for its redelivery.
 	retryDelay time.Duration
 	// observe, if set, sees every inbox result, and listening the HTTP
@@ -165,7 +169,18 @@ func run(ctx context.Context, o options, stdout io.Writer, log *slog.Logger) (er
 	if err := c.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: b.routes(), ReadHeaderTimeout: 5 * time.Second}
+	mux := b.routes()
+	if o.adminToken != "" {
+		// The parked messages on the admin page; a replay runs b.handle.
+		h, err := admin.New(ob, admin.Config{Authorize: admin.Token(o.adminToken), Realm: "txoutbox demo billing", BasePath: "/admin",
+			Store: store, Logger: log, Inbox: ib, InboxHandlers: map[string]inbox.Handler{consumerName: b.handle}})
+		if err != nil {
+			c.Close(context.Background())
+			return err
+		}
+		mux.Handle("/admin/", h)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	fmt.Fprintf(stdout, "billing: consuming stream %s on %s through the inbox into %s; invoices: curl -s localhost%s/invoices (Ctrl-C stops)\n",
@@ -250,7 +265,7 @@ type invoice struct {
 	Status     string `json:"status" db:"status"`
 }
 
-func (b *billing) routes() http.Handler {
+func (b *billing) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /invoices", func(w http.ResponseWriter, r *http.Request) {
 		invoices := []invoice{}

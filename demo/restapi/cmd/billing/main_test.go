@@ -131,10 +131,10 @@ func TestBillsEachOrderOnce(t *testing.T) {
 	placed1 := publish("OrderPlaced", `{"order_id":1,"customer":"ada","items":[],"total_cents":2500}`)
 	placed2 := publish("OrderPlaced", `{"order_id":2,"customer":"grace","items":[],"total_cents":597}`)
 	cancelled1 := publish("OrderCancelled", `{"order_id":1,"total_cents":2500}`)
-	poison := publish("OrderPlaced", `not an order`)
+	poison := publish("OrderPlaced", `{"order_id":"x","card":"4242"}`)
 
 	dir := t.TempDir()
-	o := options{natsURL: url, stream: stream, dataDir: dir}
+	o := options{natsURL: url, stream: stream, dataDir: dir, adminToken: "s3cret"}
 	b := start(t, o)
 	got := b.wait(t, 4)
 	want := map[string]inbox.Result{placed1: inbox.Applied, placed2: inbox.Applied, cancelled1: inbox.Applied, poison: inbox.Parked}
@@ -159,6 +159,18 @@ func TestBillsEachOrderOnce(t *testing.T) {
 	b.get(t, "/parked", &parked)
 	if len(parked.Parked) != 1 || parked.Parked[0].ID != poison || parked.Parked[0].Attempts != 5 || !strings.Contains(parked.Parked[0].LastError, "payload is not an order") {
 		t.Errorf("parked %+v, want the poison message after 5 attempts", parked.Parked)
+	}
+	// The admin page lists it, by its escaped id, without its payload.
+	r, _ := http.NewRequest("GET", "http://"+b.addr+"/admin/inbox", nil)
+	r.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), `href="/admin/inbox/billing/`+poison+`"`) || strings.Contains(string(page), "4242") {
+		t.Errorf("admin page: %d\n%s", resp.StatusCode, page)
 	}
 	if err := b.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
