@@ -720,6 +720,7 @@ func TestOnMariaDBAndPostgreSQL(t *testing.T) {
 			t.Run("Retire", TestRetire)
 			t.Run("InboxAPI", TestInboxAPI)
 			t.Run("InboxPages", TestInboxPages)
+			t.Run("InboxPagesPaging", TestInboxPagesPaging)
 		})
 	}
 }

@@ -3,10 +3,13 @@ package admin_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"html"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -236,5 +239,33 @@ func TestInboxPages(t *testing.T) {
 	want := "inbox show_payload,inbox purge,inbox replay parked,inbox replay applied"
 	if got := strings.Join(actions, ","); got != want {
 		t.Errorf("audit actions: %s\nwant %s", got, want)
+	}
+}
+
+// The list pages by 50, one consumer's or all, and the next page goes on
+// after the last entry of the one before.
+func TestInboxPagesPaging(t *testing.T) {
+	fixed := false
+	f, ib := newInboxFixture(t, &fixed) // m-1, m-2 of billing
+	bad := func(context.Context, inbox.Message) error { return errors.New("bad") }
+	for i := range 50 {
+		id := fmt.Sprintf("p-%02d", i)
+		if res, err := ib.Handle(context.Background(), "billing", inbox.Message{ID: id, Payload: []byte("x")}, bad); res != inbox.Parked {
+			t.Fatalf("%s: %v %v", id, res, err)
+		}
+	}
+	for _, q := range []string{"", "?consumer=billing"} {
+		resp, page := f.do(req{method: "GET", path: "/admin/inbox" + q})
+		if n := strings.Count(page, `<tr class="parked">`); resp.StatusCode != http.StatusOK || n != 50 || strings.Contains(page, ">p-48<") {
+			t.Fatalf("first page%s: %d, %d rows", q, resp.StatusCode, n)
+		}
+		next := regexp.MustCompile(`href="([^"]+)" id="next"`).FindStringSubmatch(page)
+		if next == nil {
+			t.Fatalf("first page%s: no next link", q)
+		}
+		_, page = f.do(req{method: "GET", path: html.UnescapeString(next[1])})
+		if n := strings.Count(page, `<tr class="parked">`); n != 2 || !strings.Contains(page, "<code>p-48</code>") || !strings.Contains(page, "<code>p-49</code>") || strings.Contains(page, `id="next"`) || !strings.Contains(page, "first page") {
+			t.Errorf("second page%s (%s): %d rows\n%s", q, next[1], n, page)
+		}
 	}
 }
