@@ -282,6 +282,10 @@ var routes = []struct{ method, path string }{
 	{"GET", "/admin/api/inbox"},
 	{"POST", "/admin/api/inbox/replay?consumer=c&id=x"},
 	{"POST", "/admin/api/inbox/purge?consumer=c&id=x"},
+	{"GET", "/admin/inbox"},
+	{"GET", "/admin/inbox/c/x"},
+	{"POST", "/admin/inbox/c/x/replay"},
+	{"POST", "/admin/inbox/c/x/purge"},
 	{"GET", "/admin/no-such-page"},
 	{"DELETE", "/admin/api/dead"},
 }
@@ -714,6 +718,9 @@ func TestOnMariaDBAndPostgreSQL(t *testing.T) {
 			t.Run("BulkWithoutFilterNeedsAll", TestBulkWithoutFilterNeedsAll)
 			t.Run("LinksEscapePathSegments", TestLinksEscapePathSegments)
 			t.Run("Retire", TestRetire)
+			t.Run("InboxAPI", TestInboxAPI)
+			t.Run("InboxPages", TestInboxPages)
+			t.Run("InboxPagesPaging", TestInboxPagesPaging)
 		})
 	}
 }

@@ -49,6 +49,10 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+b+"/blocked/skip", h.pageSkip)
 	m.HandleFunc("GET "+b+"/event", h.pageLookup)
 	m.HandleFunc("GET "+b+"/events/{id}", h.pageEvent)
+	m.HandleFunc("GET "+b+"/inbox", h.pageInbox)
+	m.HandleFunc("GET "+b+"/inbox/{consumer}/{id}", h.pageInboxEntry)
+	m.HandleFunc("POST "+b+"/inbox/{consumer}/{id}/replay", h.pageInboxAction("replay"))
+	m.HandleFunc("POST "+b+"/inbox/{consumer}/{id}/purge", h.pageInboxAction("purge"))
 	h.mux = m
 }
 

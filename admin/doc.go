@@ -8,7 +8,9 @@
 // them; lists the ordering keys a dead event blocks (Ordered
 // subscriptions) and skips such an event (after a confirmation on the
 // page); and looks an event up by id, with each subscription's delivery
-// state and its last failed attempts. Payloads are shown only on request.
+// state and its last failed attempts. With Config.Inbox it lists the
+// parked messages of package inbox, shows one, and replays or purges it
+// after a confirmation. Payloads are shown only on request.
 //
 // Security: every request, pages and API alike, goes through
 // Config.Authorize, which the application supplies (there is no default;
@@ -46,4 +48,7 @@
 //	POST /api/dead/skip?id=…[&id=…]         {"count": n}: gives up on dead events for good (Outbox.SkipDead)
 //	GET  /api/blocked?after=&limit=         ordering keys blocked by a dead event (Outbox.BlockedKeys)
 //	GET  /api/events/{id}[?payload=1]       the event and its deliveries
+//	GET  /api/inbox?consumer=&after_consumer=&after_id=&limit=   parked inbox messages, without payloads
+//	POST /api/inbox/replay?consumer=&id=    with the consumer's handler from Config.InboxHandlers
+//	POST /api/inbox/purge?consumer=&id=…
 package admin

@@ -72,21 +72,32 @@ func (h *handler) apiInboxReplay(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "consumer and id are required")
 		return
 	}
-	hd := h.cfg.InboxHandlers[consumer]
-	if hd == nil {
-		h.fail(w, r, http.StatusNotImplemented, fmt.Sprintf("no handler for inbox consumer %q: add it to admin.Config.InboxHandlers", consumer))
-		return
-	}
-	res, err := h.cfg.Inbox.Replay(r.Context(), consumer, id, hd)
-	h.audit(r, "inbox replay", err, slog.String("consumer", consumer), slog.String("id", id), slog.String("result", res.String()))
+	res, status, err := h.inboxReplay(r, consumer, id)
 	switch {
-	case errors.Is(err, inbox.ErrNotParked):
-		h.fail(w, r, http.StatusNotFound, err.Error())
+	case status != 0:
+		h.fail(w, r, status, err.Error())
 	case res == inbox.Applied:
 		writeJSON(w, http.StatusOK, map[string]any{"result": res.String()})
 	default:
 		writeJSON(w, http.StatusConflict, map[string]any{"result": res.String(), "error": fmt.Sprint(err)})
 	}
+}
+
+// inboxReplay replays one parked message with the consumer's handler from
+// Config.InboxHandlers, and audits it. A status is set when the message
+// could not be replayed at all (no handler: 501; not parked: 404); a
+// handler that failed again gives Parked and its error, with status 0.
+func (h *handler) inboxReplay(r *http.Request, consumer, id string) (inbox.Result, int, error) {
+	hd := h.cfg.InboxHandlers[consumer]
+	if hd == nil {
+		return inbox.Failed, http.StatusNotImplemented, fmt.Errorf("no handler for inbox consumer %q: add it to admin.Config.InboxHandlers", consumer)
+	}
+	res, err := h.cfg.Inbox.Replay(r.Context(), consumer, id, hd)
+	h.audit(r, "inbox replay", err, slog.String("consumer", consumer), slog.String("id", id), slog.String("result", res.String()))
+	if errors.Is(err, inbox.ErrNotParked) {
+		return res, http.StatusNotFound, err
+	}
+	return res, 0, err
 }
 
 // apiInboxPurge purges parked messages: consumer and one id per "id".
@@ -103,11 +114,17 @@ func (h *handler) apiInboxPurge(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "consumer and at least one id are required")
 		return
 	}
-	n, err := h.cfg.Inbox.Purge(r.Context(), consumer, ids...)
-	h.audit(r, "inbox purge", err, slog.String("consumer", consumer), slog.Int("ids", len(ids)), slog.Int64("count", n))
+	n, err := h.inboxPurge(r, consumer, ids)
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, fmt.Sprintf("purge: %d done, then: %v", n, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"count": n})
+}
+
+// inboxPurge purges parked messages of consumer and audits it.
+func (h *handler) inboxPurge(r *http.Request, consumer string, ids []string) (int64, error) {
+	n, err := h.cfg.Inbox.Purge(r.Context(), consumer, ids...)
+	h.audit(r, "inbox purge", err, slog.String("consumer", consumer), slog.Int("ids", len(ids)), slog.Int64("count", n))
+	return n, err
 }

@@ -21,7 +21,7 @@ import (
 //go:embed templates/*.html
 var templates embed.FS
 
-var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html", "blocked.html", "skip.html", "retire.html"}
+var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html", "blocked.html", "skip.html", "retire.html", "inbox.html", "inboxentry.html", "inboxconfirm.html"}
 
 var funcs = template.FuncMap{
 	// path escapes one path segment of a link: an id or a name with "/",
@@ -60,13 +60,16 @@ type page struct {
 	Who    string
 	CSRF   string
 	Notice string
-	Data   any
+	// Inbox is set when the handler has an inbox: the layout links its
+	// parked messages.
+	Inbox bool
+	Data  any
 }
 
 // render writes a page; the template runs into a buffer first, so that a
 // failing template gives a 500, not half a page.
 func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	p := page{Title: title, Base: h.base, Who: whoOf(r), CSRF: h.token(whoOf(r)), Notice: h.notice(r), Data: data}
+	p := page{Title: title, Base: h.base, Who: whoOf(r), CSRF: h.token(whoOf(r)), Notice: h.notice(r), Inbox: h.cfg.Inbox != nil, Data: data}
 	var buf bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&buf, "layout", p); err != nil {
 		h.log.Error("admin: render "+name, "err", err)
