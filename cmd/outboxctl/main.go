@@ -231,6 +231,30 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// group is a command with subcommands.
+type group struct {
+	subs map[string]func(args []string) error
+	want string // the subcommands, for a usage error
+}
+
+// groups are the commands with subcommands (inbox has its own).
+func (c *cli) groups() map[string]group {
+	return map[string]group{
+		"migrate":    {map[string]func([]string) error{"up": c.migrateUp, "status": c.migrateStatus}, "up or status"},
+		"dead":       {map[string]func([]string) error{"list": c.deadList, "show": c.deadShow, "replay": c.deadReplay, "purge": c.deadPurge}, "list, show, replay or purge"},
+		"partitions": {map[string]func([]string) error{"status": c.partitionsStatus, "maintain": c.partitionsMaintain}, "status or maintain"},
+	}
+}
+
+// singles are the commands without subcommands that take their args as
+// they are.
+func (c *cli) singles() map[string]func(args []string) error {
+	return map[string]func([]string) error{
+		"stats": c.stats, "retire": c.retire, "cleanup": c.cleanup, "peek": c.peek,
+		"blocked-keys": c.blockedKeys, "skip": c.skip,
+	}
+}
+
 func (c *cli) dispatch(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(c.stderr, usage)
@@ -247,66 +271,27 @@ func (c *cli) dispatch(args []string) error {
 		}
 		return args[0], args[1:], nil
 	}
+	if g, ok := c.groups()[cmd]; ok {
+		s, rest, err := sub()
+		if err != nil {
+			return err
+		}
+		if f := g.subs[s]; f != nil {
+			return f(rest)
+		}
+		return usageErr("%s %s: want %s", cmd, s, g.want)
+	}
 	switch cmd {
-	case "migrate":
-		s, rest, err := sub()
-		if err != nil {
-			return err
-		}
-		switch s {
-		case "up":
-			return c.migrateUp(rest)
-		case "status":
-			return c.migrateStatus(rest)
-		}
-		return usageErr("migrate %s: want up or status", s)
-	case "stats":
-		return c.stats(args)
-	case "dead":
-		s, rest, err := sub()
-		if err != nil {
-			return err
-		}
-		switch s {
-		case "list":
-			return c.deadList(rest)
-		case "show":
-			return c.deadShow(rest)
-		case "replay":
-			return c.deadReplay(rest)
-		case "purge":
-			return c.deadPurge(rest)
-		}
-		return usageErr("dead %s: want list, show, replay or purge", s)
 	case "inbox":
 		return c.inboxCmd(sub)
 	case "pause", "resume":
 		return c.pause(cmd, args)
-	case "retire":
-		return c.retire(args)
-	case "cleanup":
-		return c.cleanup(args)
-	case "peek":
-		return c.peek(args)
-	case "blocked-keys":
-		return c.blockedKeys(args)
-	case "skip":
-		return c.skip(args)
-	case "partitions":
-		s, rest, err := sub()
-		if err != nil {
-			return err
-		}
-		switch s {
-		case "status":
-			return c.partitionsStatus(rest)
-		case "maintain":
-			return c.partitionsMaintain(rest)
-		}
-		return usageErr("partitions %s: want status or maintain", s)
 	case "help":
 		fmt.Fprint(c.stdout, groupHelp(strings.Join(args, " ")))
 		return nil
+	}
+	if f := c.singles()[cmd]; f != nil {
+		return f(args)
 	}
 	return usageErr("unknown command %q", cmd)
 }
