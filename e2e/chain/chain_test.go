@@ -1,0 +1,402 @@
+// Package chain tests the issue 36 chain under SIGKILL: service A (an
+// outbox, in the test process) publishes to NATS JetStream; service B
+// (serviceb, a separate process) consumes with the inbox and, in each
+// message's transaction, writes an effect row and publishes an event
+// through its own outbox to a webhook endpoint; that endpoint (in the
+// test process) is a webhook.Receiver with an inbox of its own. B is
+// killed with SIGKILL at random moments and started again; at the end
+// every one of A's events must have exactly one effect row in B's
+// database and exactly one at the final receiver.
+package chain
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	natsoutbox "github.com/txoutbox/txoutbox/adapters/nats"
+	"github.com/txoutbox/txoutbox/adapters/webhook"
+	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/internal/testbroker"
+	"github.com/txoutbox/txoutbox/internal/testdb"
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+)
+
+// The run: kills × perKill events of A.
+const (
+	kills   = 25
+	perKill = 12
+	events  = kills * perKill
+)
+
+// serviceB is the binary built once for all tests.
+var serviceB string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "chain-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	serviceB = filepath.Join(dir, "serviceb")
+	build := exec.Command("go", "build", "-o", serviceB, "./serviceb")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "go build ./serviceb:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func TestChainSIGKILL(t *testing.T) {
+	for _, name := range []string{"mysql", "postgres"} {
+		t.Run(name, func(t *testing.T) { testChain(t, name) })
+	}
+}
+
+// receiver is the final webhook endpoint: a webhook.Receiver (which
+// verifies signatures and applies each webhook-id once with its inbox),
+// counting the requests it gets per webhook-id.
+type receiver struct {
+	rc    *webhook.Receiver
+	mu    sync.Mutex
+	posts map[string]int // webhook-id → requests
+}
+
+func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	r.posts[req.Header.Get(webhook.HeaderID)]++
+	r.mu.Unlock()
+	r.rc.ServeHTTP(w, req)
+}
+
+func (r *receiver) counts() (requests, ids int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.posts {
+		requests += n
+	}
+	return requests, len(r.posts)
+}
+
+func testChain(t *testing.T, name string) {
+	db := testdb.Open(t, name)
+	natsURL := testbroker.NATS(t)
+	ctx := context.Background()
+	driver, dsn := "mysql", testdb.MySQLDSN()
+	if name == "postgres" {
+		driver, dsn = "pgx", testdb.PostgresDSN()
+	}
+
+	// Private tables: A's outbox, B's outbox (with its inbox tables) and
+	// effects, the receiver's inbox tables and effects. The effects
+	// tables have no unique constraint: an effect applied twice is two
+	// rows.
+	storeA := testdb.StoreWith(t, db, sqlstore.Options{Table: testdb.TableName("chain_a")})
+	tableB := testdb.TableName("chain_b")
+	storeB := testdb.StoreWith(t, db, sqlstore.Options{Table: tableB})
+	tableC := testdb.TableName("chain_c")
+	storeC := testdb.StoreWith(t, db, sqlstore.Options{Table: tableC})
+	effectsB, effectsC := tableB+"_effects", tableC+"_effects"
+	for _, tbl := range []string{effectsB, effectsC} {
+		db.MustExec(`CREATE TABLE ` + tbl + ` (a_id VARCHAR(64) NOT NULL)`)
+	}
+	t.Cleanup(func() { testdb.DropTable(t, db, effectsB, effectsC) })
+
+	// NATS: a private stream and B's durable, with a short AckWait so
+	// that the messages a killed B held come back within seconds.
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := strings.TrimPrefix(tableB, "chain_b_")
+	stream, subject := "CHAIN_"+strings.ToUpper(suffix), "chain."+suffix
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	const durable = "service-b"
+	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: 2 * time.Second}); err != nil {
+		t.Fatalf("create consumer: %v", err)
+	}
+
+	// The final receiver.
+	secret := webhook.NewSecret()
+	dialect, err := inbox.DialectNamed(storeC.Dialect().Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ibC, err := inbox.New(db.DB, inbox.Config{Dialect: dialect, Table: tableC, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insertC := db.Rebind(`INSERT INTO ` + effectsC + ` (a_id) VALUES (?)`)
+	// Its log lines (requests cut by a kill of B, which B sends again) go
+	// nowhere: the figures at the end count them.
+	quiet := slog.New(slog.DiscardHandler)
+	rc, err := webhook.NewReceiver(webhook.ReceiverConfig{Inbox: ibC, Name: "final", Secrets: []string{secret}, Logger: quiet,
+		Handler: func(ctx context.Context, m inbox.Message) error {
+			var body struct {
+				AID string `json:"a_id"`
+			}
+			if err := json.Unmarshal(m.Payload, &body); err != nil || body.AID == "" {
+				return fmt.Errorf("B's event %s has no a_id (%v): %q", m.ID, err, m.Payload)
+			}
+			_, err := inbox.Tx(ctx).ExecContext(ctx, insertC, body.AID)
+			return err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := &receiver{rc: rc, posts: map[string]int{}}
+	srv := httptest.NewServer(final)
+	t.Cleanup(srv.Close)
+
+	// Service A: an outbox publishing to the stream.
+	obA, err := outbox.New(storeA, outbox.Config{PollInterval: 100 * time.Millisecond, PollMaxInterval: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubA, err := natsoutbox.New(js, natsoutbox.Config{Subject: subject + ".{type}", Stream: stream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obA.Subscribe(outbox.Subscription{Name: "to-nats", Batch: pubA.Handler()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := obA.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = obA.Close(context.Background()) })
+	var idsA []string
+	publish := func(n int) {
+		t.Helper()
+		tx, err := outbox.BeginTx(ctx, db.DB, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		for range n {
+			id, err := obA.PublishTx(ctx, tx, outbox.Envelope{Type: "a.happened", JSON: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			idsA = append(idsA, id)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Service B, killed kills times.
+	logs := t.TempDir()
+	runs := 0
+	start := func() (*exec.Cmd, <-chan struct{}) {
+		t.Helper()
+		runs++
+		cmd := exec.Command(serviceB)
+		cmd.Env = append(os.Environ(), "CHAIN_DRIVER="+driver, "CHAIN_DSN="+dsn, "CHAIN_TABLE="+tableB, "CHAIN_EFFECTS="+effectsB,
+			"CHAIN_NATS="+natsURL, "CHAIN_STREAM="+stream, "CHAIN_DURABLE="+durable,
+			"CHAIN_WEBHOOK_URL="+srv.URL, "CHAIN_SECRET="+secret)
+		out, err := os.Create(filepath.Join(logs, fmt.Sprintf("run%02d.out", runs)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { out.Close() })
+		errf, err := os.Create(filepath.Join(logs, fmt.Sprintf("run%02d.err", runs)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer errf.Close()
+		ready := &readyWriter{w: out, ready: make(chan struct{})}
+		cmd.Stdout, cmd.Stderr = ready, errf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, ready.ready
+	}
+	for i := range kills {
+		publish(perKill)
+		cmd, ready := start()
+		select {
+		case <-ready:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_ = cmd.Wait()
+			t.Fatalf("run %d of service B not ready within 30 s: %s", runs, readLog(t, logs, runs, "err"))
+		}
+		// A random moment while B works through the backlog: killing
+		// then is the point.
+		time.Sleep(time.Duration(rand.IntN(250)) * time.Millisecond)
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %d: %v", i+1, err)
+		}
+		_ = cmd.Wait()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("run %d of service B ended on its own (%v), not by the SIGKILL: %s", runs, cmd.ProcessState, readLog(t, logs, runs, "err"))
+		}
+	}
+
+	// The last run goes to completion: every event of A has reached the
+	// receiver, B's outbox has none left to deliver, and the durable has
+	// no message pending or unacked (so no redelivery can still come).
+	cmd, ready := start()
+	var distinctC, openB, openA int
+	var info *jetstream.ConsumerInfo
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		mustGet(t, db, &distinctC, `SELECT COUNT(DISTINCT a_id) FROM `+effectsC)
+		mustGet(t, db, &openB, `SELECT COUNT(*) FROM `+storeB.Table()+` WHERE status <> 1`)
+		mustGet(t, db, &openA, `SELECT COUNT(*) FROM `+storeA.Table()+` WHERE status <> 1`)
+		cons, err := js.Consumer(ctx, stream, durable)
+		if err == nil {
+			info, err = cons.Info(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isClosed(ready) && distinctC == events && openB == 0 && openA == 0 && info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_ = cmd.Wait()
+			t.Fatalf("not complete after 90 s (B ready: %v): %d/%d at the receiver, %d of B's and %d of A's events not delivered, %d pending and %d unacked in NATS; B: %s",
+				isClosed(ready), distinctC, events, openB, openA, info.NumPending, info.NumAckPending, readLog(t, logs, runs, "err"))
+		}
+		time.Sleep(100 * time.Millisecond) // polling for a state, not waiting for one
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("service B's last run did not close cleanly on SIGTERM: %v: %s", err, readLog(t, logs, runs, "err"))
+	}
+
+	// Exactly once by A's id, at B and at the receiver.
+	for _, where := range []struct{ what, table string }{{"B's database", effectsB}, {"the final receiver", effectsC}} {
+		var rows []struct {
+			AID string `db:"a_id"`
+			N   int    `db:"n"`
+		}
+		if err := db.Select(&rows, `SELECT a_id, COUNT(*) AS n FROM `+where.table+` GROUP BY a_id`); err != nil {
+			t.Fatal(err)
+		}
+		got := make(map[string]int, len(rows))
+		for _, r := range rows {
+			got[r.AID] = r.N
+		}
+		lost, twice := 0, 0
+		for _, id := range idsA {
+			switch n := got[id]; {
+			case n == 0:
+				lost++
+			case n > 1:
+				twice++
+				t.Errorf("%s: A's event %s applied %d times", where.what, id, n)
+			}
+			delete(got, id)
+		}
+		if lost > 0 || twice > 0 || len(got) > 0 {
+			t.Errorf("%s: %d of %d events lost, %d applied more than once, %d effects of unknown ids", where.what, lost, events, twice, len(got))
+		}
+	}
+	var eventsB, deadB int
+	mustGet(t, db, &eventsB, `SELECT COUNT(*) FROM `+storeB.Table())
+	mustGet(t, db, &deadB, `SELECT COUNT(*) FROM `+storeB.Table()+` WHERE status = 3`)
+	if eventsB != events || deadB != 0 {
+		t.Errorf("B's outbox holds %d events (%d dead), want %d (0 dead): one per applied message", eventsB, deadB, events)
+	}
+
+	// The figures: how much redelivery the kills caused.
+	dupB := 0
+	for run := 1; run <= runs; run++ {
+		dupB += strings.Count(readLog(t, logs, run, "out"), "result duplicate ")
+	}
+	requests, ids := final.counts()
+	t.Logf("%s: %d SIGKILLs of service B, %d events of A; redelivered to B as duplicates: %d; webhook requests at the receiver: %d for %d ids; lost 0, applied twice 0 (checked above)",
+		name, kills, events, dupB, requests, ids)
+}
+
+// readyWriter writes B's stdout to w and closes ready at its line
+// "ready".
+type readyWriter struct {
+	w     io.Writer
+	tail  []byte // the end of the previous write, for a line cut in two
+	ready chan struct{}
+	done  bool
+}
+
+func (r *readyWriter) Write(p []byte) (int, error) {
+	if !r.done {
+		buf := append(r.tail, p...)
+		if bytes.HasPrefix(buf, []byte("ready\n")) || bytes.Contains(buf, []byte("\nready\n")) {
+			r.done = true
+			close(r.ready)
+		}
+		r.tail = append([]byte(nil), buf[max(0, len(buf)-7):]...)
+	}
+	return r.w.Write(p)
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+func mustGet(t *testing.T, db *sqlx.DB, dest any, q string) {
+	t.Helper()
+	if err := db.Get(dest, q); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readLog returns the stdout ("out") or stderr ("err") of run of B.
+func readLog(t *testing.T, dir string, run int, which string) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, fmt.Sprintf("run%02d.%s", run, which)))
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var b strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		b.WriteString(sc.Text())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
