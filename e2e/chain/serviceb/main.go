@@ -120,6 +120,9 @@ func run(ctx context.Context, cfg config) error {
 	}
 	insert := db.Rebind(`INSERT INTO ` + cfg.effects + ` (a_id) VALUES (?)`)
 	handler := func(ctx context.Context, m inbox.Message) error {
+		p.mu.Lock()
+		fmt.Printf("begin %s\n", m.ID)
+		p.mu.Unlock()
 		if _, err := inbox.Tx(ctx).ExecContext(ctx, insert, m.ID); err != nil {
 			return err
 		}
