@@ -12,6 +12,7 @@ require (
 	github.com/txoutbox/txoutbox v0.1.0
 	github.com/txoutbox/txoutbox/adapters/nats v0.1.0
 	github.com/txoutbox/txoutbox/adapters/webhook v0.1.0
+	modernc.org/sqlite v1.61.1
 )
 
 require (
@@ -66,6 +67,5 @@ require (
 	modernc.org/libc v1.79.0 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-	modernc.org/sqlite v1.61.1 // indirect
 	moul.io/http2curl/v2 v2.3.0 // indirect
 )

@@ -27,6 +27,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	_ "modernc.org/sqlite" // driver "sqlite"
 
 	natsoutbox "github.com/txoutbox/txoutbox/adapters/nats"
 	"github.com/txoutbox/txoutbox/adapters/webhook"
