@@ -49,8 +49,11 @@ const (
 	events  = kills * perKill
 )
 
-// serviceB is the binary built once for all tests.
-var serviceB string
+// serviceB is the binary built once for all tests, with buildFlags.
+var (
+	serviceB   string
+	buildFlags []string
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "chain-test")
@@ -59,7 +62,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	serviceB = filepath.Join(dir, "serviceb")
-	build := exec.Command("go", "build", "-o", serviceB, "./serviceb")
+	build := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", serviceB, "./serviceb")...)
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "go build ./serviceb:", err)
@@ -352,6 +355,12 @@ func testChain(t *testing.T, name string) {
 	mustGet(t, db, &deadB, `SELECT COUNT(*) FROM `+storeB.Table()+` WHERE status = 3`)
 	if eventsB != events || deadB != 0 {
 		t.Errorf("B's outbox holds %d events (%d dead), want %d (0 dead): one per applied message", eventsB, deadB, events)
+	}
+
+	for run := 1; run <= runs; run++ {
+		if errs := readLog(t, logs, run, "err"); strings.Contains(errs, "DATA RACE") {
+			t.Errorf("run %d of service B: the race detector reported: %s", run, errs)
+		}
 	}
 
 	// The figures: how much redelivery the kills caused.
