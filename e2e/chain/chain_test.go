@@ -126,64 +126,106 @@ func (r *receiver) counts() (requests, ids int) {
 	return requests, len(r.posts)
 }
 
+// chain is one run of the test: its database, NATS stream, receiver and
+// service A, and the runs of service B.
+type chain struct {
+	t              *testing.T
+	db             *sqlx.DB
+	driver, dsn    string // for B
+	natsURL        string
+	js             jetstream.JetStream
+	stream         string
+	storeA, storeB *sqlstore.Store
+	tableB         string // B's outbox table, unquoted
+	effectsB       string // B's effects; the receiver's are effectsC
+	effectsC       string
+	final          *receiver
+	url, secret    string // of the receiver
+	obA            *outbox.Outbox
+	idsA           []string // the events A published
+	logs           string   // B's stdout and stderr, a file each per run
+	runs           int
+}
+
+// durable is B's JetStream consumer.
+const durable = "service-b"
+
 func testChain(t *testing.T, name string) {
-	db, driver, dsn := open(t, name)
-	natsURL := testbroker.NATS(t)
+	c := newChain(t, name)
+	for i := range kills {
+		c.publish(perKill)
+		c.killRun(i + 1)
+	}
+	c.settle()
+	c.checkOnce()
+	c.figures(name)
+}
+
+func newChain(t *testing.T, name string) *chain {
+	c := &chain{t: t, natsURL: testbroker.NATS(t), logs: t.TempDir()}
+	c.db, c.driver, c.dsn = open(t, name)
 	ctx := context.Background()
 
 	// Private tables: A's outbox, B's outbox (with its inbox tables) and
 	// effects, the receiver's inbox tables and effects. The effects
 	// tables have no unique constraint: an effect applied twice is two
 	// rows.
-	storeA := testdb.StoreWith(t, db, sqlstore.Options{Table: testdb.TableName("chain_a")})
+	c.storeA = testdb.StoreWith(t, c.db, sqlstore.Options{Table: testdb.TableName("chain_a")})
 	tableB := testdb.TableName("chain_b")
-	storeB := testdb.StoreWith(t, db, sqlstore.Options{Table: tableB})
+	c.tableB = tableB
+	c.storeB = testdb.StoreWith(t, c.db, sqlstore.Options{Table: tableB})
 	tableC := testdb.TableName("chain_c")
-	storeC := testdb.StoreWith(t, db, sqlstore.Options{Table: tableC})
-	effectsB, effectsC := tableB+"_effects", tableC+"_effects"
-	for _, tbl := range []string{effectsB, effectsC} {
-		db.MustExec(`CREATE TABLE ` + tbl + ` (a_id VARCHAR(64) NOT NULL)`)
+	storeC := testdb.StoreWith(t, c.db, sqlstore.Options{Table: tableC})
+	c.effectsB, c.effectsC = tableB+"_effects", tableC+"_effects"
+	for _, tbl := range []string{c.effectsB, c.effectsC} {
+		c.db.MustExec(`CREATE TABLE ` + tbl + ` (a_id VARCHAR(64) NOT NULL)`)
 	}
-	t.Cleanup(func() { testdb.DropTable(t, db, effectsB, effectsC) })
+	t.Cleanup(func() { testdb.DropTable(t, c.db, c.effectsB, c.effectsC) })
 
 	// NATS: a private stream and B's durable, with a short AckWait so
 	// that the messages a killed B held come back within seconds.
-	nc, err := nats.Connect(natsURL)
+	nc, err := nats.Connect(c.natsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
+	if c.js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
 	suffix := strings.TrimPrefix(tableB, "chain_b_")
-	stream, subject := "CHAIN_"+strings.ToUpper(suffix), "chain."+suffix
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+	subject := "chain." + suffix
+	c.stream = "CHAIN_" + strings.ToUpper(suffix)
+	if _, err := c.js.CreateStream(ctx, jetstream.StreamConfig{Name: c.stream, Subjects: []string{subject + ".>"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
-	const durable = "service-b"
-	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy,
+	t.Cleanup(func() { _ = c.js.DeleteStream(context.Background(), c.stream) })
+	if _, err := c.js.CreateOrUpdateConsumer(ctx, c.stream, jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy,
 		AckWait: 2 * time.Second}); err != nil {
 		t.Fatalf("create consumer: %v", err)
 	}
 
-	// The final receiver.
-	secret := webhook.NewSecret()
-	dialect, err := inbox.DialectNamed(storeC.Dialect().Name())
+	c.startReceiver(storeC, tableC)
+	c.startA(subject)
+	return c
+}
+
+// startReceiver serves the final webhook endpoint.
+func (c *chain) startReceiver(store *sqlstore.Store, table string) {
+	t := c.t
+	c.secret = webhook.NewSecret()
+	dialect, err := inbox.DialectNamed(store.Dialect().Name())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ibC, err := inbox.New(db.DB, inbox.Config{Dialect: dialect, Table: tableC, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	insertC := db.Rebind(`INSERT INTO ` + effectsC + ` (a_id) VALUES (?)`)
-	// Its log lines (requests cut by a kill of B, which B sends again) go
-	// nowhere: the figures at the end count them.
+	// The log lines of the receiver and its inbox (requests cut by a
+	// kill of B, which B sends again) go nowhere: the figures count them.
 	quiet := slog.New(slog.DiscardHandler)
-	rc, err := webhook.NewReceiver(webhook.ReceiverConfig{Inbox: ibC, Name: "final", Secrets: []string{secret}, Logger: quiet,
+	ib, err := inbox.New(c.db.DB, inbox.Config{Dialect: dialect, Table: table, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert := c.db.Rebind(`INSERT INTO ` + c.effectsC + ` (a_id) VALUES (?)`)
+	rc, err := webhook.NewReceiver(webhook.ReceiverConfig{Inbox: ib, Name: "final", Secrets: []string{c.secret}, Logger: quiet,
 		Handler: func(ctx context.Context, m inbox.Message) error {
 			var body struct {
 				AID string `json:"a_id"`
@@ -191,113 +233,123 @@ func testChain(t *testing.T, name string) {
 			if err := json.Unmarshal(m.Payload, &body); err != nil || body.AID == "" {
 				return fmt.Errorf("B's event %s has no a_id (%v): %q", m.ID, err, m.Payload)
 			}
-			_, err := inbox.Tx(ctx).ExecContext(ctx, insertC, body.AID)
+			_, err := inbox.Tx(ctx).ExecContext(ctx, insert, body.AID)
 			return err
 		}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	final := &receiver{rc: rc, posts: map[string]int{}}
-	srv := httptest.NewServer(final)
+	c.final = &receiver{rc: rc, posts: map[string]int{}}
+	srv := httptest.NewServer(c.final)
 	t.Cleanup(srv.Close)
+	c.url = srv.URL
+}
 
-	// Service A: an outbox publishing to the stream.
-	obA, err := outbox.New(storeA, outbox.Config{PollInterval: 100 * time.Millisecond, PollMaxInterval: 500 * time.Millisecond})
+// startA starts service A: an outbox publishing to the stream.
+func (c *chain) startA(subject string) {
+	t := c.t
+	var err error
+	c.obA, err = outbox.New(c.storeA, outbox.Config{PollInterval: 100 * time.Millisecond, PollMaxInterval: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pubA, err := natsoutbox.New(js, natsoutbox.Config{Subject: subject + ".{type}", Stream: stream})
+	pub, err := natsoutbox.New(c.js, natsoutbox.Config{Subject: subject + ".{type}", Stream: c.stream})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := obA.Subscribe(outbox.Subscription{Name: "to-nats", Batch: pubA.Handler()}); err != nil {
+	if err := c.obA.Subscribe(outbox.Subscription{Name: "to-nats", Batch: pub.Handler()}); err != nil {
 		t.Fatal(err)
 	}
-	if err := obA.Start(ctx); err != nil {
+	if err := c.obA.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = obA.Close(context.Background()) })
-	var idsA []string
-	publish := func(n int) {
-		t.Helper()
-		tx, err := outbox.BeginTx(ctx, db.DB, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback()
-		for range n {
-			id, err := obA.PublishTx(ctx, tx, outbox.Envelope{Type: "a.happened", JSON: []byte(`{}`)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			idsA = append(idsA, id)
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	t.Cleanup(func() { _ = c.obA.Close(context.Background()) })
+}
 
-	// Service B, killed kills times.
-	logs := t.TempDir()
-	runs := 0
-	start := func() (cmd *exec.Cmd, ready, working <-chan struct{}) {
-		t.Helper()
-		runs++
-		cmd = exec.Command(serviceB)
-		cmd.Env = append(os.Environ(), "CHAIN_DRIVER="+driver, "CHAIN_DSN="+dsn, "CHAIN_TABLE="+tableB, "CHAIN_EFFECTS="+effectsB,
-			"CHAIN_NATS="+natsURL, "CHAIN_STREAM="+stream, "CHAIN_DURABLE="+durable,
-			"CHAIN_WEBHOOK_URL="+srv.URL, "CHAIN_SECRET="+secret)
-		out, err := os.Create(filepath.Join(logs, fmt.Sprintf("run%02d.out", runs)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { out.Close() })
-		errf, err := os.Create(filepath.Join(logs, fmt.Sprintf("run%02d.err", runs)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer errf.Close()
-		ow := &outWriter{w: out, ready: make(chan struct{}), working: make(chan struct{})}
-		cmd.Stdout, cmd.Stderr = ow, errf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd, ow.ready, ow.working
+// publish publishes n events of A in one transaction.
+func (c *chain) publish(n int) {
+	t, ctx := c.t, context.Background()
+	tx, err := outbox.BeginTx(ctx, c.db.DB, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i := range kills {
-		publish(perKill)
-		cmd, _, working := start()
-		select {
-		case <-working:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			_ = cmd.Wait()
-			t.Fatalf("run %d of service B handled nothing within 30 s: %s", runs, lastLines(readLog(t, logs, runs, "err"), 20))
+	defer tx.Rollback()
+	for range n {
+		id, err := c.obA.PublishTx(ctx, tx, outbox.Envelope{Type: "a.happened", JSON: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
 		}
-		// A random moment while B works through the backlog (12 events
-		// and those a previous run left): killing then is the point.
-		time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatalf("kill %d: %v", i+1, err)
-		}
+		c.idsA = append(c.idsA, id)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startB starts a run of service B.
+func (c *chain) startB() (cmd *exec.Cmd, ready, working <-chan struct{}) {
+	t := c.t
+	c.runs++
+	cmd = exec.Command(serviceB)
+	cmd.Env = append(os.Environ(), "CHAIN_DRIVER="+c.driver, "CHAIN_DSN="+c.dsn, "CHAIN_TABLE="+c.tableB, "CHAIN_EFFECTS="+c.effectsB,
+		"CHAIN_NATS="+c.natsURL, "CHAIN_STREAM="+c.stream, "CHAIN_DURABLE="+durable,
+		"CHAIN_WEBHOOK_URL="+c.url, "CHAIN_SECRET="+c.secret)
+	out, err := os.Create(filepath.Join(c.logs, fmt.Sprintf("run%02d.out", c.runs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { out.Close() })
+	errf, err := os.Create(filepath.Join(c.logs, fmt.Sprintf("run%02d.err", c.runs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errf.Close()
+	ow := &outWriter{w: out, ready: make(chan struct{}), working: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = ow, errf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, ow.ready, ow.working
+}
+
+// killRun starts B and kills it with SIGKILL at a random moment while it
+// works through the backlog (the events just published and those a
+// previous run left): killing then is the point.
+func (c *chain) killRun(kill int) {
+	t := c.t
+	cmd, _, working := c.startB()
+	select {
+	case <-working:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Signal(syscall.SIGKILL)
 		_ = cmd.Wait()
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("run %d of service B ended on its own (%v), not by the SIGKILL: %s", runs, cmd.ProcessState, lastLines(readLog(t, logs, runs, "err"), 20))
-		}
+		t.Fatalf("run %d of service B handled nothing within 30 s: %s", c.runs, c.stderr(c.runs))
 	}
+	time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %d: %v", kill, err)
+	}
+	_ = cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("run %d of service B ended on its own (%v), not by the SIGKILL: %s", c.runs, cmd.ProcessState, c.stderr(c.runs))
+	}
+}
 
-	// The last run goes on until the chain is quiet: A's outbox has
-	// delivered everything to the stream, B's durable has no message
-	// pending or unacked (B acks after its commit, so B's events are
-	// written), and B's outbox has delivered everything to the receiver
-	// (2xx: after the receiver's commit). Nothing can arrive after that.
-	cmd, ready, _ := start()
+// settle runs B a last time until the chain is quiet: A's outbox has
+// delivered everything to the stream, B's durable has no message
+// pending or unacked (B acks after its commit, so B's events are
+// written), and B's outbox has delivered everything to the receiver
+// (2xx: after the receiver's commit). Nothing can arrive after that.
+// Then it stops B with SIGTERM.
+func (c *chain) settle() {
+	t, ctx := c.t, context.Background()
+	cmd, ready, _ := c.startB()
 	var openA, openB int
 	var info *jetstream.ConsumerInfo
-	settled := func() bool {
-		mustGet(t, db, &openA, `SELECT COUNT(*) FROM `+storeA.Table()+` WHERE status <> 1`)
-		mustGet(t, db, &openB, `SELECT COUNT(*) FROM `+storeB.Table()+` WHERE status <> 1`)
-		cons, err := js.Consumer(ctx, stream, durable)
+	quiet := func() bool {
+		mustGet(t, c.db, &openA, `SELECT COUNT(*) FROM `+c.storeA.Table()+` WHERE status <> 1`)
+		mustGet(t, c.db, &openB, `SELECT COUNT(*) FROM `+c.storeB.Table()+` WHERE status <> 1`)
+		cons, err := c.js.Consumer(ctx, c.stream, durable)
 		if err == nil {
 			info, err = cons.Info(ctx)
 		}
@@ -307,10 +359,10 @@ func testChain(t *testing.T, name string) {
 		return isClosed(ready) && openA == 0 && openB == 0 && info.NumPending == 0 && info.NumAckPending == 0
 	}
 	deadline := time.Now().Add(90 * time.Second)
-	for !settled() {
+	for !quiet() {
 		if time.Now().After(deadline) {
 			t.Errorf("the chain is not quiet after 90 s (B ready: %v): %d of A's and %d of B's events not delivered, %d pending and %d unacked in NATS; B's stderr ends: %s",
-				isClosed(ready), openA, openB, info.NumPending, info.NumAckPending, lastLines(readLog(t, logs, runs, "err"), 20))
+				isClosed(ready), openA, openB, info.NumPending, info.NumAckPending, c.stderr(c.runs))
 			break
 		}
 		time.Sleep(100 * time.Millisecond) // polling for a state, not waiting for one
@@ -319,16 +371,21 @@ func testChain(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Errorf("service B's last run did not close cleanly on SIGTERM: %v: %s", err, lastLines(readLog(t, logs, runs, "err"), 20))
+		t.Errorf("service B's last run did not close cleanly on SIGTERM: %v: %s", err, c.stderr(c.runs))
 	}
+}
 
-	// Exactly once by A's id, at B and at the receiver.
-	for _, where := range []struct{ what, table string }{{"B's database", effectsB}, {"the final receiver", effectsC}} {
+// checkOnce checks that each of A's events has exactly one effect in B's
+// database and one at the receiver, and one event in B's outbox, and
+// that no run of B saw a data race.
+func (c *chain) checkOnce() {
+	t := c.t
+	for _, where := range []struct{ what, table string }{{"B's database", c.effectsB}, {"the final receiver", c.effectsC}} {
 		var rows []struct {
 			AID string `db:"a_id"`
 			N   int    `db:"n"`
 		}
-		if err := db.Select(&rows, `SELECT a_id, COUNT(*) AS n FROM `+where.table+` GROUP BY a_id`); err != nil {
+		if err := c.db.Select(&rows, `SELECT a_id, COUNT(*) AS n FROM `+where.table+` GROUP BY a_id`); err != nil {
 			t.Fatal(err)
 		}
 		got := make(map[string]int, len(rows))
@@ -336,7 +393,7 @@ func testChain(t *testing.T, name string) {
 			got[r.AID] = r.N
 		}
 		lost, twice := 0, 0
-		for _, id := range idsA {
+		for _, id := range c.idsA {
 			switch n := got[id]; {
 			case n == 0:
 				lost++
@@ -351,24 +408,25 @@ func testChain(t *testing.T, name string) {
 		}
 	}
 	var eventsB, deadB int
-	mustGet(t, db, &eventsB, `SELECT COUNT(*) FROM `+storeB.Table())
-	mustGet(t, db, &deadB, `SELECT COUNT(*) FROM `+storeB.Table()+` WHERE status = 3`)
+	mustGet(t, c.db, &eventsB, `SELECT COUNT(*) FROM `+c.storeB.Table())
+	mustGet(t, c.db, &deadB, `SELECT COUNT(*) FROM `+c.storeB.Table()+` WHERE status = 3`)
 	if eventsB != events || deadB != 0 {
 		t.Errorf("B's outbox holds %d events (%d dead), want %d (0 dead): one per applied message", eventsB, deadB, events)
 	}
-
-	for run := 1; run <= runs; run++ {
-		if errs := readLog(t, logs, run, "err"); strings.Contains(errs, "DATA RACE") {
+	for run := 1; run <= c.runs; run++ {
+		if errs := readLog(t, c.logs, run, "err"); strings.Contains(errs, "DATA RACE") {
 			t.Errorf("run %d of service B: the race detector reported: %s", run, errs)
 		}
 	}
+}
 
-	// The figures: how much redelivery the kills caused.
-	// A transaction cut by a kill is a "begin" without its "result
-	// applied" or "result failed" in its run's output.
+// figures logs how much redelivery the kills caused. A transaction cut
+// by a kill is a "begin" without its "result applied" or "result failed"
+// in its run's output.
+func (c *chain) figures(name string) {
 	dupB, cut, cutting := 0, 0, 0
-	for run := 1; run <= runs; run++ {
-		out := readLog(t, logs, run, "out")
+	for run := 1; run <= c.runs; run++ {
+		out := readLog(c.t, c.logs, run, "out")
 		dupB += strings.Count(out, "result duplicate ")
 		n := strings.Count(out, "begin ") - strings.Count(out, "result applied ") - strings.Count(out, "result failed ")
 		cut += n
@@ -376,10 +434,13 @@ func testChain(t *testing.T, name string) {
 			cutting++
 		}
 	}
-	requests, ids := final.counts()
-	t.Logf("%s: %d SIGKILLs of service B (%d inside a transaction), %d events of A; B's transactions cut by a kill: %d; redelivered to B after its commit (duplicates): %d; webhook requests at the receiver: %d for %d ids",
+	requests, ids := c.final.counts()
+	c.t.Logf("%s: %d SIGKILLs of service B (%d inside a transaction), %d events of A; B's transactions cut by a kill: %d; redelivered to B after its commit (duplicates): %d; webhook requests at the receiver: %d for %d ids",
 		name, kills, cutting, events, cut, dupB, requests, ids)
 }
+
+// stderr returns the end of run's stderr.
+func (c *chain) stderr(run int) string { return lastLines(readLog(c.t, c.logs, run, "err"), 20) }
 
 // outWriter writes B's stdout to w, closing ready at its line "ready"
 // and working at its first line "begin …" (its first handler call).
