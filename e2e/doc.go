@@ -1,6 +1,7 @@
 // Package e2e holds the end-to-end tests of the HTTP unit of work: a chi
 // router with txmw.Transactional, driven in process with httpexpect,
-// against SQLite and MariaDB.
+// against SQLite and MariaDB. Package e2e/chain is the inbox's chain test
+// under SIGKILL (issue 36; docs/inbox.md, "How it is tested").
 //
 // It is a separate module (with a replace directive pointing at the
 // repository root) so that httpexpect and its many dependencies stay out of
