@@ -33,11 +33,31 @@ func safeCall(ctx context.Context, f func(context.Context) error) (err error) {
 }
 
 // callOne runs a Handler within the subscription's concurrency limit.
-func (d *dispatcher) callOne(ctx context.Context, s *subscription, ev Event) error {
+// errLeaseLost is returned by callOne and callTx, without calling the
+// handler, when the lease of the item (key in the in-flight set) may have
+// run out while the call waited for a slot of the subscription's
+// Concurrency: another instance may be delivering it.
+var errLeaseLost = errors.New("outbox: the lease may have run out before the call: not delivered here")
+
+// acquire takes a slot of s's Concurrency for the call of the item key,
+// and reports errLeaseLost if the item's lease may have run out by then.
+// The caller releases the slot (<-s.sem) unless it returns an error.
+func (d *dispatcher) acquire(ctx context.Context, key string, s *subscription) error {
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	if d.inflight.expired(key, time.Now()) {
+		<-s.sem
+		return errLeaseLost
+	}
+	return nil
+}
+
+func (d *dispatcher) callOne(ctx context.Context, key string, s *subscription, ev Event) error {
+	if err := d.acquire(ctx, key, s); err != nil {
+		return err
 	}
 	defer func() { <-s.sem }()
 	f := func(ctx context.Context) error { return s.Handler(ctx, ev) }
@@ -48,11 +68,9 @@ func (d *dispatcher) callOne(ctx context.Context, s *subscription, ev Event) err
 }
 
 // callTx runs a Tx handler in a transaction that records its delivery.
-func (d *dispatcher) callTx(ctx context.Context, s *subscription, ev Event) error {
-	select {
-	case s.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+func (d *dispatcher) callTx(ctx context.Context, key string, s *subscription, ev Event) error {
+	if err := d.acquire(ctx, key, s); err != nil {
+		return err
 	}
 	defer func() { <-s.sem }()
 	ts := d.store.(driver.TxDeliveryStore) // checked by Subscribe

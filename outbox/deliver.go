@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -174,13 +175,13 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 		ev.Subscription = s.Name
 		start := time.Now()
 		if s.Tx != nil {
-			err := d.callTx(ctx, s, ev)
+			err := d.callTx(ctx, it.key(), s, ev)
 			r := d.outcome(ctx, s, it, probe, err, time.Since(start))
 			r.recorded = err == nil
 			it.add(r)
 			continue
 		}
-		err := d.callOne(ctx, s, ev)
+		err := d.callOne(ctx, it.key(), s, ev)
 		it.add(d.outcome(ctx, s, it, probe, err, time.Since(start)))
 	}
 	for _, name := range owed {
@@ -239,8 +240,10 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 		return r // resDone
 	}
 	d.logPanic(s, it, err)
-	if ctx.Err() != nil {
-		// Shutdown cancelled the call: not the event's fault.
+	if ctx.Err() != nil || errors.Is(err, errLeaseLost) {
+		// Shutdown cancelled the call, or the lease may have run out
+		// before it (the item comes back to process, which gives it
+		// back): not the event's fault.
 		s.circuit.release(probe)
 		r.kind = resCancelled
 		return r
