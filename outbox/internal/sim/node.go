@@ -137,7 +137,7 @@ func (nd *node) freeze(d time.Duration) {
 func (nd *node) pause() (waited bool) {
 	for {
 		d := time.Duration(nd.frozen.Load()) - nd.w.now()
-		if d <= 0 {
+		if d <= 0 || nd.w.ending.Load() {
 			return waited
 		}
 		time.Sleep(min(d, 100*time.Millisecond))

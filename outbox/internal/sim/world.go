@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -110,6 +111,7 @@ type world struct {
 	outages    map[string]time.Duration // subscription -> end of its destination's outage
 	paused     map[string]bool
 	everPaused map[string]bool // every subscription paused in the run (heal resumes them)
+	ending     atomic.Bool     // set as closeAll begins: no freeze holds a node from then on
 	faultsOff  bool
 }
 
