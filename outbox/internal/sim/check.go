@@ -62,7 +62,16 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int, frozen bool) *c
 	if seq > 0 {
 		k := sp.name + "|" + e.key
 		for _, o := range w.inflight[k] {
-			if o.running && !o.zombie && !c.zombie {
+			// Two calls of one event to a Tx subscription may overlap: a
+			// call held inside DeliverInTx (a freeze longer than the
+			// lease) after its lease check, beside the instance that took
+			// the delivery over. Each runs in its transaction and the
+			// delivery's record lets one commit (the Tx check counts the
+			// effects), so the effect is once and in key order; calls of
+			// two events of a key still may not overlap (seeds 523, 9264;
+			// docs/design/simulation.md item 12).
+			sameTx := sp.kind == txKind && o.n == n
+			if o.running && !o.zombie && !c.zombie && !sameTx {
 				w.violateLocked("two events of key %s in flight to ordered %s: #%d (attempt %d, on %s since %.3fs) and #%d (attempt %d, on %s)",
 					e.key, sp.name, o.n, o.attempt, o.node.name, o.start.Seconds(), n, ev.Attempt, nd.name)
 			}
