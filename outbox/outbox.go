@@ -502,12 +502,14 @@ func (s *inflightSet) renewed(ids []string, done, until time.Time) {
 }
 
 // expired reports whether id's lease may have run out by now: no renewal
-// succeeded since, for a whole lease.
+// succeeded since, for a whole lease; or id is not in the set any more
+// (another path took it out of this instance's hands while a call of it
+// waited), so that this instance may not hold it.
 func (s *inflightSet) expired(id string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	until, ok := s.m[id]
-	return ok && !until.IsZero() && now.After(until)
+	return !ok || (!until.IsZero() && now.After(until))
 }
 
 func (s *inflightSet) empty() bool {
