@@ -28,10 +28,7 @@ type completer struct {
 	keys      *keyTable // the dispatcher's
 	// fence takes back the events whose DONE the store refused for a
 	// stale registry (the dispatcher).
-	fence registryFence
-	// own says this instance leases the ordered events it publishes (the
-	// hot path is on): see the use of keyTable.lastCommitted.
-	own      bool
+	fence    registryFence
 	storeCtx func() (context.Context, context.CancelFunc)
 
 	// pending: the ordered events handed over whose DONE is not yet
@@ -50,7 +47,7 @@ func newCompleter(d *deps, inflight *inflightSet) *completer {
 	return &completer{
 		store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID,
 		batchSize: d.cfg.CompletionBatchSize, linger: d.cfg.CompletionLinger,
-		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx, own: !d.cfg.DisableHotPath,
+		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx,
 		in: make(chan *item, 4*d.cfg.CompletionBatchSize), quit: make(chan struct{}),
 	}
 }
@@ -131,23 +128,10 @@ func (c *completer) run() {
 		// The keys of ordered events are recorded with their DONE, in the
 		// same transaction, so that their next events, often already on
 		// their way to a Publish, take the hot path.
-		// Next: the key's next event is in this instance's hands, passed
-		// on in memory or published behind it and leased here (or
-		// delivered already), or this instance committed the event and
-		// nothing after it and leases what it publishes (then its next,
-		// if any, is numbered by the key's row, or here and leased here):
-		// the store need not look for it (PostgreSQL's read of the
-		// successors by the unique index, once per batch, cost 0.09 of
-		// the ordered commit rate; BENCHMARKS.md item 17). The sequencer
-		// need not look either if the next event is in this instance's
-		// hands (on a busy key, nearly every event: each look was a
-		// claim of the key's head, another 0.08).
 		done = done[:0]
 		for _, it := range batch {
 			if recordsKey(it) {
-				k, seq := it.env.OrderingKey, it.env.seq
-				next := it.handedOn || c.keys.holdsAfter(k, seq) || (c.own && c.keys.lastCommitted(k, seq))
-				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: k, Seq: seq, Done: true, Next: next})
+				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq})
 			}
 		}
 		var later map[string]bool // nil: every key may have events waiting

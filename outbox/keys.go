@@ -57,26 +57,7 @@ const maxRecentKeys = 1 << 16
 type keySeen struct {
 	leased    int64 // highest number leased here
 	delivered int64 // highest number delivered here
-	// committed is the highest number this instance's own publishing
-	// transactions committed, at committedAt (monotonic): Publish passes
-	// it as Row.KeyLast for keyLastFor.
-	committed   int64
-	committedAt time.Time
-	// streak counts this instance's last publishes of the key that were
-	// numbered right after its own previous number (nobody else's event
-	// came between): Publish passes KeyLast only from tryStreak on. A key
-	// whose events change instance has it at 0, and its publishers go
-	// straight to the key's row: a try from KeyLast would find the number
-	// taken, a statement in vain and a second to follow.
-	streak int32
 }
-
-// keyLastFor is how long after its commit a key's number is passed as
-// Row.KeyLast, for the store to number the key's next event without
-// reading the key's row. It must stay well below the time the store keeps
-// an ordered event before deleting it (sqlstore: 10 minutes): a number
-// above it whose row was deleted could be taken a second time.
-const keyLastFor = 5 * time.Second
 
 // chainKey names the chain of it: its key for an event delivered to
 // every subscription here, its key and subscription for one delivery (a
@@ -132,69 +113,6 @@ func (t *keyTable) after(key string) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.seen(key).leased
-}
-
-// last returns the highest number of key committed by this instance's
-// transactions (0: none known), and whether Publish passes it as
-// Row.KeyLast: if it was committed less than keyLastFor ago and the
-// key's events keep to this instance (streak).
-func (t *keyTable) last(key string, now time.Time) (prev int64, try bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := t.seen(key)
-	return s.committed, s.committed > 0 && now.Sub(s.committedAt) < keyLastFor && s.streak >= tryStreak
-}
-
-// tryStreak is the streak from which Publish passes KeyLast. A try that
-// finds its number taken costs a statement in vain, and one that does
-// not leaves the key's row behind, which the next publisher of the key
-// on another instance pays for (its number taken, a read, a second
-// try): with the key's events spread over instances the fast way does
-// not pay even at even odds. The streak tells a key that keeps to this
-// instance from one spread at random over n instances, which makes a
-// streak of 4 with odds 1/n⁴.
-const tryStreak = 4
-
-// numbered records the number seq the store gave an event of key that
-// Publish wrote after prev, the instance's last committed number as last
-// returned (0: none known): right after it, the key's events keep to
-// this instance; past it, another publisher numbered in between (the
-// try from KeyLast found the number taken, or the key's row was ahead).
-// A key's first event starts it at tryStreak: nobody else published it.
-func (t *keyTable) numbered(key string, prev, seq int64) {
-	if seq <= 0 {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.note(key, func(s *keySeen) {
-		switch {
-		case seq == 1:
-			s.streak = tryStreak
-		case prev > 0 && seq == prev+1:
-			s.streak = min(s.streak+1, 1<<30)
-		default:
-			s.streak = 0
-		}
-	})
-}
-
-// committedNumbers records the numbers of rows[i] for i in ordered,
-// committed at now by one of this instance's transactions (a row whose
-// number the store did not report is passed over). Only these may become
-// Row.KeyLast: a number leased or delivered here may be an old one (a
-// replayed event), and one not yet committed may still be rolled back.
-func (t *keyTable) committedNumbers(rows []driver.Row, ordered []int, now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, i := range ordered {
-		if seq := rows[i].KeySeq; seq > 0 {
-			t.note(rows[i].OrderingKey, func(s *keySeen) {
-				s.committed = max(s.committed, seq)
-				s.committedAt = now
-			})
-		}
-	}
 }
 
 // leased records that the event numbered seq of key was leased here.
@@ -342,24 +260,6 @@ func (t *keyTable) holdsAfter(key string, seq int64) bool {
 		return true
 	}
 	return t.seen(key).delivered > seq
-}
-
-// lastCommitted reports whether seq is the highest number of key that
-// this instance's own transactions committed (as far as the table
-// remembers). Then nobody else can have numbered the key's next event
-// from seq without the key's row (Row.KeyLast is the publisher's own last
-// number, and a number is committed once), and an event this instance
-// numbers next is leased here (Row.KeyAfter: seq is in this instance's
-// hands) if the hot path is on, or, for a type no subscription here
-// takes, left to the instances that take it: the store need not look for
-// it when seq's outcome is recorded.
-func (t *keyTable) lastCommitted(key string, seq int64) bool {
-	if seq <= 0 {
-		return false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.seen(key).committed == seq
 }
 
 // failed ends the chain of it, an ordered event not delivered here (a

@@ -3,9 +3,6 @@ package outbox
 import (
 	"fmt"
 	"testing"
-	"time"
-
-	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
 func orderedItem(key string, seq int64) *item {
@@ -92,98 +89,6 @@ func TestKeyTableForgetsOldKeys(t *testing.T) {
 	}
 }
 
-// Row.KeyLast is the highest number of a key this instance's own
-// transactions committed, for keyLastFor after the last commit, and only
-// that: numbers leased or delivered here (which may be old, replayed
-// events) do not count.
-func TestKeyTableLastIsACommittedNumberForAFewSeconds(t *testing.T) {
-	kt := newKeyTable()
-	start := time.Now()
-	kt.leased("k", 7)
-	kt.claimed(orderedItem("k", 9))
-	if got, try := kt.last("k", start); got != 0 || try {
-		t.Fatalf("KeyLast of a key only leased and claimed here: %d (passed: %v); want 0, not passed", got, try)
-	}
-	committed := func(at time.Time, keySeqs ...any) {
-		var rows []driver.Row
-		var idx []int
-		for i := 0; i < len(keySeqs); i += 2 {
-			rows = append(rows, driver.Row{OrderingKey: keySeqs[i].(string), KeySeq: int64(keySeqs[i+1].(int))})
-			idx = append(idx, len(rows)-1)
-		}
-		kt.committedNumbers(rows, idx, at)
-	}
-	kt.numbered("k", 0, 1) // the key's first event was published here
-	committed(start, "k", 4, "j", 2, "k", 3)
-	committed(start, "k", 3) // a slower transaction's commit reported later
-	if got, try := kt.last("k", start.Add(keyLastFor-time.Millisecond)); got != 4 || !try {
-		t.Fatalf("KeyLast just before it expires: %d (passed: %v); want 4, passed", got, try)
-	}
-	if got, try := kt.last("k", start.Add(keyLastFor)); got != 4 || try {
-		t.Fatalf("KeyLast %v after the commit: %d (passed: %v); want 4, not passed (expired)", keyLastFor, got, try)
-	}
-	committed(start.Add(time.Minute), "k", 5)
-	if got, try := kt.last("k", start.Add(time.Minute+time.Second)); got != 5 || !try {
-		t.Fatalf("KeyLast after a new commit: %d (passed: %v); want 5, passed", got, try)
-	}
-}
-
-// KeyLast is passed only while the key's events keep to this instance:
-// once a number comes out past the instance's own last one (another
-// instance numbered in between, whether the try from KeyLast found its
-// number taken or the key's row was ahead), Publish goes to the key's row
-// until tryStreak numbers in a row right after its own show the key is
-// back.
-func TestKeyTableLastOnlyWhileTheKeyKeepsToThisInstance(t *testing.T) {
-	kt := newKeyTable()
-	now := time.Now()
-	publish := func(key string, seq int64) (passed bool) {
-		prev, try := kt.last(key, now)
-		kt.numbered(key, prev, seq)
-		kt.committedNumbers([]driver.Row{{OrderingKey: key, KeySeq: seq}}, []int{0}, now)
-		return try
-	}
-	// The key's first event, published here: nothing known, nothing
-	// passed; then the key is taken to keep to this instance.
-	if publish("k", 1) {
-		t.Fatal("KeyLast passed for a key with no number committed here")
-	}
-	if !publish("k", 2) || !publish("k", 3) {
-		t.Fatal("KeyLast not passed while every number follows this instance's own")
-	}
-	// Another instance took 4 (the try from 3 was refused): 5.
-	if !publish("k", 5) {
-		t.Fatal("the try that found 4 taken was passed KeyLast 3; want passed")
-	}
-	// Its events change instance: no more tries, even when one number
-	// happens to follow (what a key spread over two instances does every
-	// other time).
-	for _, seq := range []int64{7, 9, 10, 12} {
-		if publish("k", seq) {
-			t.Fatalf("KeyLast passed for event %d of a key whose events change instance", seq)
-		}
-	}
-	// tryStreak numbers in a row right after this instance's own: back.
-	for seq := int64(13); seq < 13+tryStreak; seq++ {
-		if publish("k", seq) {
-			t.Fatalf("KeyLast passed for event %d, before %d numbers in a row followed this instance's own", seq, tryStreak)
-		}
-	}
-	if !publish("k", 13+tryStreak) {
-		t.Fatalf("KeyLast not passed after %d numbers in a row followed this instance's own", tryStreak)
-	}
-	// A key others published before this instance knew it (a restart):
-	// no try until it shows it keeps to this instance.
-	for seq := int64(40); seq <= 40+tryStreak; seq++ {
-		if publish("j", seq) {
-			t.Fatalf("KeyLast passed for event %d of a key others published before, %d numbers after the first known here", seq, seq-40)
-		}
-	}
-	if !publish("j", 41+tryStreak) {
-		t.Fatalf("KeyLast not passed after %d numbers in a row followed this instance's own", tryStreak)
-	}
-}
-
 // holdsAfter: an event of the key numbered past seq is in this
 // instance's hands (its chain runs past seq) or was delivered here; one
 // given back to the table is neither.
@@ -220,23 +125,5 @@ func TestKeyTableHoldsAfter(t *testing.T) {
 	}
 	if kt.holdsAfter("k", 0) {
 		t.Fatal("holdsAfter of an unknown number")
-	}
-}
-
-// lastCommitted: the highest number this instance committed for the key,
-// and only that one.
-func TestKeyTableLastCommitted(t *testing.T) {
-	kt := newKeyTable()
-	now := time.Now()
-	if kt.lastCommitted("k", 1) {
-		t.Fatal("nothing committed, yet 1 is the last")
-	}
-	kt.committedNumbers([]driver.Row{{OrderingKey: "k", KeySeq: 1}, {OrderingKey: "k", KeySeq: 2}}, []int{0, 1}, now)
-	if !kt.lastCommitted("k", 2) || kt.lastCommitted("k", 1) || kt.lastCommitted("k", 3) {
-		t.Fatalf("after committing 1 and 2: last 1 %v, 2 %v, 3 %v; want only 2", kt.lastCommitted("k", 1), kt.lastCommitted("k", 2), kt.lastCommitted("k", 3))
-	}
-	kt.leased("j", 4) // leased or claimed here, not committed here
-	if kt.lastCommitted("j", 4) {
-		t.Fatal("a number leased here counts as committed here")
 	}
 }

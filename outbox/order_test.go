@@ -784,50 +784,6 @@ func TestOrderedNextEventHereIsNotLookedFor(t *testing.T) {
 	})
 }
 
-// recordDone is an in-memory store that keeps what MarkDoneKeys was told.
-type recordDone struct {
-	*outboxtest.Store
-	mu  sync.Mutex
-	evs []driver.KeyDone
-}
-
-func (s *recordDone) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
-	s.mu.Lock()
-	s.evs = append(s.evs, evs...)
-	s.mu.Unlock()
-	return s.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
-}
-
-// An ordered event this instance published, leased and delivered, and
-// nothing after it, is recorded with KeyDone.Next: its next event, if
-// one comes, can only be numbered by the key's row or by this instance,
-// which leases it, so the store need not look for it. Without the hot
-// path this instance leases nothing it publishes, and the store looks.
-func TestOrderedLastEventPublishedHereIsNotLookedFor(t *testing.T) {
-	for _, disable := range []bool{false, true} {
-		t.Run(fmt.Sprintf("DisableHotPath=%v", disable), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				st := &recordDone{Store: outboxtest.NewStore()}
-				l := newOrderLog(t)
-				l.callTime = 0
-				ob := startedOutbox(t, st, outbox.Config{PollInterval: 100 * time.Millisecond, PollMaxInterval: 100 * time.Millisecond, DisableHotPath: disable},
-					outbox.Subscription{Name: "proj", Order: outbox.Ordered, Handler: l.handle})
-				a1 := publishKey(t, ob, st.Store, "A", 1)
-				settle(time.Second)
-				wantOrder(t, "key A", l.delivered("Order:A"), a1)
-				st.mu.Lock()
-				defer st.mu.Unlock()
-				if len(st.evs) != 1 || st.evs[0].EventID != a1 {
-					t.Fatalf("MarkDoneKeys was told %+v; want A1 once", st.evs)
-				}
-				if st.evs[0].Next == disable {
-					t.Errorf("A1 recorded with Next %v; want %v", st.evs[0].Next, !disable)
-				}
-			})
-		})
-	}
-}
-
 // recordInsert is an in-memory store that keeps the rows InsertOrdered
 // wrote, as numbered.
 type recordInsert struct {
@@ -844,11 +800,10 @@ func (s *recordInsert) InsertOrdered(ctx context.Context, exec driver.Execer, r 
 	return head, leased, err
 }
 
-// A key published twice in one transaction, through two calls: the
-// second event is numbered from the first's number (Row.KeyLast, marked
-// KeyLastOpen: not committed), not from the instance's last committed
-// number, which the first took; and after the commit the key's next
-// event is numbered from the second's.
+// A key published twice in one transaction, through two calls: the two
+// events are numbered one after the other, after the key's committed
+// event before them, and the key's next event after them; all four are
+// delivered in that order.
 func TestPublishTwiceInOneTransactionNumbersFromTheFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &recordInsert{Store: outboxtest.NewStore()}
@@ -877,15 +832,10 @@ func TestPublishTwiceInOneTransactionNumbersFromTheFirst(t *testing.T) {
 		if len(st.rows) != 4 {
 			t.Fatalf("%d rows written; want 4", len(st.rows))
 		}
-		r := st.rows
-		if r[1].KeyLast != r[0].KeySeq || r[1].KeyLastOpen {
-			t.Errorf("first event of the transaction: KeyLast %d open %v; want %d (committed), not open", r[1].KeyLast, r[1].KeyLastOpen, r[0].KeySeq)
-		}
-		if r[2].KeyLast != r[1].KeySeq || !r[2].KeyLastOpen {
-			t.Errorf("second event of the transaction: KeyLast %d open %v; want %d, open", r[2].KeyLast, r[2].KeyLastOpen, r[1].KeySeq)
-		}
-		if r[3].KeyLast != r[2].KeySeq || r[3].KeyLastOpen {
-			t.Errorf("next transaction: KeyLast %d open %v; want %d (committed), not open", r[3].KeyLast, r[3].KeyLastOpen, r[2].KeySeq)
+		for i, r := range st.rows {
+			if r.KeySeq != st.rows[0].KeySeq+int64(i) {
+				t.Errorf("event %d of the key numbered %d; want %d", i, r.KeySeq, st.rows[0].KeySeq+int64(i))
+			}
 		}
 	})
 }

@@ -58,7 +58,6 @@ type Outbox struct {
 	sampler *sampler
 	cleaner *cleaner
 	seq     *sequencer
-	open    openNumbers // numbers keys took in open transactions
 
 	warnedUnstarted atomic.Bool // "published before Start" was logged
 
@@ -275,9 +274,6 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 		for _, env := range envs {
 			o.m.Published(env.Type)
 		}
-		if len(ordered) > 0 {
-			o.disp.keys.committedNumbers(rows, ordered, time.Now())
-		}
 		for _, env := range mine {
 			o.enqueueHot(env, written)
 		}
@@ -315,39 +311,16 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 	keys := o.disp.keys
 	var mine []leasedOrdered
 	var named []string
-	now := time.Now()
-	for n, i := range ordered {
+	for _, i := range ordered {
 		owner := ""
-		own, prev := false, int64(0) // numbered after this instance's last commit of the key
 		if hot && reg.has(envs[i].Type) {
 			owner = o.cfg.InstanceID
 			rows[i].KeyAfter = keys.after(rows[i].OrderingKey)
-		}
-		if p := n - 1; p >= 0 && rows[ordered[p]].OrderingKey == rows[i].OrderingKey && rows[ordered[p]].KeySeq > 0 {
-			// The event before it in this call holds the number.
-			rows[i].KeyLast = rows[ordered[p]].KeySeq
-		} else if m := o.open.get(tx, rows[i].OrderingKey, now); m > 0 {
-			// An earlier Publish in this transaction holds the number
-			// (unless a rollback to a savepoint took it back: the store
-			// checks).
-			rows[i].KeyLast, rows[i].KeyLastOpen = m, true
-		} else {
-			var try bool
-			prev, try = keys.last(rows[i].OrderingKey, now)
-			if try {
-				rows[i].KeyLast = prev
-			}
-			own = true
 		}
 		head, leased, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
 		if err != nil {
 			return nil, nil, fmt.Errorf("outbox: insert event %s (ordering key %q): %w", rows[i].ID, rows[i].OrderingKey, err)
 		}
-		if own {
-			// Whether the key's events keep to this instance.
-			keys.numbered(rows[i].OrderingKey, prev, rows[i].KeySeq)
-		}
-		o.open.set(tx, rows[i].OrderingKey, rows[i].KeySeq, now)
 		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
 		if leased && owner != "" {
 			if rows[i].KeySeq > 0 {

@@ -86,24 +86,6 @@ type Row struct {
 	// written leased to the owner even when it is not the key's head,
 	// for the owner to deliver once the event before it is delivered.
 	KeyAfter int64
-	// KeyLast is set by the caller of OrderedStore.InsertOrdered, never
-	// stored: the highest number of the key that the caller's own
-	// transactions committed a moment ago, or that an earlier event of the
-	// same transaction took (0: none known, or the key's events do not
-	// keep to the caller, so that the number after it is likely taken).
-	// A store may number the event KeyLast+1 without reading the key's
-	// row, provided it has a unique
-	// (key, number) index that refuses the number if another publisher
-	// took it first (and then numbers it the usual way), and keeps every
-	// event it deletes for longer than the caller keeps KeyLast: a number
-	// above KeyLast whose row is gone could be taken twice.
-	KeyLast int64
-	// KeyLastOpen says KeyLast is the number an earlier event of the key
-	// took in the same transaction, through an earlier call: not
-	// committed, and taken back if the transaction rolled back to a
-	// savepoint since. A store numbering from it must check that the
-	// event numbered KeyLast is still there (its transaction sees it).
-	KeyLastOpen bool
 
 	// Set by Claim.
 	Status    Status

@@ -44,16 +44,6 @@ type KeyDone struct {
 	Key     string
 	// Seq is its number in its key's sequence, or 0 if unknown.
 	Seq int64
-	// Done says the caller knows it is delivered (marked DONE): the store
-	// need not look (with Seq known).
-	Done bool
-	// Next says the store need not look for the key's next event: the
-	// caller holds it already (it passed it on in memory, or the event
-	// was published behind this one and leased to the caller), delivered
-	// it, or itself committed this event and none after it (then the
-	// next, if any, was numbered by the key's row, which the store reads
-	// anyway, or by the caller, who looks after it).
-	Next bool
 }
 
 // BlockedKey is an ordering key whose earliest event pending for a
@@ -84,8 +74,7 @@ type OrderedStore interface {
 	// caller's transaction, numbered next in its key's sequence (setting
 	// row.KeySeq where the database reports it). Doing so locks the key
 	// until the transaction ends, so that transactions publishing one key
-	// commit in sequence order; or, numbered row.KeyLast+1 (see Row), it
-	// holds the number itself (a unique index entry) until then.
+	// commit in sequence order.
 	//
 	// head reports that the key's previous event is known to be delivered
 	// (KeysDone). If owner is set and the event is the head, or is

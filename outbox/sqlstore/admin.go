@@ -289,32 +289,13 @@ WHERE status = 3 AND ` + keysIn(k))
 // its deliveries, a dead delivery alone, and then its split event if none
 // of its deliveries is left pending or dead (with the done ones). Letters
 // no longer dead are left alone. It returns how many dead letters it
-// deleted. An ordered event written less than 10 minutes ago is not
-// deleted but made DONE (it is never delivered, and no longer holds its
-// key back), for Cleanup to delete later: see orderedKeep.
+// deleted.
 func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int, error) {
 	ids, keys := splitLetters(dls)
 	total := 0
-	// An ordered event written less than s.keep ago is kept, DONE (never
-	// delivered): see orderedKeep.
-	kept, keep := s.keptSQL()
-	retire := func(where string, args []any) (int, error) {
-		if s.keep == 0 {
-			return 0, nil
-		}
-		return s.execCount(ctx, s.rebind(s.q.update+s.setDone()+where+` AND `+kept), append(args, keep)...)
-	}
 	for len(ids) > 0 {
 		k := min(len(ids), 500)
-		n, err := retire(` WHERE status = 3 AND id IN `+in(k), stringArgs(ids[:k]))
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("sqlstore: purge: %w", err)
-		}
-		if err := s.raiseKeys(ctx, ids[:k], true); err != nil {
-			return total, fmt.Errorf("sqlstore: purge: %w", err)
-		}
-		n, err = s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+` WHERE status = 3 AND id IN `+in(k)+s.raisedSQL()), stringArgs(ids[:k])...)
+		n, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+` WHERE status = 3 AND id IN `+in(k)), stringArgs(ids[:k])...)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
@@ -334,13 +315,7 @@ func (s *Store) PurgeLetters(ctx context.Context, dls []outbox.DeadLetter) (int,
 		events := eventIDs(keys[:k])
 		finished := ` WHERE status = 4 AND id IN ` + in(len(events)) + ` AND id NOT IN (SELECT event_id FROM ` + s.DeliveriesTable() + ` WHERE status IN (0, 2, 3) AND event_id IN ` + in(len(events)) + `)`
 		args := append(stringArgs(events), stringArgs(events)...)
-		if _, err := retire(finished, args); err != nil {
-			return total, fmt.Errorf("sqlstore: purge: %w", err)
-		}
-		if err := s.raiseKeys(ctx, events, true); err != nil {
-			return total, fmt.Errorf("sqlstore: purge: %w", err)
-		}
-		if _, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+finished+s.raisedSQL()), args...); err != nil {
+		if _, err := s.execCount(ctx, s.rebind(`DELETE FROM `+s.table+finished), args...); err != nil {
 			return total, fmt.Errorf("sqlstore: purge: %w", err)
 		}
 		if err := s.dropOrphanDeliveries(ctx, events); err != nil {

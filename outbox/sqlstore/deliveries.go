@@ -439,15 +439,11 @@ ORDER BY d.available_at`
 // leased. One read of the heads' keys per subscription, then a locking
 // read and a lease of the runs' deliveries by primary key.
 func (s *Store) deliveryRuns(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, f driver.OrderFilter, out []driver.Delivery) ([]driver.Delivery, []driver.DeliveryKey, error) {
-	type head struct {
-		key string
-		seq int64
-	}
-	heads := map[string][]head{} // by subscription
+	heads := map[string][]runHead{} // by subscription
 	n := 0
 	for _, d := range out {
 		if d.KeySeq > 0 && f.Ordered(d.Subscription) {
-			heads[d.Subscription] = append(heads[d.Subscription], head{d.OrderingKey, d.KeySeq})
+			heads[d.Subscription] = append(heads[d.Subscription], runHead{d.OrderingKey, d.KeySeq})
 			n++
 		}
 	}
@@ -457,87 +453,119 @@ func (s *Store) deliveryRuns(ctx context.Context, tx *sqlx.Tx, req driver.ClaimR
 	per := int64(req.Run / n)
 	var runs [][]driver.DeliveryKey // each head's, in order
 	for _, sub := range slices.Sorted(maps.Keys(heads)) {
-		hs := heads[sub]
-		keys := make([]string, 0, len(hs))
-		lo, hi := hs[0].seq, hs[0].seq
-		for _, h := range hs {
-			keys = append(keys, h.key)
-			lo, hi = min(lo, h.seq), max(hi, h.seq)
+		r, err := s.subscriptionRuns(ctx, tx, sub, heads[sub], per)
+		if err != nil {
+			return out, nil, err
 		}
-		// Every pending event of the keys in the runs' reach: a run stops
-		// at the first that is not split with sub's delivery free to go.
-		q := `SELECT o.ordering_key, o.key_seq, o.id, o.status, COALESCE(e.status, -1),
+		runs = append(runs, r...)
+	}
+	picks, leased, err := s.lockRuns(ctx, tx, runs)
+	if err != nil || len(picks) == 0 {
+		return out, nil, err
+	}
+	more, err := s.leaseDeliveries(ctx, tx, req, picks)
+	return append(out, more...), leased, err
+}
+
+// runHead is a delivery claimed to an ordered subscription: its event's
+// key and number.
+type runHead struct {
+	key string
+	seq int64
+}
+
+// subscriptionRuns returns, for each of hs (the heads claimed to sub),
+// the deliveries to sub of the events that follow it in its key, numbered
+// one after another, each split with that delivery NEW or RETRY, due and
+// free, per at most: one read of every pending event of the heads' keys
+// in the runs' reach.
+func (s *Store) subscriptionRuns(ctx context.Context, tx *sqlx.Tx, sub string, hs []runHead, per int64) ([][]driver.DeliveryKey, error) {
+	keys := make([]string, 0, len(hs))
+	lo, hi := hs[0].seq, hs[0].seq
+	for _, h := range hs {
+		keys = append(keys, h.key)
+		lo, hi = min(lo, h.seq), max(hi, h.seq)
+	}
+	// A run stops at the first event that is not split with sub's
+	// delivery free to go.
+	q := `SELECT o.ordering_key, o.key_seq, o.id, o.status, COALESCE(e.status, -1),
   CASE WHEN e.locked_until > ` + s.d.now + ` THEN 1 WHEN e.available_at > ` + s.d.now + ` THEN 2 ELSE 0 END
 FROM ` + s.table + ` o` + s.byKey() + ` LEFT JOIN ` + s.DeliveriesTable() + ` e ON e.event_id = o.id AND e.subscription = ?
 WHERE o.status IN (0, 2, 3, 4) AND o.ordering_key IN ` + in(len(keys)) + ` AND o.key_seq > ? AND o.key_seq <= ?
 ORDER BY o.ordering_key, o.key_seq`
-		rs, err := tx.QueryContext(ctx, s.rebind(q), append(stringArgs(keys, sub), lo, hi+per)...)
-		if err != nil {
-			return out, nil, err
+	rs, err := tx.QueryContext(ctx, s.rebind(q), append(stringArgs(keys, sub), lo, hi+per)...)
+	if err != nil {
+		return nil, err
+	}
+	type pend struct {
+		seq int64
+		id  string
+		ok  bool // split, with sub's delivery NEW or RETRY, due and free
+	}
+	byKey := map[string][]pend{}
+	for rs.Next() {
+		var k, id string
+		var seq int64
+		var st, dst, busy int
+		if err := rs.Scan(&k, &seq, &id, &st, &dst, &busy); err != nil {
+			rs.Close()
+			return nil, err
 		}
-		type pend struct {
-			seq int64
-			id  string
-			ok  bool // split, with sub's delivery NEW or RETRY, due and free
-		}
-		byKey := map[string][]pend{}
-		for rs.Next() {
-			var k, id string
-			var seq int64
-			var st, dst, busy int
-			if err := rs.Scan(&k, &seq, &id, &st, &dst, &busy); err != nil {
-				rs.Close()
-				return out, nil, err
+		byKey[k] = append(byKey[k], pend{seq, id, st == 4 && (dst == 0 || dst == 2) && busy == 0})
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return nil, err
+	}
+	var runs [][]driver.DeliveryKey
+	for _, h := range hs {
+		var run []driver.DeliveryKey
+		seq := h.seq
+		for _, p := range byKey[h.key] {
+			if p.seq <= h.seq {
+				continue
 			}
-			byKey[k] = append(byKey[k], pend{seq, id, st == 4 && (dst == 0 || dst == 2) && busy == 0})
-		}
-		if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-			return out, nil, err
-		}
-		for _, h := range hs {
-			var run []driver.DeliveryKey
-			seq := h.seq
-			for _, p := range byKey[h.key] {
-				if p.seq <= h.seq {
-					continue
-				}
-				if int64(len(run)) == per || p.seq != seq+1 || !p.ok {
-					break
-				}
-				run = append(run, driver.DeliveryKey{EventID: p.id, Subscription: sub})
-				seq = p.seq
+			if int64(len(run)) == per || p.seq != seq+1 || !p.ok {
+				break
 			}
-			if len(run) > 0 {
-				runs = append(runs, run)
-			}
+			run = append(run, driver.DeliveryKey{EventID: p.id, Subscription: sub})
+			seq = p.seq
+		}
+		if len(run) > 0 {
+			runs = append(runs, run)
 		}
 	}
+	return runs, nil
+}
+
+// lockRuns locks the deliveries of runs that are still due and free
+// (another instance cannot lease them meanwhile: each owes its head,
+// leased here), cuts each run at the first one not taken, and returns
+// them as picked, and their keys.
+func (s *Store) lockRuns(ctx context.Context, tx *sqlx.Tx, runs [][]driver.DeliveryKey) ([]pickedDelivery, []driver.DeliveryKey, error) {
 	var all []driver.DeliveryKey
 	for _, r := range runs {
 		all = append(all, r...)
 	}
 	if len(all) == 0 {
-		return out, nil, nil
+		return nil, nil, nil
 	}
-	// Lock them (another instance cannot lease them meanwhile: each owes
-	// its head, leased here), then cut each run at the first not taken.
 	got := map[driver.DeliveryKey]pickedDelivery{}
 	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM `+s.DeliveriesTable()+` d`+s.d.byID+`
 WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.now+`
   AND (d.locked_until IS NULL OR d.locked_until <= `+s.d.now+`)`+s.d.lock), keyArgs(all)...)
 	if err != nil {
-		return out, nil, err
+		return nil, nil, err
 	}
 	for rs.Next() {
 		var p pickedDelivery
 		if err := rs.Scan(&p.key.EventID, &p.key.Subscription, &p.status, &p.attempts, &p.owner); err != nil {
 			rs.Close()
-			return out, nil, err
+			return nil, nil, err
 		}
 		got[p.key] = p
 	}
 	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-		return out, nil, err
+		return nil, nil, err
 	}
 	var picks []pickedDelivery
 	var leased []driver.DeliveryKey
@@ -550,11 +578,7 @@ WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.no
 			picks, leased = append(picks, p), append(leased, k)
 		}
 	}
-	if len(picks) == 0 {
-		return out, nil, nil
-	}
-	more, err := s.leaseDeliveries(ctx, tx, req, picks)
-	return append(out, more...), leased, err
+	return picks, leased, nil
 }
 
 // pickedDelivery is a delivery as a claim's locking read found it.

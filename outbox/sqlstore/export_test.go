@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"testing"
-	"time"
 )
 
 // ByIDStatement is one of the engine's writes that name rows by id, with
@@ -29,16 +28,6 @@ func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 	}
 	return out
 }
-
-// SetKeep sets how long the store keeps ordered events after their
-// writing (orderedKeep), and lets the next completion sweep at once.
-func SetKeep(s *Store, d time.Duration) {
-	s.keep = d
-	s.swept.Store(0)
-}
-
-// Fenced reports whether the store numbers events from Row.KeyLast.
-func Fenced(s *Store) bool { return s.fenced(context.Background()) }
 
 // SplitStatements splits a migration's SQL as Migrate does.
 func SplitStatements(src string) []string { return splitStatements(src) }

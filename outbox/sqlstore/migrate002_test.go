@@ -128,7 +128,7 @@ func onlyComments(stmt string) bool {
 // Migration 004 (PostgreSQL and SQLite: the unique index on a key's
 // numbers) applies to a table that version 003 filled with ordered and
 // unordered events, and the numbering goes on after the highest number
-// stored, also from a stale Row.KeyLast.
+// stored.
 func TestMigrate004OnPopulated003Table(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
@@ -173,8 +173,7 @@ func TestMigrate004OnPopulated003Table(t *testing.T) {
 			if err := db.QueryRowx(`SELECT COUNT(*) FROM ` + st.Table()).Scan(&rows); err != nil || rows != 9 {
 				t.Fatalf("rows after the migration: %d, %v; want 9", rows, err)
 			}
-			// A stale KeyLast (1) on key a: 2 and 3 are taken.
-			r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "a", KeyLast: 1}
+			r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: "a"}
 			if _, _, err := st.InsertOrdered(ctx, db, &r, "", 0, driver.OrderFilter{}); err != nil {
 				t.Fatalf("InsertOrdered after 004: %v", err)
 			}

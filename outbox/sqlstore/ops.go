@@ -151,23 +151,19 @@ WHERE status = 3 AND event_id IN ` + in(len(ids)))
 
 // Cleanup implements driver.Cleaner. It selects the ids first and deletes
 // them by primary key, so each call locks at most limit rows. The age is
-// measured on the database's clock. On PostgreSQL an ordered event is kept
-// until it was written 10 minutes ago, whatever olderThan (orderedKeep).
+// measured on the database's clock.
 func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int, includeDead bool) (int64, error) {
 	dead := int(outbox.StatusDone)
 	if includeDead {
 		dead = int(outbox.StatusDead)
 	}
-	// Ordered events stay for s.keep after they were written, whatever
-	// olderThan says (see orderedKeep).
-	kept, keep := s.keptSQL()
-	q, args := s.q.cleanup, []any{int(outbox.StatusDone), dead, olderThan.Microseconds(), keep, limit}
+	q, args := s.q.cleanup, []any{int(outbox.StatusDone), dead, olderThan.Microseconds(), limit}
 	if includeDead {
 		// Split events too, once none of their deliveries is pending and
 		// the last one ended before the cut-off.
 		q = s.rebind(`SELECT id FROM ` + s.table + ` WHERE (status IN (1, 3) OR (status = 4 AND id NOT IN (SELECT event_id FROM ` + s.DeliveriesTable() + `
-  WHERE status IN (0, 2) OR done_at >= ` + s.d.nowMinus + `))) AND available_at < ` + s.d.nowMinus + ` AND NOT ` + kept + ` ORDER BY available_at LIMIT ?`)
-		args = []any{olderThan.Microseconds(), olderThan.Microseconds(), keep, limit}
+  WHERE status IN (0, 2) OR done_at >= ` + s.d.nowMinus + `))) AND available_at < ` + s.d.nowMinus + ` ORDER BY available_at LIMIT ?`)
+		args = []any{olderThan.Microseconds(), olderThan.Microseconds(), limit}
 	}
 	rs, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -192,10 +188,7 @@ func (s *Store) Cleanup(ctx context.Context, olderThan time.Duration, limit int,
 		if includeDead {
 			split = int(outbox.StatusSplit) // selected only when finished
 		}
-		if err := s.raiseKeys(ctx, ids[:k], false); err != nil {
-			return total, fmt.Errorf("sqlstore: cleanup: %w", err)
-		}
-		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE ` + s.d.statusByID() + ` IN (?, ?, ?) AND id IN ` + in(k) + s.raisedSQL())
+		q := s.rebind(`DELETE FROM ` + s.table + ` WHERE ` + s.d.statusByID() + ` IN (?, ?, ?) AND id IN ` + in(k))
 		n, err := s.execCount(ctx, q, stringArgs(ids[:k], int(outbox.StatusDone), dead, split)...)
 		total += int64(n)
 		if err != nil {

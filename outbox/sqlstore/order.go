@@ -53,93 +53,6 @@ func (s *Store) Tables() []string {
 		s.InboxTable(), s.InboxFailuresTable()}
 }
 
-// orderedKeep is the least time an ordered event stays stored after it
-// was written on PostgreSQL, whatever deletes it (Cleanup, DeleteDelivered,
-// PurgeLetters): an instance numbers a key's next event from the last
-// number it committed, for a few seconds (Row.KeyLast, insertNext), and
-// the unique index fences that number only while the rows above it
-// exist. Ten minutes leave room for a publishing statement that waits
-// for locks and for the clocks of the instances to drift. MySQL and
-// SQLite number from the key's row only, and keep nothing longer.
-const orderedKeep = 10 * time.Minute
-
-// keptSQL returns the condition that a row must still be kept, an
-// ordered event written less than s.keep ago (never, with keep 0), and
-// its parameter.
-func (s *Store) keptSQL() (string, any) {
-	return `(key_seq IS NOT NULL AND created_at > ` + s.d.nowMinus + `)`, s.keep.Microseconds()
-}
-
-// raiseKeys takes the key rows of the ordered events among ids, about to
-// be deleted, to their numbers at least (PostgreSQL, where a key's row
-// may lag behind its numbers: insertNext), so that a publisher numbering
-// from a key's row never takes a number a deleted event had. Unless wait,
-// it passes over the key rows a publishing transaction holds (SKIP
-// LOCKED): the DELETE that follows then keeps their events (raisedSQL),
-// for a later cleanup.
-func (s *Store) raiseKeys(ctx context.Context, ids []string, wait bool) error {
-	if s.d.name != "postgres" {
-		return nil // the key's row holds its highest number already
-	}
-	skip := ` SKIP LOCKED`
-	if wait {
-		skip = ``
-	}
-	k := s.KeysTable()
-	q := s.rebind(`WITH x AS (SELECT ordering_key, MAX(key_seq) AS m FROM ` + s.table + ` WHERE id IN ` + in(len(ids)) + ` AND key_seq IS NOT NULL GROUP BY ordering_key),
-l AS (SELECT k.ordering_key FROM ` + k + ` k JOIN x ON x.ordering_key = k.ordering_key WHERE k.seq < x.m FOR UPDATE OF k` + skip + `)
-UPDATE ` + k + ` AS k SET seq = GREATEST(k.seq, x.m) FROM x, l WHERE k.ordering_key = x.ordering_key AND k.ordering_key = l.ordering_key`)
-	_, err := s.execCount(ctx, q, stringArgs(ids)...)
-	return err
-}
-
-// raisedSQL is the condition (starting with AND) that a row of the outbox
-// table may be deleted as far as its number goes: its key's row has
-// reached it (raiseKeys). "" where key rows never lag.
-func (s *Store) raisedSQL() string {
-	if s.d.name != "postgres" {
-		return ``
-	}
-	return ` AND (key_seq IS NULL OR key_seq <= (SELECT k.seq FROM ` + s.KeysTable() + ` k WHERE k.ordering_key = ` + s.table + `.ordering_key))`
-}
-
-// fenced reports whether the outbox table has the unique (ordering_key,
-// key_seq) index of migration 004 (PostgreSQL), which lets an instance
-// number a key's next event itself (insertNext). Looked up at first use
-// and again a minute after each answer, by one caller at a time, on a
-// connection of the pool; until an answer comes (the pool full, an
-// error, another caller looking), it says no: the event is then numbered
-// from the key's row, which is always sound.
-func (s *Store) fenced(ctx context.Context) bool {
-	if s.d.name != "postgres" {
-		return false
-	}
-	now := time.Now().UnixNano()
-	f := s.fence.Load()
-	if f != 0 && now-f&^1 < int64(time.Minute) {
-		return f&1 == 1
-	}
-	if !s.fenceMu.TryLock() {
-		return f&1 == 1
-	}
-	defer s.fenceMu.Unlock()
-	if poolFull(s.db.Stats()) {
-		// Every connection may be held by a publishing transaction:
-		// waiting for one could wait forever (see createKey).
-		return f&1 == 1
-	}
-	var n int
-	if err := s.db.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM pg_indexes WHERE indexname = ?`), s.name+"_key_num").Scan(&n); err != nil {
-		return f&1 == 1
-	}
-	f = now &^ 1
-	if n > 0 {
-		f |= 1
-	}
-	s.fence.Store(f)
-	return f&1 == 1
-}
-
 // MaxOrderingKeyLen is the longest ordering key the table holds, in
 // bytes.
 const MaxOrderingKeyLen = 255
@@ -249,18 +162,12 @@ func (s *Store) KeysDone(ctx context.Context, evs []driver.KeyDone, f driver.Ord
 		return nil
 	}
 	done := map[string]int64{}
-	var ids []string
-	for _, ev := range evs {
-		if ev.Done && ev.Seq > 0 && ev.Key != "" {
-			done[ev.Key] = max(done[ev.Key], ev.Seq)
-		} else {
-			ids = append(ids, ev.EventID)
-		}
+	ids := make([]string, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.EventID
 	}
-	if len(ids) > 0 {
-		if err := s.doneOf(ctx, ids, evs, f, done); err != nil {
-			return err
-		}
+	if err := s.doneOf(ctx, ids, evs, f, done); err != nil {
+		return err
 	}
 	if err := s.capDone(ctx, f, done); err != nil {
 		return err
@@ -316,62 +223,8 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 		later, err = s.advanceKeys(ctx, tx, done)
 		return err
 	})
-	if err == nil {
-		later = s.successors(ctx, evs, done, later)
-		s.sweepKept(ctx)
-	}
 	slices.Sort(later)
 	return n, later, s.explain(err)
-}
-
-// successors adds to later the keys of done whose next event exists
-// although their key row does not know it: an event numbered by an
-// instance from its own last number (Row.KeyLast) leaves the key's row
-// behind. Keys whose next event the caller holds (KeyDone.Next) are not
-// looked up. One read by the (ordering_key, key_seq) index; if it fails,
-// every key looked up is reported.
-func (s *Store) successors(ctx context.Context, evs []driver.KeyDone, done map[string]int64, later []string) []string {
-	if s.d.name != "postgres" {
-		return later // its publishers number from the key's row only
-	}
-	skip := make(map[string]bool, len(later))
-	for _, k := range later {
-		skip[k] = true
-	}
-	// Only the key's last event here says whether its next is known: an
-	// earlier one handed on to a later one of the batch says nothing of
-	// the event after that.
-	for _, ev := range evs {
-		if ev.Next && ev.Seq == done[ev.Key] {
-			skip[ev.Key] = true
-		}
-	}
-	var conds []string
-	var args []any
-	for _, k := range slices.Sorted(maps.Keys(done)) {
-		if !skip[k] {
-			conds = append(conds, `(ordering_key = ? AND key_seq = ?)`)
-			args = append(args, k, done[k]+1)
-		}
-	}
-	if len(conds) == 0 {
-		return later
-	}
-	rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT ordering_key FROM `+s.table+` WHERE `+strings.Join(conds, ` OR `)), args...)
-	if err != nil {
-		for i := 0; i < len(args); i += 2 {
-			later = append(later, args[i].(string))
-		}
-		return later
-	}
-	defer rs.Close()
-	for rs.Next() {
-		var k string
-		if rs.Scan(&k) == nil {
-			later = append(later, k)
-		}
-	}
-	return later
 }
 
 // advanceKeys raises the done_seq of the keys in done that no transaction
@@ -561,26 +414,9 @@ func checkKey(r *driver.Row) error {
 // key); the event is then written free and claimed right after commit,
 // unless r.KeyAfter says the owner holds its predecessor.
 // One statement on PostgreSQL, two on MySQL, three on SQLite.
-//
-// On PostgreSQL, an event with r.KeyLast set is first written numbered
-// r.KeyLast+1 with no key row at all (one INSERT, the cost of an
-// unordered event; see insertNext). The key's row then lags behind the
-// key's numbers, so a publisher numbering from it may find its number
-// taken: it takes the key's highest number plus one instead
-// (insertPostgres).
 func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
 	if err := checkKey(r); err != nil {
 		return false, false, err
-	}
-	taken := false
-	if r.KeyLast > 0 && s.fenced(ctx) {
-		ok, leased, err := s.insertNext(ctx, exec, r, owner, lease)
-		if err != nil || ok {
-			return false, leased, err
-		}
-		// Another publisher went past KeyLast: the key's row (which
-		// exists: KeyLast was taken after it) lags too.
-		taken = true
 	}
 	keys := s.KeysTable()
 	switch s.d.name {
@@ -627,13 +463,12 @@ ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID((seq + 1) * 2 + (done_seq < seq)) D
 			}
 		}
 		leased = leases(owner, head, r)
-		_, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
-		return head, leased, err
+		return head, leased, s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
 	case "postgres":
 		// The upsert's RETURNING gives the row as updated, after the lock
 		// was granted; the INSERT reads it from there, not from the
 		// statement's snapshot.
-		return s.insertPostgres(ctx, exec, r, owner, lease, taken)
+		return s.insertPostgres(ctx, exec, r, owner, lease)
 	default:
 		if _, err := exec.ExecContext(ctx, s.rebind(`INSERT INTO `+keys+` (ordering_key, seq, done_seq) VALUES (?, 1, 0)
 ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err != nil {
@@ -648,8 +483,7 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 			}
 			head = h == 1
 			leased = leases(owner, head, r)
-			_, err := s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
-			return head, leased, err
+			return head, leased, s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
 		}
 		res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+keys+` SET seq = seq WHERE ordering_key = ? AND done_seq >= seq - 1`), r.OrderingKey)
 		if err != nil {
@@ -668,41 +502,6 @@ ON CONFLICT (ordering_key) DO UPDATE SET seq = seq + 1`), r.OrderingKey); err !=
 	}
 }
 
-// insertNext writes r numbered r.KeyLast+1, the number after the last one
-// this instance's own transactions committed for the key a moment ago,
-// without touching the key's row: leased to owner if the owner holds the
-// event before it (r.KeyAfter), free otherwise. It reports false, having
-// written nothing, if another publisher took the number (the unique
-// (ordering_key, key_seq) index refuses it; a publisher still in its
-// transaction is waited for).
-//
-// That is sound because the number's row cannot have been deleted since:
-// every event numbered above KeyLast was written after KeyLast's commit
-// (its publisher saw KeyLast's row, or the key's row it left), the
-// engine passes KeyLast for seconds only (outbox's keyLastFor), and no
-// ordered event is deleted within s.keep (10 minutes) of its writing
-// (keptSQL). Nor can the number come before an event of the key still
-// to commit: a publisher numbering from the key's row finds the number
-// taken and goes past it (insertPostgres).
-//
-// With r.KeyLastOpen, KeyLast is the number an earlier Publish of the same
-// transaction took: the event is written only if that event is still
-// there (a rollback to a savepoint takes it back, and the number after it
-// would leave a gap that nothing fills).
-func (s *Store) insertNext(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (ok, leased bool, err error) {
-	r.KeySeq = r.KeyLast + 1
-	leased = leases(owner, false, r)
-	if r.KeyLastOpen {
-		ok, err = s.insertAfter(ctx, exec, r, ownerIf(leased, owner), lease)
-	} else {
-		ok, err = s.insertAt(ctx, exec, r, ownerIf(leased, owner), lease)
-	}
-	if !ok {
-		r.KeySeq, leased = 0, false
-	}
-	return ok, leased, err
-}
-
 // leases reports whether r, numbered, is written leased to owner: it is
 // its key's head, or the owner holds the event before it (r.KeyAfter).
 func leases(owner string, head bool, r *driver.Row) bool {
@@ -718,90 +517,17 @@ func ownerIf(leased bool, owner string) string {
 }
 
 // insertAt writes r with its number r.KeySeq, leased to owner ("": free).
-// On PostgreSQL it reports false, having written nothing, if the key's
-// number is taken (ON CONFLICT DO NOTHING, which does not abort the
-// transaction); elsewhere a number taken is an error, as it cannot happen
-// (their publishers number from the key's row only).
-func (s *Store) insertAt(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (bool, error) {
+func (s *Store) insertAt(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) error {
 	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
-	q := s.insertOrderedSQL("?", ownerSQL, untilSQL) + s.numberTakenSQL()
-	res, err := exec.ExecContext(ctx, s.rebind(q), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
-	if err != nil {
-		return false, s.explain(err)
-	}
-	if s.d.name != "postgres" {
-		return true, nil
-	}
-	n, err := res.RowsAffected()
-	return n == 1, err
-}
-
-// insertAfter is insertAt (PostgreSQL only) for an event numbered right
-// after an event of its key that the same transaction wrote: it writes
-// nothing, and reports false, if that event is not there. The values go
-// through a SELECT, which needs their types spelt out.
-func (s *Store) insertAfter(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (bool, error) {
-	ownerSQL, untilSQL, lock := s.lockSQL(owner, lease)
-	if owner == "" {
-		ownerSQL, untilSQL = `CAST(NULL AS TEXT)`, `CAST(NULL AS TIMESTAMPTZ)`
-	} else {
-		ownerSQL = `CAST(? AS TEXT)`
-	}
-	q := `INSERT INTO ` + s.table + ` ` + orderedColumns + `
-SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BYTEA), CAST(? AS BOOLEAN), CAST(? AS TIMESTAMPTZ), 0, 0, ` + s.d.now + `, ` + s.d.now + `, CAST(? AS TEXT), CAST(? AS BIGINT), ` + ownerSQL + `, ` + untilSQL + `
-WHERE EXISTS (SELECT 1 FROM ` + s.table + ` WHERE ordering_key = ? AND key_seq = ?)` + s.numberTakenSQL()
-	args := s.insertOrderedArgs(r, append(append([]any{r.KeySeq}, lock...), r.OrderingKey, r.KeyLast)...)
-	res, err := exec.ExecContext(ctx, s.rebind(q), args...)
-	if err != nil {
-		return false, s.explain(err)
-	}
-	n, err := res.RowsAffected()
-	return n == 1, err
-}
-
-// numberTakenSQL ends the INSERT of an ordered row on PostgreSQL: a
-// number taken (migration 004's unique index) writes nothing. With no
-// conflict target it is valid with or without the index; a duplicate
-// event id writes nothing too, which idTaken tells apart.
-func (s *Store) numberTakenSQL() string {
-	if s.d.name != "postgres" {
-		return ``
-	}
-	return ` ON CONFLICT DO NOTHING`
-}
-
-// idTaken returns an error if an event with r's id is stored: an INSERT
-// that wrote nothing was refused for its id, not its number.
-func (s *Store) idTaken(ctx context.Context, qr rowQuerier, r *driver.Row) error {
-	var n int
-	if err := qr.QueryRowContext(ctx, s.rebind(`SELECT COUNT(*) FROM `+s.table+` WHERE id = ?`), r.ID).Scan(&n); err != nil {
-		return s.explain(err)
-	}
-	if n > 0 {
-		return fmt.Errorf("sqlstore: event %s: an event with this id is stored already; ids must be unique (leave Envelope.ID empty for a new ULID)", r.ID)
-	}
-	return nil
-}
-
-// maxRenumber bounds the numbers a publisher tries after its first was
-// taken: each one taken is an event another publisher committed (or is
-// committing) in the meantime.
-const maxRenumber = 1000
-
-func errRenumber(r *driver.Row) error {
-	return fmt.Errorf("sqlstore: event %s: ordering key %q: nothing was written in %d tries: the numbers were taken by other publishers of the key (retry the transaction), or an event with this id is stored already (ids must be unique)", r.ID, r.OrderingKey, maxRenumber)
+	_, err := exec.ExecContext(ctx, s.rebind(s.insertOrderedSQL("?", ownerSQL, untilSQL)), s.insertOrderedArgs(r, append([]any{r.KeySeq}, lock...)...)...)
+	return s.explain(err)
 }
 
 // insertPostgres writes r numbered by the key's row, which one statement
-// locks and updates (upserts), and inserts r with; if the number is taken
-// (insertNext), or taken is set (the key's row lags behind the key's
-// numbers), it writes r after the key's highest number and takes the
-// row there, one statement a try. At READ COMMITTED each try sees the
-// numbers committed before it started and waits for those being written;
-// at REPEATABLE READ a number committed after the transaction's snapshot
-// fails the INSERT with a serialization error, for the application to
-// retry.
-func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration, taken bool) (head, leased bool, err error) {
+// locks and updates (upserts), and inserts r with. The upsert's RETURNING
+// gives the row as updated, after the lock was granted; the INSERT reads
+// it from there, not from the statement's snapshot.
+func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) (head, leased bool, err error) {
 	qr, queries := exec.(rowQuerier)
 	after := int64(0)
 	if queries {
@@ -811,46 +537,24 @@ func (s *Store) insertPostgres(ctx context.Context, exec driver.Execer, r *drive
 	if owner != "" {
 		ownerSQL, untilSQL = `(SELECT CASE WHEN lease THEN `+ownerSQL+` END FROM k)`, `(SELECT CASE WHEN lease THEN `+untilSQL+` END FROM k)`
 	}
-	renumber := `WITH m AS (SELECT MAX(key_seq) AS m FROM ` + s.table + ` WHERE ordering_key = ? AND key_seq IS NOT NULL),
-k0 AS (INSERT INTO ` + s.KeysTable() + ` AS k (ordering_key, seq, done_seq) VALUES (?, COALESCE((SELECT m FROM m), 0) + 1, 0)
-ON CONFLICT (ordering_key) DO UPDATE SET seq = GREATEST(k.seq + 1, EXCLUDED.seq) RETURNING seq, done_seq)`
-	for try := 0; try <= maxRenumber; try++ {
-		q := `WITH k0 AS (INSERT INTO ` + s.KeysTable() + ` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
-ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING seq, done_seq)`
-		args := []any{r.OrderingKey}
-		if try > 0 || taken {
-			q, args = renumber, []any{r.OrderingKey, r.OrderingKey}
-		}
-		q += `,
+	q := `WITH k0 AS (INSERT INTO ` + s.KeysTable() + ` AS k (ordering_key, seq, done_seq) VALUES (?, 1, 0)
+ON CONFLICT (ordering_key) DO UPDATE SET seq = k.seq + 1 RETURNING seq, done_seq),
 k AS (SELECT seq, done_seq >= seq - 1 AS head, (done_seq >= seq - 1 OR (CAST(? AS BIGINT) > 0 AND seq = CAST(? AS BIGINT) + 1)) AS lease FROM k0),
-ins AS (` + s.insertOrderedSQL(`(SELECT seq FROM k)`, ownerSQL, untilSQL) + s.numberTakenSQL() + ` RETURNING locked_by, key_seq)
+ins AS (` + s.insertOrderedSQL(`(SELECT seq FROM k)`, ownerSQL, untilSQL) + ` RETURNING locked_by)
 `
-		args = append(args, after, after)
-		args = append(args, s.insertOrderedArgs(r, lock...)...)
-		if queries {
-			// The transaction can answer a query: learn the number too.
-			var inserted bool
-			err := qr.QueryRowContext(ctx, s.rebind(q+`SELECT k.seq, k.head, ins.locked_by IS NOT NULL, ins.key_seq IS NOT NULL FROM k LEFT JOIN ins ON true`), args...).Scan(&r.KeySeq, &head, &leased, &inserted)
-			if err != nil || inserted {
-				return head, leased, s.explain(err)
-			}
-			if err := s.idTaken(ctx, qr, r); err != nil {
-				return false, false, err
-			}
-			continue
-		}
-		// One row for an event written, two for one written leased.
-		res, err := exec.ExecContext(ctx, s.rebind(q+`SELECT 1 FROM ins UNION ALL SELECT 1 FROM ins WHERE locked_by IS NOT NULL`), args...)
-		if err != nil {
-			return false, false, s.explain(err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil || n > 0 {
-			return n == 2, n == 2, err
-		}
+	args := append([]any{r.OrderingKey, after, after}, s.insertOrderedArgs(r, lock...)...)
+	if queries {
+		// The transaction can answer a query: learn the number too.
+		err := qr.QueryRowContext(ctx, s.rebind(q+`SELECT k.seq, k.head, ins.locked_by IS NOT NULL FROM k, ins`), args...).Scan(&r.KeySeq, &head, &leased)
+		return head, leased, s.explain(err)
 	}
-	r.KeySeq = 0
-	return false, false, errRenumber(r)
+	// One row for an event written, two for one written leased.
+	res, err := exec.ExecContext(ctx, s.rebind(q+`SELECT 1 FROM ins UNION ALL SELECT 1 FROM ins WHERE locked_by IS NOT NULL`), args...)
+	if err != nil {
+		return false, false, s.explain(err)
+	}
+	n, err := res.RowsAffected()
+	return n == 2, n == 2, err
 }
 
 // createKeyWait bounds createKey's statement: past it, the publishing
@@ -1028,41 +732,54 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if len(keys) > req.Limit {
 		keys = keys[:req.Limit]
 	}
-	// Each key's head: the first of its events NEW or RETRY as a whole,
-	// by id, so that the lease below looks rows up by primary key. Events
-	// of the key pending under f that are not (dead, or split with
-	// deliveries owed: typically none) say that some subscription may be
-	// behind. A key none of whose events the lease below could take is
-	// passed over here: one with an event NEW or RETRY under a live lease
-	// (its head in another instance's hands, typically, and the key named
-	// by the publisher of the event behind it), or whose head is not due.
-	// A claim of such keys only would open a transaction for nothing.
-	var heads, runs []string
-	perKey := req.Run / len(keys) // the events a key's run may have
-	// Only the keys' whole events NEW or RETRY are read: the split and
-	// dead ones before a head (typically a subscription's backlog, the
-	// bulk of a key's rows while it is behind) would be read in full by
-	// every claim. Whether a subscription is behind for a head is looked
-	// up per head instead (behind, which stops at the first event owed).
-	err := s.retry(ctx, func() error {
-		heads, runs = heads[:0], runs[:0]
+	heads, runs, err := s.readHeads(ctx, keys, req.Run/len(keys))
+	if err != nil {
+		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+	}
+	if len(heads) == 0 {
+		return nil, nil
+	}
+	c := headClaim{req: req, f: f, runs: len(runs) > 0, isHead: make(map[string]bool, len(heads))}
+	for _, id := range heads {
+		c.isHead[id] = true
+	}
+	c.q, c.args = s.claimHeadsSQL(heads, runs)
+	var out []driver.Row
+	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+		var err error
+		out, err = s.leaseHeads(ctx, tx, c)
+		return err
+	})
+	if err != nil {
+		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+	}
+	return out, nil
+}
+
+// readHeads reads each key's head: the first of its events NEW or RETRY
+// as a whole, by id, so that the lease looks rows up by primary key; and
+// behind each head the events of its run (up to perKey a key). Events of
+// the key pending under the filter that are not (dead, or split with
+// deliveries owed: typically none) say that some subscription may be
+// behind. A key none of whose events the lease could take is passed over
+// here: one with an event NEW or RETRY under a live lease (its head in
+// another instance's hands, typically, and the key named by the
+// publisher of the event behind it), or whose head is not due. A claim of
+// such keys only would open a transaction for nothing.
+//
+// Only the keys' whole events NEW or RETRY are read: the split and dead
+// ones before a head (typically a subscription's backlog, the bulk of a
+// key's rows while it is behind) would be read in full by every claim.
+// Whether a subscription is behind for a head is looked up per head
+// instead (behind, which stops at the first event owed).
+func (s *Store) readHeads(ctx context.Context, keys []string, perKey int) (heads, runs []string, err error) {
+	err = s.retry(ctx, func() error {
 		q, args := s.headReadSQL(keys, perKey)
 		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, q), args...)
 		if err != nil {
 			return err
 		}
-		last, head, held := "", "", false
-		// run: the events after head that may go with it (req.Run), the
-		// last one numbered seq; open while the key's rows continue it.
-		var run []string
-		var seq int64
-		open := false
-		flush := func() {
-			if head != "" && !held {
-				heads = append(heads, head)
-				runs = append(runs, run...)
-			}
-		}
+		r := headReader{perKey: perKey}
 		for rs.Next() {
 			var k, id string
 			var st, busy int
@@ -1071,37 +788,83 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 				rs.Close()
 				return err
 			}
-			if k != last {
-				flush()
-				last, head, held, run, open = k, "", false, nil, false
-			}
-			switch {
-			case head == "":
-				head, seq, open = id, ks, perKey > 0
-				held = held || busy == 2 // not due
-			case open && busy == 0 && ks == seq+1 && len(run) < perKey:
-				run = append(run, id)
-				seq = ks
-			default:
-				open = false
-			}
-			held = held || busy == 1 // an event of the key in flight
+			r.add(k, id, ks, busy)
 		}
-		flush()
+		r.flush()
+		heads, runs = r.heads, r.runs
 		return errors.Join(rs.Err(), rs.Close())
 	})
-	if err != nil {
-		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+	return heads, runs, err
+}
+
+// headReader takes headReadSQL's rows, in key and number order, and keeps
+// each key's head and run unless the key is held (an event of it in
+// flight, or its head not due).
+type headReader struct {
+	perKey      int
+	heads, runs []string
+
+	key, head string
+	held      bool
+	run       []string // the events after head that may go with it
+	seq       int64    // the number of run's last event (or head's)
+	open      bool     // the key's rows still continue the run
+}
+
+// add takes one row: busy is 1 for an event under a live lease, 2 for a
+// head not due, 0 otherwise.
+func (r *headReader) add(key, id string, seq int64, busy int) {
+	if key != r.key {
+		r.flush()
+		r.key, r.head, r.held, r.run, r.open = key, "", false, nil, false
 	}
-	if len(heads) == 0 {
-		return nil, nil
+	switch {
+	case r.head == "":
+		r.head, r.seq, r.open = id, seq, r.perKey > 0
+		r.held = r.held || busy == 2
+	case r.open && busy == 0 && seq == r.seq+1 && len(r.run) < r.perKey:
+		r.run = append(r.run, id)
+		r.seq = seq
+	default:
+		r.open = false
 	}
-	// Not while another event of the key is leased as a whole: a head
-	// that was replayed after its key went on (OrderedSkipDead) waits for
-	// the later event in flight. One lookup per status (see owesSQL), and
-	// for heads only: an event of a run is kept only behind its head
-	// (runsOf), and a lookup per event of a run would read the key's
-	// backlog once per event (quadratic in a deep key's backlog).
+	r.held = r.held || busy == 1
+}
+
+func (r *headReader) flush() {
+	if r.head != "" && !r.held {
+		r.heads = append(r.heads, r.head)
+		r.runs = append(r.runs, r.run...)
+	}
+}
+
+// headClaim is what the lease of a claim of heads needs.
+type headClaim struct {
+	req    driver.ClaimRequest
+	f      driver.OrderFilter
+	q      string // claimHeadsSQL's read, bound by args
+	args   []any
+	isHead map[string]bool
+	runs   bool // runs were read behind the heads
+}
+
+// claimHeadsSQL is the read of heads and runs that are still due and
+// free, and its arguments; locking where the database leases by that
+// lock.
+//
+// Not while another event of the key is leased as a whole: a head that
+// was replayed after its key went on (OrderedSkipDead) waits for the
+// later event in flight. One lookup per status (see owesSQL), and for
+// heads only: an event of a run is kept only behind its head (runsOf),
+// and a lookup per event of a run would read the key's backlog once per
+// event (quadratic in a deep key's backlog).
+//
+// On PostgreSQL the rows are read without a lock and leased by an UPDATE
+// that checks again that each is free (leaseFree): locking them as they
+// are read (FOR UPDATE) writes every row twice, its lock and its lease,
+// and took most of a claim's time while a backlog of many keys drained
+// (BENCHMARKS.md, item 21).
+func (s *Store) claimHeadsSQL(heads, runs []string) (string, []any) {
 	byPK := ""
 	if s.d.name == "mysql" {
 		byPK = ` FORCE INDEX (PRIMARY)`
@@ -1115,11 +878,6 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		noneLeased = `(o.id IN ` + in(len(runs)) + ` OR (` + noneLeased + `))`
 		args = stringArgs(runs, args...)
 	}
-	// On PostgreSQL the rows are read without a lock and leased by an
-	// UPDATE that checks again that each is free (leaseFree): locking
-	// them as they are read (FOR UPDATE) writes every row twice, its lock
-	// and its lease, and took most of a claim's time while a backlog of
-	// many keys drained (BENCHMARKS.md, item 21).
 	lock := s.d.lock
 	if s.d.name == "postgres" {
 		lock = ""
@@ -1128,89 +886,80 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
   AND o.status IN (0, 2) AND o.available_at <= ` + s.d.now + `
   AND (o.locked_until IS NULL OR o.locked_until <= ` + s.d.now + `)
   AND ` + noneLeased + ` LIMIT ?` + lock)
-	args = append(args, len(heads)+len(runs))
-	isHead := make(map[string]bool, len(heads))
-	for _, id := range heads {
-		isHead[id] = true
+	return q, append(args, len(heads)+len(runs))
+}
+
+// leaseHeads reads c's heads and runs in tx, notes which subscriptions
+// are behind on each (Row.Behind), and leases them to c.req.Owner.
+func (s *Store) leaseHeads(ctx context.Context, tx *sqlx.Tx, c headClaim) ([]driver.Row, error) {
+	out, _, err := selectRows(ctx, tx, nil, false, c.q, c.args...)
+	if err != nil || len(out) == 0 {
+		return nil, err
 	}
-	var out []driver.Row
-	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
-		var err error
-		if out, _, err = selectRows(ctx, tx, nil, false, q, args...); err != nil || len(out) == 0 {
-			return err
+	if c.runs {
+		out = runsOf(out, c.isHead)
+	}
+	var owing []string
+	for i := range out {
+		if c.isHead[out[i].ID] {
+			owing = append(owing, out[i].ID)
 		}
-		if len(runs) > 0 {
-			out = runsOf(out, isHead)
-		}
-		var owing []string
-		for i := range out {
-			if isHead[out[i].ID] {
-				owing = append(owing, out[i].ID)
-			}
-		}
-		subs, err := s.behind(ctx, tx, owing, f)
-		if err != nil {
-			return err
-		}
-		// An event of a run has its head's Behind: the subscriptions
-		// behind owe it the head too. Every head is leased, even one
-		// that only subscriptions behind take: left whole, it would
-		// hold its key back for the others too.
-		var headBehind []string
-		for i := range out {
-			if isHead[out[i].ID] {
-				headBehind = subs[out[i].ID]
-			}
-			out[i].Behind = headBehind
-		}
-		if len(out) == 0 {
-			return nil
-		}
-		ids := make([]string, len(out))
-		for i := range out {
-			ids[i] = out[i].ID
-		}
-		if s.d.name != "postgres" {
-			_, err = tx.ExecContext(ctx, s.leaseSQL(len(ids)), s.idArgs(ids, req.Owner, req.Lease.Microseconds())...)
-			return err
-		}
-		got, err := s.leaseFree(ctx, tx, ids, req)
-		if err != nil {
-			return err
-		}
-		leased := out[:0]
-		for _, r := range out {
-			if g, ok := got[r.ID]; ok {
-				// As read, but for the lease's owner: the lease
-				// taken over, if any (Row.PrevOwner).
-				g.Behind, g.PrevOwner = r.Behind, r.PrevOwner
-				leased = append(leased, g)
-			}
-		}
-		if out = leased; len(runs) > 0 && len(out) > 0 {
-			// An event whose predecessor another claim took in between
-			// is given back: it goes after that one, from its claimer.
-			out = runsOf(out, isHead)
-			if len(out) < len(got) {
-				keep := make(map[string]bool, len(out))
-				for _, r := range out {
-					keep[r.ID] = true
-				}
-				var back []string
-				for id := range got {
-					if !keep[id] {
-						back = append(back, id)
-					}
-				}
-				_, err = tx.ExecContext(ctx, s.releaseSQL(len(back), false), s.idArgs(back, req.Owner)...)
-			}
-		}
-		return err
-	})
+	}
+	subs, err := s.behind(ctx, tx, owing, c.f)
 	if err != nil {
-		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
+		return nil, err
 	}
-	return out, nil
+	// An event of a run has its head's Behind: the subscriptions behind
+	// owe it the head too. Every head is leased, even one that only
+	// subscriptions behind take: left whole, it would hold its key back
+	// for the others too.
+	var headBehind []string
+	ids := make([]string, len(out))
+	for i := range out {
+		if c.isHead[out[i].ID] {
+			headBehind = subs[out[i].ID]
+		}
+		out[i].Behind = headBehind
+		ids[i] = out[i].ID
+	}
+	if s.d.name != "postgres" {
+		_, err = tx.ExecContext(ctx, s.leaseSQL(len(ids)), s.idArgs(ids, c.req.Owner, c.req.Lease.Microseconds())...)
+		return out, err
+	}
+	got, err := s.leaseFree(ctx, tx, ids, c.req)
+	if err != nil {
+		return nil, err
+	}
+	leased := out[:0]
+	for _, r := range out {
+		if g, ok := got[r.ID]; ok {
+			// As read, but for the lease's owner: the lease taken over,
+			// if any (Row.PrevOwner).
+			g.Behind, g.PrevOwner = r.Behind, r.PrevOwner
+			leased = append(leased, g)
+		}
+	}
+	if !c.runs || len(leased) == 0 {
+		return leased, nil
+	}
+	// An event whose predecessor another claim took in between is given
+	// back: it goes after that one, from its claimer.
+	out = runsOf(leased, c.isHead)
+	if len(out) == len(got) {
+		return out, nil
+	}
+	keep := make(map[string]bool, len(out))
+	for _, r := range out {
+		keep[r.ID] = true
+	}
+	var back []string
+	for id := range got {
+		if !keep[id] {
+			back = append(back, id)
+		}
+	}
+	_, err = tx.ExecContext(ctx, s.releaseSQL(len(back), false), s.idArgs(back, c.req.Owner)...)
+	return out, err
 }
 
 // headWindowKeys is the most keys whose heads ClaimHeads reads through a

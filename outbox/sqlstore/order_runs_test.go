@@ -35,7 +35,7 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 			f := driver.OrderFilter{Block: []string{"ord"}}
 			insert := func(key string) string {
 				t.Helper()
-				return insertKeyed(t, db, st, f, key, 0).ID
+				return insertKeyed(t, db, st, f, key).ID
 			}
 			claimUnder := func(f driver.OrderFilter, run int, keys ...string) []string {
 				t.Helper()
@@ -121,7 +121,7 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 			skip := driver.OrderFilter{Skip: []string{"ord"}}
 			var g []string
 			for range 10 {
-				g = append(g, insertKeyed(t, db, st, skip, "g", 0).ID)
+				g = append(g, insertKeyed(t, db, st, skip, "g").ID)
 			}
 			claimSkip := func(run int) []string {
 				t.Helper()
@@ -145,15 +145,15 @@ func TestClaimHeadsLeasesARunBehindTheHead(t *testing.T) {
 }
 
 // insertKeyed publishes an ordered event of key in a transaction of its
-// own, with Row.KeyLast last, and returns its row as numbered.
-func insertKeyed(t *testing.T, db *sqlx.DB, st *sqlstore.Store, f driver.OrderFilter, key string, last int64) driver.Row {
+// own, and returns its row as numbered.
+func insertKeyed(t *testing.T, db *sqlx.DB, st *sqlstore.Store, f driver.OrderFilter, key string) driver.Row {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key, KeyLast: last}
+	r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now(), OrderingKey: key}
 	if _, _, err := st.InsertOrdered(ctx, tx, &r, "", time.Minute, f); err != nil {
 		t.Fatal(err)
 	}
@@ -180,10 +180,9 @@ func done(t *testing.T, st *sqlstore.Store, ids ...string) {
 
 // MarkDoneKeys reports a key as having later events waiting when the
 // last of its events in the batch says nothing of its next one, even if
-// an earlier event of the batch was handed on to it (KeyDone.Next): on
-// PostgreSQL, where an instance numbers a key's events past the key's row
-// (Row.KeyLast), only a look for the next number finds it, and a key not
-// reported waits for the poll's sweep (seconds, at the idle back-off).
+// an earlier event of the batch was handed on to it (KeyDone.Next): a key
+// not reported waits for the poll's sweep (seconds, at the idle
+// back-off).
 func TestMarkDoneKeysLooksPastAnEventHandedOn(t *testing.T) {
 	for _, name := range testdb.Names {
 		t.Run(name, func(t *testing.T) {
@@ -192,12 +191,8 @@ func TestMarkDoneKeysLooksPastAnEventHandedOn(t *testing.T) {
 			ctx := context.Background()
 			f := driver.OrderFilter{Block: []string{"ord"}}
 			var rows []driver.Row
-			for i := range 3 {
-				last := int64(0)
-				if i > 0 {
-					last = rows[i-1].KeySeq // numbered past the key's row where the store can
-				}
-				rows = append(rows, insertKeyed(t, db, st, f, "k", last))
+			for range 3 {
+				rows = append(rows, insertKeyed(t, db, st, f, "k"))
 			}
 			got, err := st.ClaimHeads(ctx, driver.ClaimRequest{Owner: "b", Limit: 1, Lease: time.Minute, Run: 1}, []string{"k"}, f)
 			if err != nil || len(got) != 2 {
@@ -206,8 +201,8 @@ func TestMarkDoneKeysLooksPastAnEventHandedOn(t *testing.T) {
 			// The first handed on to the second, delivered here too; the
 			// third waits in the table.
 			evs := []driver.KeyDone{
-				{EventID: rows[0].ID, Key: "k", Seq: rows[0].KeySeq, Done: true, Next: true},
-				{EventID: rows[1].ID, Key: "k", Seq: rows[1].KeySeq, Done: true},
+				{EventID: rows[0].ID, Key: "k", Seq: rows[0].KeySeq},
+				{EventID: rows[1].ID, Key: "k", Seq: rows[1].KeySeq},
 			}
 			n, later, err := st.MarkDoneKeys(ctx, "b", []string{rows[0].ID, rows[1].ID}, evs, regNow(t, st))
 			if err != nil || n != 2 {
@@ -320,7 +315,7 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 			f := driver.OrderFilter{Block: []string{"o"}}
 			insert := func(key string) string {
 				t.Helper()
-				return insertKeyed(t, db, st, f, key, 0).ID
+				return insertKeyed(t, db, st, f, key).ID
 			}
 			// split claims key's head as a whole and splits it: another
 			// subscription took it, o's delivery waits (NEW).
@@ -476,7 +471,7 @@ func TestConcurrentClaimsOfHeadsShareNoKey(t *testing.T) {
 			}
 			for range per {
 				for _, k := range keys {
-					insertKeyed(t, db, st, f, k, 0)
+					insertKeyed(t, db, st, f, k)
 				}
 			}
 			var mu sync.Mutex

@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -38,9 +37,7 @@ type Options struct {
 	// price is the history: Inspect (and the admin's event page) no longer
 	// finds a delivered event, and Stats counts no DONE rows. Dead letters,
 	// retries and the per-subscription rows of events that failed somewhere
-	// are kept as before. On PostgreSQL an ordered event is marked DONE
-	// instead and deleted by a later completion once it was written 10
-	// minutes ago (see orderedKeep).
+	// are kept as before.
 	DeleteDelivered bool
 	// AllowUnsupportedServer lets Migrate go on where CheckServer refuses
 	// the server (TiDB, Vitess, MariaDB before 10.6, …; see CheckServer
@@ -70,17 +67,6 @@ type Store struct {
 	known knownKeys // MySQL: ordering keys whose row is committed; see createKey
 	maker keyMaker  // MySQL: makes the rows of new keys; see createKey
 	gates keyGates  // MySQL: new keys whose row a transaction of the process is inserting
-
-	// keep is the least time an ordered event stays stored after it was
-	// written (orderedKeep); see keptSQL.
-	keep time.Duration
-	// swept is when DeleteDelivered last deleted the ordered events it
-	// kept (unix nanoseconds); see sweepKept.
-	swept atomic.Int64
-	// fence caches fenced's answer: when it was looked up (unix
-	// nanoseconds, low bit cleared) and, in the low bit, the answer.
-	fence   atomic.Int64
-	fenceMu sync.Mutex // one lookup at a time
 
 	srv serverFlavor // MySQL dialect: MariaDB or MySQL; see bounded
 
@@ -132,9 +118,6 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 		cursors: make(map[string]claimCursor), claimSets: map[string]claimSet{}, anyServer: opts.AllowUnsupportedServer}
 	if len(parts) == 2 {
 		s.schema = parts[0]
-	}
-	if d.name == "postgres" {
-		s.keep = orderedKeep
 	}
 	s.q = s.buildQueries()
 	return s, nil
@@ -198,7 +181,6 @@ func (s *Store) buildQueries() queries {
 VALUES `
 	insertValues := `(?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ` + d.now + `, ` + d.now + `, ?, ` + d.nowPlus + `, ?)`
 	update := `UPDATE ` + t + d.byID
-	kept, _ := s.keptSQL()
 	return queries{
 		update:       update,
 		inspect:      s.rebind(`SELECT ` + rowColumns + `, COALESCE(last_error, '') FROM ` + t + ` WHERE id = ?`),
@@ -212,7 +194,7 @@ WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 WHERE id = ? AND locked_by = ? AND status IN (0, 2)`),
 		stats:    `SELECT status, COUNT(*) FROM ` + t + ` GROUP BY status`,
 		listDead: s.rebind(`SELECT id, event_type, aggregate_type, aggregate_id, tenant_id, attempts, COALESCE(last_error, ''), created_at FROM ` + t + ` WHERE status = 3 AND id > ? ORDER BY id LIMIT ?`),
-		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` AND NOT ` + kept + ` ORDER BY available_at LIMIT ?`),
+		cleanup:  s.rebind(`SELECT id FROM ` + t + ` WHERE status IN (?, ?) AND available_at < ` + d.nowMinus + ` ORDER BY available_at LIMIT ?`),
 	}
 }
 
@@ -325,18 +307,13 @@ func (s *Store) leaseSQL(n int) string {
 }
 
 // markDoneSQL is the write of MarkDone: an UPDATE to DONE, or with
-// DeleteDelivered a DELETE of the events that are not ordered (an ordered
-// event is kept DONE for s.keep, see orderedKeep: markDoneIn).
+// DeleteDelivered a DELETE.
 func (s *Store) markDoneSQL(n int, fenced bool) string {
 	if s.del {
 		// No index hint: MySQL's single-table DELETE takes none. It runs
 		// at READ COMMITTED (execCount), so a plan that scans the primary
 		// key keeps no locks on the rows it passes.
-		kept := ``
-		if s.keep > 0 {
-			kept = ` AND key_seq IS NULL`
-		}
-		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n) + kept + s.regFenceIf(fenced))
+		return s.rebind(`DELETE FROM ` + s.table + ` WHERE locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2) AND id` + s.idIn(n) + s.regFenceIf(fenced))
 	}
 	return s.markDoneUpdateSQL(n, fenced)
 }
@@ -362,43 +339,12 @@ func (s *Store) setDone() string {
 }
 
 // markDoneIn writes ids, leased to owner, DONE through exec (with
-// DeleteDelivered: deletes them, but for the ordered ones) if the
-// registry's version is registry, and returns how many it changed. It
-// changes nothing if the version is another: the caller tells that from
-// a lost lease with registryMoved when none changed.
+// DeleteDelivered: deletes them) if the registry's version is registry,
+// and returns how many it changed. It changes nothing if the version is
+// another: the caller tells that from a lost lease with registryMoved
+// when none changed.
 func (s *Store) markDoneIn(ctx context.Context, exec func(ctx context.Context, q string, args ...any) (int, error), owner string, ids []string, registry int64) (int, error) {
-	args := append(s.idArgs(ids, owner), registry)
-	n, err := exec(ctx, s.markDoneSQL(len(ids), true), args...)
-	if err != nil || !s.del || s.keep == 0 || n == len(ids) {
-		return n, err
-	}
-	q := s.markDoneUpdateSQL(len(ids), n == 0)
-	if n > 0 {
-		// The first statement read the version after every event of ids
-		// was delivered (the call started after that): a subscription
-		// registered since is not owed them. Fencing this one again
-		// could leave the call half done.
-		args = args[:len(args)-1]
-	}
-	m, err := exec(ctx, q, args...)
-	return n + m, err
-}
-
-// sweepKept deletes, with DeleteDelivered, the ordered events kept DONE
-// past s.keep (see orderedKeep). The completion path calls it; it runs at
-// most once a second, in batches of 1,000 while a batch comes back full
-// (at most 10).
-func (s *Store) sweepKept(ctx context.Context) {
-	now := time.Now().UnixNano()
-	last := s.swept.Load()
-	if !s.del || now-last < int64(time.Second) || !s.swept.CompareAndSwap(last, now) {
-		return
-	}
-	for range 10 {
-		if n, err := s.Cleanup(ctx, s.keep, 1000, false); err != nil || n < 1000 {
-			return
-		}
-	}
+	return exec(ctx, s.markDoneSQL(len(ids), true), append(s.idArgs(ids, owner), registry)...)
 }
 
 func (s *Store) extendSQL(n int) string {
@@ -541,7 +487,6 @@ func (s *Store) MarkDone(ctx context.Context, owner string, ids []string, regist
 	if err != nil {
 		return n, fmt.Errorf("sqlstore: mark done: %w", err)
 	}
-	s.sweepKept(ctx)
 	return n, nil
 }
 
