@@ -58,14 +58,14 @@ bench-ordered:
 bench-instances:
 	cd bench && $(GO) run ./cmd/outboxbench -only-instances -out ../BENCHMARKS.md $(BENCHFLAGS)
 
-## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes LOAD.md.
+## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes docs/bench/load.md.
 bench-load:
-	cd bench && $(GO) run ./cmd/outboxbench -only-load -out ../LOAD.md $(BENCHFLAGS)
+	cd bench && $(GO) run ./cmd/outboxbench -only-load -out ../docs/bench/load.md $(BENCHFLAGS)
 
-## bench-partitions: MariaDB day partitions: dropping 1M delivered rows vs batched DELETE, claim latency with 5M DONE rows (~5 min); writes PARTITIONS.md.
+## bench-partitions: MariaDB day partitions: dropping 1M delivered rows vs batched DELETE, claim latency with 5M DONE rows (~5 min); writes docs/bench/partitions.md.
 bench-partitions:
-	cd bench && $(GO) run ./cmd/partbench -out ../PARTITIONS.md $(BENCHFLAGS)
+	cd bench && $(GO) run ./cmd/partbench -out ../docs/bench/partitions.md $(BENCHFLAGS)
 
-## bench-connectors: only the connector table: raw client vs txoutbox vs Watermill's forwarder to NATS, RabbitMQ, Redis and Kafka (kfake) from the local MariaDB (~3 min); writes CONNECTORS.md.
+## bench-connectors: only the connector table: raw client vs txoutbox vs Watermill's forwarder to NATS, RabbitMQ, Redis and Kafka (kfake) from the local MariaDB (~3 min); writes docs/bench/connectors.md.
 bench-connectors:
-	cd bench && $(GO) run ./cmd/outboxbench -only-connectors -out ../CONNECTORS.md $(BENCHFLAGS)
+	cd bench && $(GO) run ./cmd/outboxbench -only-connectors -out ../docs/bench/connectors.md $(BENCHFLAGS)

@@ -14,7 +14,7 @@ type ConnReport struct {
 	Environment      [][2]string
 	Results          []ConnResult
 	Notes            []string
-	StandaloneHeader bool // a document of its own (CONNECTORS.md), not a section of BENCHMARKS.md
+	StandaloneHeader bool // a document of its own (docs/bench/connectors.md), not a section of BENCHMARKS.md
 }
 
 // Write renders the connector table as Markdown.

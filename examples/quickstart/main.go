@@ -78,7 +78,7 @@ func main() {
 		ob.Close(ctx)
 		log.Fatal(err)
 	}
-	// The timeouts bound slow clients (see "With chi, in ten lines").
+	// The timeouts bound slow clients (docs/operations.md, "Starting and stopping").
 	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

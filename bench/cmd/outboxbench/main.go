@@ -82,7 +82,7 @@ func main() {
 		loadRates   = flag.String("load-rates", "0.25,0.5", "paced load runs, as fractions of the baseline's closed-loop throughput")
 		kickFlag    = flag.Bool("kick", false, "internal: drive the poller with ob.Poll (workaround for a stalled poll loop)")
 		connOn      = flag.Bool("connectors", true, "run the connector table (MariaDB): raw client, txoutbox and Watermill's forwarder to each broker (see -only-connectors, -brokers)")
-		onlyConn    = flag.Bool("only-connectors", false, "run the connector table only; the report is the table alone (make bench-connectors writes CONNECTORS.md)")
+		onlyConn    = flag.Bool("only-connectors", false, "run the connector table only; the report is the table alone (make bench-connectors writes docs/bench/connectors.md)")
 		brokers     = flag.String("brokers", strings.Join(harness.BrokerNames, ","), "brokers of the connector table: nats, amqp, redis, kafka (in-process kfake)")
 		connN       = flag.Int("connector-events", 20000, "events per connector measurement")
 		natsURL     = flag.String("nats", "nats://127.0.0.1:4222", "NATS (JetStream) URL of the connector table")

@@ -2,7 +2,7 @@
 // time to remove a million delivered rows by dropping their partitions
 // versus the engine's batched DELETE, the publish latency of a concurrent
 // writer during each, and the claim latency with millions of DONE rows in
-// the table. make bench-partitions runs it and writes PARTITIONS.md.
+// the table. make bench-partitions runs it and writes docs/bench/partitions.md.
 package main
 
 import (
@@ -28,7 +28,7 @@ func main() {
 	dsn := flag.String("dsn", "root@tcp(127.0.0.1:3306)/test?parseTime=true&interpolateParams=true", "MariaDB/MySQL DSN")
 	rows := flag.Int("rows", 1_000_000, "delivered rows to remove")
 	big := flag.Int("claim-rows", 5_000_000, "DONE rows in the table for the claim latency")
-	out := flag.String("out", "PARTITIONS.md", "report to write")
+	out := flag.String("out", "../docs/bench/partitions.md", "report to write (the default is make bench-partitions's, from bench/)")
 	flag.Parse()
 	ctx := context.Background()
 	db, err := sqlx.Open("mysql", *dsn)
