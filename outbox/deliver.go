@@ -134,8 +134,8 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			ctx, cancel := d.storeCtx()
 			d.leases.release(ctx, []string{it.env.ID}, d.cfg.NoListenerDelay, "hand back an event with no subscription here")
 			d.chainFailed(ctx, it)
+			d.releaseHeld(ctx, it)
 			cancel()
-			d.inflight.release(it.key())
 			return
 		}
 		it.registry, it.owed = reg.version, owed
@@ -208,7 +208,22 @@ func (d *dispatcher) leaseLost(it *item) {
 		d.leases.releaseLeases(ctx, []string{it.env.ID}, "release an event whose lease ran out")
 	}
 	d.chainFailed(ctx, it)
-	d.inflight.release(it.key())
+	d.releaseHeld(ctx, it)
+}
+
+// releaseHeld takes it out of the in-flight set after the write that
+// ended this instance's turn with it, and gives back the lease a claim
+// took of it meanwhile (inflightSet): a no-op if that write freed the row
+// after the claim, the row due again at once if the claim came after.
+func (d *dispatcher) releaseHeld(ctx context.Context, it *item) {
+	if !d.inflight.take(it.key()) {
+		return
+	}
+	if it.sub != nil {
+		d.leases.releaseDeliveries(ctx, []driver.DeliveryKey{{EventID: it.env.ID, Subscription: it.sub.Name}}, 0, "release a delivery claimed again while its outcome was written")
+	} else {
+		d.leases.releaseLeases(ctx, []string{it.env.ID}, "release an event claimed again while its outcome was written")
+	}
 }
 
 // settle counts one share of the item as finished and records the
@@ -442,11 +457,6 @@ func (d *dispatcher) recordFailures(it *item) {
 	ctx, cancel := d.storeCtx()
 	defer cancel()
 	writes, wake := d.failureWrites(it)
-	// The item leaves this instance's hands with the write that gives up
-	// its lease: from then on a claim (here too) may take it again, and
-	// must find it free in the in-flight set. Until the write, the live
-	// lease keeps every claim off it.
-	d.inflight.release(it.key())
 	write := func(writes []driver.DeliveryWrite) (bool, error) {
 		start := time.Now()
 		name := "split"
@@ -466,6 +476,7 @@ func (d *dispatcher) recordFailures(it *item) {
 		// Split for a stale registry: nothing written. The lease is
 		// still this instance's; the event goes back.
 		d.registryChanged(ctx, it.registry, []*item{it})
+		d.releaseHeld(ctx, it)
 		return
 	}
 	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
@@ -517,6 +528,10 @@ func (d *dispatcher) recordFailures(it *item) {
 			held, err = write(writes)
 		}
 	}
+	// The item leaves this instance's hands once the write that gives up
+	// its lease has returned, before the events behind it in its key are
+	// passed on or given back (the deferred calls above).
+	d.releaseHeld(ctx, it)
 	switch {
 	case err != nil:
 		d.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", err))

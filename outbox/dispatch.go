@@ -44,7 +44,7 @@ func newDispatcher(d *deps) *dispatcher {
 		keys:      newKeyTable(),
 		hot:       make(chan *item, d.cfg.HotQueueSize),
 		cold:      make(chan *item, d.cfg.ColdQueueSize),
-		inflight:  inflightSet{m: make(map[string]time.Time)},
+		inflight:  inflightSet{m: make(map[string]inflight)},
 		coldSpace: make(chan struct{}, 1),
 		draining:  make(chan struct{}),
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
 )
 
@@ -85,6 +86,90 @@ func TestEventWhoseLeaseRanOutInTheQueueIsNotDelivered(t *testing.T) {
 		defer mu.Unlock()
 		if got := calls[second]; len(got) != 1 {
 			t.Errorf("the second event was delivered by %v; want once (a's lease on it had run out when a's worker came to it)", got)
+		}
+	})
+}
+
+// heldSplit is a store whose first Split waits until release is closed
+// (the instance frozen, or the database slow, while it records a failure),
+// and whose lease renewals fail while down is set.
+type heldSplit struct {
+	renewalsDown
+	once    sync.Once
+	held    atomic.Bool
+	release chan struct{}
+}
+
+func (s *heldSplit) Split(ctx context.Context, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+	s.once.Do(func() {
+		s.held.Store(true)
+		<-s.release
+		s.held.Store(false)
+	})
+	return s.Store.Split(ctx, owner, id, writes, registry)
+}
+
+// An event whose failure is being recorded when its lease runs out (the
+// write held up past the lease while no renewal succeeds) stays in this
+// instance's hands until that write returns: the instance's own poll,
+// which may lease it again meanwhile (the store cannot tell the old lease
+// of an instance from its new one), does not queue a second copy of it.
+// Before, the event left the in-flight set before the write, and the poll
+// delivered it again while the first outcome was still being written (the
+// simulation's seeds 345, 2926 and 3794: two calls of one key's events in
+// flight to an ordered subscription on one instance, the old write then
+// passing the key on beside the new call).
+func TestOutcomeWrittenAfterTheLeaseRanOutKeepsOneCopyInHand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := &heldSplit{renewalsDown: renewalsDown{Store: outboxtest.NewStore()}, release: make(chan struct{})}
+		const lease = time.Second
+		var calls, duringWrite atomic.Int32
+		ob, err := outbox.New(st, outbox.Config{InstanceID: "a", Logger: slog.New(slog.DiscardHandler), Lease: lease,
+			PollInterval: 100 * time.Millisecond, PollMaxInterval: 100 * time.Millisecond, Workers: 2, SkipRecent: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ob.Handle("mail", func(ctx context.Context, ev outbox.Event) error {
+			if st.held.Load() {
+				duringWrite.Add(1)
+			}
+			if calls.Add(1) == 1 {
+				return errors.New("the mail server said no")
+			}
+			return nil
+		})
+		if err := ob.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer ob.Close(ctx)
+		tx := st.Begin(ctx)
+		id, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Mailed", JSON: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the first call failed; its Split waits
+		if !st.held.Load() {
+			t.Fatal("the failure's Split was not called")
+		}
+		st.down.Store(true)
+		time.Sleep(3 * lease) // the lease runs out; the instance's polls may lease it again
+		synctest.Wait()
+		if n := duringWrite.Load(); n != 0 {
+			t.Errorf("the event was delivered %d more time(s) while its first failure was still being written; want none", n)
+		}
+		st.down.Store(false)
+		close(st.release)
+		time.Sleep(30 * time.Second) // the retry
+		rec, err := st.Inspect(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != outbox.StatusDone || calls.Load() != 2 {
+			t.Errorf("after the write: event %v after %d calls; want DONE after 2 (the failure, then its retry)", rec.Status, calls.Load())
 		}
 	})
 }

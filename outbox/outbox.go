@@ -443,20 +443,36 @@ func PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
 // begins on the database after the local time the claim (or insert)
 // started, and each renewal extends it from after the local time the
 // renewal started.
+//
+// An id stays in the set until the write that ends this instance's turn
+// with it (its outcome, or a release) has returned. A claim that leases it
+// meanwhile (its lease ran out while the outcome waited, a freeze, and no
+// other instance took it: the store cannot tell this instance's old lease
+// from its new one) finds it in the set and does not queue it: one copy at
+// most is in hand. Such a claim is noted (in) and, once the write has
+// returned, the lease it may have taken is given back (releaseHeld).
 type inflightSet struct {
 	mu sync.Mutex
-	m  map[string]time.Time
+	m  map[string]inflight
+}
+
+type inflight struct {
+	until     time.Time // the lease surely holds until then (zero: not known to end)
+	reclaimed bool      // a claim leased it again while it was in the set
 }
 
 // acquire adds id, leased until (zero: not known to end), unless it is in
-// the set already.
+// the set already: then a claim (every caller leased id just before) took
+// it again while in hand, which is noted.
 func (s *inflightSet) acquire(id string, until time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.m[id]; ok {
+	if cur, ok := s.m[id]; ok {
+		cur.reclaimed = true
+		s.m[id] = cur
 		return false
 	}
-	s.m[id] = until
+	s.m[id] = inflight{until: until}
 	return true
 }
 
@@ -468,8 +484,9 @@ func (s *inflightSet) renewed(ids []string, done, until time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		if cur, ok := s.m[id]; ok && !cur.IsZero() && cur.After(done) && until.After(cur) {
-			s.m[id] = until
+		if cur, ok := s.m[id]; ok && !cur.until.IsZero() && cur.until.After(done) && until.After(cur.until) {
+			cur.until = until
+			s.m[id] = cur
 		}
 	}
 }
@@ -481,8 +498,8 @@ func (s *inflightSet) renewed(ids []string, done, until time.Time) {
 func (s *inflightSet) expired(id string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	until, ok := s.m[id]
-	return !ok || (!until.IsZero() && now.After(until))
+	cur, ok := s.m[id]
+	return !ok || (!cur.until.IsZero() && now.After(cur.until))
 }
 
 func (s *inflightSet) empty() bool {
@@ -502,6 +519,16 @@ func (s *inflightSet) release(id string) {
 	s.mu.Lock()
 	delete(s.m, id)
 	s.mu.Unlock()
+}
+
+// take removes id and reports whether a claim leased it again while it
+// was in the set.
+func (s *inflightSet) take(id string) (reclaimed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reclaimed = s.m[id].reclaimed
+	delete(s.m, id)
+	return reclaimed
 }
 
 func (s *inflightSet) snapshot() []string {
