@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -96,6 +97,112 @@ func TestEventWhoseLeaseRanOutInTheQueueIsNotDeliveredThere(t *testing.T) {
 			defer mu.Unlock()
 			if got := calls[second]; len(got) != 1 {
 				t.Errorf("the second event was delivered by %v; want once (a's lease on it had run out when a's worker came to it)", got)
+			}
+		})
+	}
+}
+
+// heldSplit is renewalsDown whose first Split waits until release is
+// closed (the instance frozen, or the database slow, while it records a
+// failure), and which counts the claims that returned the event watched.
+type heldSplit struct {
+	renewalsDown
+	once     sync.Once
+	held     atomic.Bool
+	release  chan struct{}
+	watch    atomic.Value // string: the event id whose claims are counted
+	reclaims atomic.Int32 // claims that returned it while its Split was held
+	claims   atomic.Int32 // claims since the first of those
+}
+
+func (s *heldSplit) Split(ctx context.Context, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+	s.once.Do(func() {
+		s.held.Store(true)
+		<-s.release
+		s.held.Store(false)
+	})
+	return s.Store.Split(ctx, owner, id, writes, registry)
+}
+
+func (s *heldSplit) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
+	rows, err := s.Store.Claim(ctx, req)
+	if s.reclaims.Load() > 0 {
+		s.claims.Add(1)
+	}
+	for _, r := range rows {
+		if id, _ := s.watch.Load().(string); r.ID == id && s.held.Load() {
+			s.reclaims.Add(1)
+		}
+	}
+	return rows, err
+}
+
+// An event whose failure is being recorded when its lease runs out (the
+// write held up past the lease while no renewal succeeds) stays in the
+// instance's hands until that write returns: the instance's own poll,
+// which leases it again meanwhile (the database cannot tell the
+// instance's old lease from its new one), does not deliver a second copy
+// of it. Before, the event left the in-flight set before the write, and
+// the poll delivered it again while the first outcome was being written
+// (the simulation's seeds 345, 2926 and 3794; outbox's
+// TestOutcomeWrittenAfterTheLeaseRanOutKeepsOneCopyInHand).
+func TestOutcomeWrittenAfterTheLeaseRanOutKeepsOneCopyInHand(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			base := testdb.Store(t, testdb.Open(t, name))
+			st := &heldSplit{renewalsDown: renewalsDown{Store: base}, release: make(chan struct{})}
+			ctx := context.Background()
+			var calls, duringWrite atomic.Int32
+			ob, err := outbox.New(st, outbox.Config{InstanceID: "a", Logger: slog.New(slog.DiscardHandler), Lease: time.Second,
+				PollInterval: 50 * time.Millisecond, PollMaxInterval: 50 * time.Millisecond, Workers: 2, SkipRecent: -1,
+				Retry: outbox.ExponentialBackoff{Base: 10 * time.Millisecond, Max: 10 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ob.Handle("mail", func(ctx context.Context, ev outbox.Event) error {
+				if st.held.Load() {
+					duringWrite.Add(1)
+				}
+				if calls.Add(1) == 1 {
+					return errors.New("the mail server said no")
+				}
+				return nil
+			})
+			id := outbox.NewID()
+			st.watch.Store(id)
+			if err := ob.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ob.Close(ctx) })
+			tx, err := outbox.BeginTx(ctx, base.DB().DB, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ob.PublishTx(ctx, tx, outbox.Envelope{ID: id, Type: "Mailed", JSON: []byte(`{}`)}); err != nil {
+				t.Fatal(err)
+			}
+			st.down.Store(true) // no renewal succeeds: the lease runs out while the Split waits
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			// The instance's polls lease the event again once its lease ran
+			// out; five polls after the first that did, a second copy would
+			// long have been delivered by the idle worker.
+			deadline := time.Now().Add(30 * time.Second)
+			for st.claims.Load() < 5 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if st.reclaims.Load() == 0 {
+				t.Fatal("no poll leased the event again while its failure was being written")
+			}
+			if n := duringWrite.Load(); n != 0 {
+				t.Errorf("the event was delivered %d more time(s) while its first failure was still being written; want none", n)
+			}
+			st.down.Store(false)
+			close(st.release)
+			waitStatus(t, base, id, outbox.StatusDone)
+			if n := calls.Load(); n != 2 {
+				t.Errorf("%d calls; want 2 (the failure, then its retry)", n)
 			}
 		})
 	}
