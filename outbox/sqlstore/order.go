@@ -897,7 +897,9 @@ func (s *Store) leaseHeads(ctx context.Context, tx *sqlx.Tx, c headClaim) ([]dri
 		return nil, err
 	}
 	if c.runs {
-		out = runsOf(out, c.isHead)
+		if out = runsOf(out, c.isHead); len(out) == 0 {
+			return nil, nil
+		}
 	}
 	var owing []string
 	for i := range out {
