@@ -132,10 +132,8 @@ func (p *poller) run(ctx context.Context) {
 	wait := time.Duration(0)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var dues timeHeap
-	dueTimer := time.NewTimer(time.Hour)
-	dueTimer.Stop()
-	defer dueTimer.Stop()
+	wakes := newRetryWakes()
+	defer wakes.timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -144,41 +142,15 @@ func (p *poller) run(ctx context.Context) {
 		case <-p.nudge:
 			wait = 0
 		case due := <-p.retryDue:
-			if len(dues) < maxRetryWakes {
-				heap.Push(&dues, due)
-				if dues[0].Equal(due) {
-					dueTimer.Reset(time.Until(due) + retryWakeMargin)
-				}
-			}
+			wakes.add(due)
 			continue
-		case <-dueTimer.C:
-			now := time.Now()
-			for len(dues) > 0 && !dues[0].After(now) {
-				heap.Pop(&dues)
-			}
-			if len(dues) > 0 {
-				dueTimer.Reset(time.Until(dues[0]) + retryWakeMargin)
-			}
+		case <-wakes.timer.C:
+			wakes.fired(time.Now())
 		}
-		// While the cold queue is (nearly) full, skip cycles: wait for a
-		// worker to make room, checking again every PollInterval. Events
-		// dropped from the hot queue meanwhile are still released, so that
-		// other instances can take them.
-		released := 0
-		for cap(p.disp.cold)-len(p.disp.cold) < min(p.cfg.PollBatchSize, cap(p.disp.cold))/2+1 {
-			p.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
-			released += p.releaseDropped()
-			roomy := time.NewTimer(p.cfg.PollInterval)
-			select {
-			case <-ctx.Done():
-				roomy.Stop()
-				return
-			case <-p.disp.coldSpace:
-			case <-roomy.C:
-			}
-			roomy.Stop()
+		released, ok := p.waitForRoom(ctx)
+		if !ok {
+			return
 		}
-		released += p.releaseDropped()
 		// Events dropped from a full hot queue are claimed at once, not
 		// after SkipRecent: nothing else is about to deliver them (the
 		// window only spares claims of rows a hot path has in hand, and
@@ -196,26 +168,88 @@ func (p *poller) run(ctx context.Context) {
 		n, limit, err := p.poll(ctx, p.cfg.PollBatchSize, skip)
 		if err == nil {
 			p.health.pollBeat.Store(time.Now().UnixNano())
+		} else if ctx.Err() != nil {
+			return
 		}
-		switch {
-		case err != nil:
-			if ctx.Err() != nil {
-				return
-			}
-			p.log.Error("poll for due events", slog.Any("error", err))
-			wait = p.backoff(wait)
-		case n > 0 && n == limit:
-			wait = 0 // more is probably due
-		case n > 0:
-			wait = p.cfg.PollInterval
-		case released > 0:
-			// Overflowed events were just released but are younger than
-			// SkipRecent: come back for them as soon as they are due.
-			wait = min(max(p.cfg.SkipRecent, time.Millisecond), p.cfg.PollInterval)
-		default:
-			wait = p.backoff(wait)
-		}
+		wait = p.nextWait(wait, n, limit, released, err)
 		timer.Reset(wait)
+	}
+}
+
+// waitForRoom waits while the cold queue is (nearly) full, skipping
+// cycles until a worker makes room, checking again every PollInterval;
+// events dropped from the hot queue meanwhile are still released, so that
+// other instances can take them. It returns how many it released, and
+// false if ctx ended.
+func (p *poller) waitForRoom(ctx context.Context) (released int, ok bool) {
+	for cap(p.disp.cold)-len(p.disp.cold) < min(p.cfg.PollBatchSize, cap(p.disp.cold))/2+1 {
+		p.health.pollBeat.Store(time.Now().UnixNano()) // waiting for room is alive
+		released += p.releaseDropped()
+		roomy := time.NewTimer(p.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+			roomy.Stop()
+			return released, false
+		case <-p.disp.coldSpace:
+		case <-roomy.C:
+		}
+		roomy.Stop()
+	}
+	return released + p.releaseDropped(), true
+}
+
+// nextWait returns how long to wait before the next poll, after one that
+// queued n of at most limit events (or failed with err), with released
+// events dropped from the hot queue just released.
+func (p *poller) nextWait(wait time.Duration, n, limit, released int, err error) time.Duration {
+	switch {
+	case err != nil:
+		p.log.Error("poll for due events", slog.Any("error", err))
+		return p.backoff(wait)
+	case n > 0 && n == limit:
+		return 0 // more is probably due
+	case n > 0:
+		return p.cfg.PollInterval
+	case released > 0:
+		// Overflowed events were just released but are younger than
+		// SkipRecent: come back for them as soon as they are due.
+		return min(max(p.cfg.SkipRecent, time.Millisecond), p.cfg.PollInterval)
+	default:
+		return p.backoff(wait)
+	}
+}
+
+// retryWakes are the due times of retries scheduled here (at most
+// maxRetryWakes), and a timer that fires at the earliest.
+type retryWakes struct {
+	dues  timeHeap
+	timer *time.Timer
+}
+
+func newRetryWakes() *retryWakes {
+	w := &retryWakes{timer: time.NewTimer(time.Hour)}
+	w.timer.Stop()
+	return w
+}
+
+func (w *retryWakes) add(due time.Time) {
+	if len(w.dues) >= maxRetryWakes {
+		return
+	}
+	heap.Push(&w.dues, due)
+	if w.dues[0].Equal(due) {
+		w.timer.Reset(time.Until(due) + retryWakeMargin)
+	}
+}
+
+// fired drops the due times passed by now and sets the timer for the
+// next.
+func (w *retryWakes) fired(now time.Time) {
+	for len(w.dues) > 0 && !w.dues[0].After(now) {
+		heap.Pop(&w.dues)
+	}
+	if len(w.dues) > 0 {
+		w.timer.Reset(time.Until(w.dues[0]) + retryWakeMargin)
 	}
 }
 
@@ -272,65 +306,10 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		}
 	}
 	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, nil, now, claimStart)
-	// The deliveries of split events, for this instance's subscriptions
-	// that are neither paused nor waiting for their circuit.
 	var unqueuedDeliveries []driver.DeliveryKey
 	if room := limit - len(rows); room > 0 {
-		// Subscriptions with a closed circuit in one claim; one whose
-		// circuit waits for a probe gets one delivery, the probe, instead
-		// of a batch it would only defer again.
-		closed, probing := reg.claimable()
-		var ds []driver.Delivery
-		dsStart := time.Now()
-		claim := func(limit int, names []string) {
-			if limit <= 0 || len(names) == 0 {
-				return
-			}
-			start := time.Now()
-			got, err := p.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
-				Owner:      p.cfg.InstanceID,
-				Limit:      limit,
-				Lease:      p.cfg.Lease,
-				SkipRecent: -1,
-				Run:        p.cfg.ColdQueueSize,
-			}, names, reg.orderFilter())
-			p.m.Statement("claim_deliveries", len(got), time.Since(start))
-			if err != nil {
-				p.log.Error("claim deliveries", slog.Any("error", err))
-			}
-			ds = append(ds, got...)
-		}
-		claim(room, closed)
-		for _, name := range probing {
-			claim(min(1, room-len(ds)), []string{name})
-		}
-		follows := deliveryRuns(ds, reg)
-		for i := range ds {
-			d := &ds[i]
-			key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
-			if d.PrevOwner != "" && d.PrevOwner != p.cfg.InstanceID {
-				reclaimed++
-			}
-			s := reg.byName[d.Subscription]
-			env, err := decode(&d.Row)
-			if err != nil || s == nil {
-				// An event that cannot be read was buried when it was
-				// claimed as a whole; a delivery of it would be too.
-				unqueuedDeliveries = append(unqueuedDeliveries, key)
-				continue
-			}
-			it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s, leased: dsStart}
-			offer := p.disp.offerCold
-			if follows[i] && chained(it) {
-				offer = p.disp.offerFollower
-			}
-			switch offer(it) {
-			case offerQueued:
-				queued++
-			case offerFull:
-				unqueuedDeliveries = append(unqueuedDeliveries, key)
-			}
-		}
+		n, back, taken := p.pollDeliveries(ctx, reg, room, now)
+		queued, unqueuedDeliveries, reclaimed = queued+n, back, reclaimed+taken
 	}
 	// The heads of ordering keys with events due.
 	if n, err := p.seq.sweep(ctx, limit-queued); err != nil {
@@ -349,6 +328,70 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		p.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
 	}
 	return queued, limit, nil
+}
+
+// pollDeliveries claims up to room deliveries of split events, for this
+// instance's subscriptions that are neither paused nor waiting for their
+// circuit, and queues them. It returns how many it queued, those it could
+// not queue (to be released), and how many it took over from another
+// instance whose lease had run out.
+func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, now time.Time) (queued int, unqueued []driver.DeliveryKey, reclaimed int) {
+	// Subscriptions with a closed circuit in one claim; one whose circuit
+	// waits for a probe gets one delivery, the probe, instead of a batch
+	// it would only defer again.
+	closed, probing := reg.claimable()
+	var ds []driver.Delivery
+	dsStart := time.Now()
+	claim := func(limit int, names []string) {
+		if limit <= 0 || len(names) == 0 {
+			return
+		}
+		start := time.Now()
+		got, err := p.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
+			Owner:      p.cfg.InstanceID,
+			Limit:      limit,
+			Lease:      p.cfg.Lease,
+			SkipRecent: -1,
+			Run:        p.cfg.ColdQueueSize,
+		}, names, reg.orderFilter())
+		p.m.Statement("claim_deliveries", len(got), time.Since(start))
+		if err != nil {
+			p.log.Error("claim deliveries", slog.Any("error", err))
+		}
+		ds = append(ds, got...)
+	}
+	claim(room, closed)
+	for _, name := range probing {
+		claim(min(1, room-len(ds)), []string{name})
+	}
+	follows := deliveryRuns(ds, reg)
+	for i := range ds {
+		d := &ds[i]
+		key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+		if d.PrevOwner != "" && d.PrevOwner != p.cfg.InstanceID {
+			reclaimed++
+		}
+		s := reg.byName[d.Subscription]
+		env, err := decode(&d.Row)
+		if err != nil || s == nil {
+			// An event that cannot be read was buried when it was claimed
+			// as a whole; a delivery of it would be too.
+			unqueued = append(unqueued, key)
+			continue
+		}
+		it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s, leased: dsStart}
+		offer := p.disp.offerCold
+		if follows[i] && chained(it) {
+			offer = p.disp.offerFollower
+		}
+		switch offer(it) {
+		case offerQueued:
+			queued++
+		case offerFull:
+			unqueued = append(unqueued, key)
+		}
+	}
+	return queued, unqueued, reclaimed
 }
 
 // deliveryRuns sorts ds, claimed deliveries, so that those of one key to
