@@ -256,95 +256,113 @@ const maxQuietKeys = 1 << 14
 // head when it falls due, as it does every due head; an event of the key
 // finished here meanwhile (a replay, another instance's) ends the quiet.
 func (s *sequencer) run(ctx context.Context) {
-	batch := make(map[string]struct{})
-	var done []driver.KeyDone
-	quiet := map[string]time.Time{} // key → claims held back until
-	later := map[string]struct{}{}  // namings held back
-	wake := time.NewTimer(time.Hour)
-	wake.Stop()
-	defer wake.Stop()
-	var armed time.Time // when wake fires; zero: stopped
-	arm := func(at time.Time) {
-		if armed.IsZero() || at.Before(armed) {
-			armed = at
-			wake.Reset(time.Until(at))
-		}
-	}
-	add := func(n named) {
-		switch {
-		case !n.quiet.IsZero():
-			if len(quiet) >= maxQuietKeys {
-				clear(quiet)
-				for k := range later {
-					batch[k] = struct{}{}
-				}
-				clear(later)
-			}
-			quiet[n.key] = n.quiet
-		case n.ev.EventID != "":
-			delete(quiet, n.key)
-			if _, ok := later[n.key]; ok {
-				delete(later, n.key)
-				batch[n.key] = struct{}{}
-			}
-			if !n.held {
-				batch[n.key] = struct{}{}
-			}
-		default:
-			if q, ok := quiet[n.key]; ok && time.Now().Before(q) {
-				if _, ok := later[n.key]; !ok {
-					later[n.key] = struct{}{}
-					arm(q)
-				}
-				break
-			}
-			delete(quiet, n.key)
-			batch[n.key] = struct{}{}
-		}
-		if n.ev.EventID != "" {
-			done = append(done, n.ev)
-		}
-	}
+	q := newNamings()
+	defer q.wake.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case n := <-s.keys:
-			add(n)
-		case <-wake.C:
-			now := time.Now()
-			armed = time.Time{}
-			for k := range later {
-				if q := quiet[k]; !now.Before(q) {
-					delete(later, k)
-					delete(quiet, k)
-					batch[k] = struct{}{}
-				} else {
-					arm(q)
-				}
-			}
-			if len(batch) == 0 {
+			q.add(n)
+		case <-q.wake.C:
+			if q.fired(time.Now()); len(q.batch) == 0 {
 				continue
 			}
 		}
 	more:
-		for len(batch) < 100 {
+		for len(q.batch) < 100 {
 			select {
 			case n := <-s.keys:
-				add(n)
+				q.add(n)
 			default:
 				break more
 			}
 		}
-		keys := make([]string, 0, len(batch))
-		for k := range batch {
+		keys := make([]string, 0, len(q.batch))
+		for k := range q.batch {
 			keys = append(keys, k)
 		}
-		clear(batch)
+		clear(q.batch)
 		slices.Sort(keys)
-		s.keysDone(ctx, done)
-		done = done[:0]
+		s.keysDone(ctx, q.done)
+		q.done = q.done[:0]
 		s.claim(ctx, keys)
+	}
+}
+
+// namings is what the sequencer's run collects between claims: the keys
+// to claim, the finished events to record, and the keys held quiet.
+type namings struct {
+	batch map[string]struct{}
+	done  []driver.KeyDone
+	quiet map[string]time.Time // key → claims held back until
+	later map[string]struct{}  // namings held back
+	wake  *time.Timer
+	armed time.Time // when wake fires; zero: stopped
+}
+
+func newNamings() *namings {
+	q := &namings{batch: map[string]struct{}{}, quiet: map[string]time.Time{}, later: map[string]struct{}{}, wake: time.NewTimer(time.Hour)}
+	q.wake.Stop()
+	return q
+}
+
+func (q *namings) arm(at time.Time) {
+	if q.armed.IsZero() || at.Before(q.armed) {
+		q.armed = at
+		q.wake.Reset(time.Until(at))
+	}
+}
+
+// add takes one naming.
+func (q *namings) add(n named) {
+	switch {
+	case !n.quiet.IsZero():
+		if len(q.quiet) >= maxQuietKeys {
+			clear(q.quiet)
+			for k := range q.later {
+				q.batch[k] = struct{}{}
+			}
+			clear(q.later)
+		}
+		q.quiet[n.key] = n.quiet
+	case n.ev.EventID != "":
+		delete(q.quiet, n.key)
+		if _, ok := q.later[n.key]; ok {
+			delete(q.later, n.key)
+			q.batch[n.key] = struct{}{}
+		}
+		if !n.held {
+			q.batch[n.key] = struct{}{}
+		}
+	default:
+		if until, ok := q.quiet[n.key]; ok && time.Now().Before(until) {
+			if _, ok := q.later[n.key]; !ok {
+				q.later[n.key] = struct{}{}
+				q.arm(until)
+			}
+			break
+		}
+		delete(q.quiet, n.key)
+		q.batch[n.key] = struct{}{}
+	}
+	if n.ev.EventID != "" {
+		q.done = append(q.done, n.ev)
+	}
+}
+
+// fired moves the namings held back whose quiet has ended to the batch,
+// and arms the timer for the next.
+func (q *namings) fired(now time.Time) {
+	q.armed = time.Time{}
+	for k := range q.later {
+		if until := q.quiet[k]; !now.Before(until) {
+			delete(q.later, k)
+			delete(q.quiet, k)
+			q.batch[k] = struct{}{}
+		} else {
+			q.arm(until)
+		}
 	}
 }
 
