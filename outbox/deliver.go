@@ -457,6 +457,43 @@ func (d *dispatcher) recordFailures(it *item) {
 	ctx, cancel := d.storeCtx()
 	defer cancel()
 	writes, wake := d.failureWrites(it)
+	held, err := d.writeFailures(ctx, it, writes)
+	if fenced(err) {
+		// Split for a stale registry: nothing written. The lease is
+		// still this instance's; the event goes back.
+		d.registryChanged(ctx, it.registry, []*item{it})
+		d.releaseHeld(ctx, it)
+		return
+	}
+	// The item leaves this instance's hands once the write that gives up
+	// its lease has returned, before the events behind it in its key are
+	// passed on or given back.
+	d.releaseHeld(ctx, it)
+	switch {
+	case err != nil:
+		d.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", err))
+	case !held:
+		d.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
+	}
+	d.failedKeyOn(ctx, it, held && err == nil)
+	// After the events that waited behind it in its key were given back:
+	// until then their leases keep a claim off the delivery just written
+	// (not its key's turn while a later event of the key is leased), and
+	// a poll woken before would find nothing and leave it to the idle
+	// back-off.
+	if err == nil && held && wake >= 0 {
+		d.poller.scheduleRetryWake(time.Now().Add(wake))
+	}
+	d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
+}
+
+// writeFailures writes the failure writes of it (a Split of an event, or
+// one delivery's failure), fenced by the registry; if the database refuses
+// the outcome itself (the text, a column, a trigger), it records it again
+// with a text it cannot refuse, so that attempts still advance and the
+// delivery reaches DEAD rather than being tried again every lease. It
+// reports whether the lease was still this instance's.
+func (d *dispatcher) writeFailures(ctx context.Context, it *item, writes []driver.DeliveryWrite) (bool, error) {
 	write := func(writes []driver.DeliveryWrite) (bool, error) {
 		start := time.Now()
 		name := "split"
@@ -472,70 +509,40 @@ func (d *dispatcher) recordFailures(it *item) {
 		})
 	}
 	held, writes, err := d.splitFenced(ctx, it, writes, write)
-	if fenced(err) {
-		// Split for a stale registry: nothing written. The lease is
-		// still this instance's; the event goes back.
-		d.registryChanged(ctx, it.registry, []*item{it})
-		d.releaseHeld(ctx, it)
-		return
+	if err == nil || fenced(err) || ctx.Err() != nil {
+		return held, err
 	}
-	defer d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
-	defer func() {
-		// After the events that waited behind it in its key were given
-		// back (chainFailed, below): until then their leases keep a claim
-		// off the delivery just written (not its key's turn while a later
-		// event of the key is leased), and a poll woken before would find
-		// nothing and leave it to the idle back-off.
-		if err == nil && held && wake >= 0 {
-			d.poller.scheduleRetryWake(time.Now().Add(wake))
-		}
-	}()
-	defer func() {
-		if onlyBehind(it) {
-			// Delivered to every subscription here but those behind
-			// on its key: the next event goes on if it owes them too.
-			it.handedOn = d.chainDeliveredBehind(ctx, it)
-			if !it.handedOn && held && err == nil && d.canDeliver(it.behind) {
-				// Those behind may have caught up since the claim said
-				// so (their last delivery of the key finished, its poll
-				// found nothing yet): the delivery just recorded for them
-				// is claimed by a poll now, not after the idle back-off.
-				// Once per chain, and not for a subscription that cannot
-				// take it now (paused, circuit open).
-				d.poller.wake()
-			}
-			return
-		}
-		d.chainFailed(ctx, it)
-	}()
-	if err != nil && ctx.Err() == nil {
-		// The database refused the outcome itself (the text, a column, a
-		// trigger): record it with a text it cannot refuse, so that
-		// attempts still advance and the delivery reaches DEAD rather
-		// than being tried again every lease.
-		d.log.Error("record failed delivery; recording it without the error text", slog.String("event_id", it.env.ID), slog.Any("error", err))
+	d.log.Error("record failed delivery; recording it without the error text", slog.String("event_id", it.env.ID), slog.Any("error", err))
+	for _, text := range []string{errorText("outbox: the handler's error could not be stored: " + err.Error()), "outbox: the handler's error could not be stored"} {
 		for i := range writes {
 			if writes[i].Error != "" {
-				writes[i].Error = errorText("outbox: the handler's error could not be stored: " + err.Error())
+				writes[i].Error = text
 			}
 		}
-		if held, err = write(writes); err != nil {
-			for i := range writes {
-				if writes[i].Error != "" {
-					writes[i].Error = "outbox: the handler's error could not be stored"
-				}
-			}
-			held, err = write(writes)
+		if held, err = write(writes); err == nil {
+			break
 		}
 	}
-	// The item leaves this instance's hands once the write that gives up
-	// its lease has returned, before the events behind it in its key are
-	// passed on or given back (the deferred calls above).
-	d.releaseHeld(ctx, it)
-	switch {
-	case err != nil:
-		d.log.Error("record failed delivery; the event is delivered again when its lease expires", slog.String("event_id", it.env.ID), slog.Any("error", err))
-	case !held:
-		d.log.Warn("lease lost: another instance owns the event; outcome not recorded", slog.String("event_id", it.env.ID))
+	return held, err
+}
+
+// failedKeyOn passes the key of it on, or gives back what waited behind
+// it, once its failures were recorded (written: the write succeeded,
+// under this instance's lease).
+func (d *dispatcher) failedKeyOn(ctx context.Context, it *item, written bool) {
+	if !onlyBehind(it) {
+		d.chainFailed(ctx, it)
+		return
+	}
+	// Delivered to every subscription here but those behind on its key:
+	// the next event goes on if it owes them too.
+	it.handedOn = d.chainDeliveredBehind(ctx, it)
+	if !it.handedOn && written && d.canDeliver(it.behind) {
+		// Those behind may have caught up since the claim said so (their
+		// last delivery of the key finished, its poll found nothing yet):
+		// the delivery just recorded for them is claimed by a poll now,
+		// not after the idle back-off. Once per chain, and not for a
+		// subscription that cannot take it now (paused, circuit open).
+		d.poller.wake()
 	}
 }
