@@ -133,29 +133,44 @@ func (e *Envelope) validate() error {
 	if e.Type == "" {
 		return invalid("Type", "required")
 	}
-	if err := checkText("Type", string(e.Type), MaxTypeLen); err != nil {
+	if err := e.validateMetadata(); err != nil {
 		return err
 	}
-	if e.ID != "" {
-		if err := checkText("ID", e.ID, MaxIDLen); err != nil {
+	if err := e.validatePayload(); err != nil {
+		return err
+	}
+	return validateHeaders(e.Headers)
+}
+
+// validateMetadata checks e's text fields with checkText, in field order,
+// and that the key the event is ordered by fits MaxOrderingKeyLen.
+func (e *Envelope) validateMetadata() error {
+	for _, f := range [...]struct {
+		name  string
+		value string
+		max   int
+	}{
+		{"Type", string(e.Type), MaxTypeLen},
+		{"ID", e.ID, MaxIDLen}, // "" passes: it defaults to a new ULID
+		{"AggregateType", string(e.AggregateType), MaxAggregateTypeLen},
+		{"AggregateID", e.AggregateID, MaxAggregateIDLen},
+		{"TenantID", e.TenantID, MaxTenantIDLen},
+		{"OrderingKey", e.OrderingKey, MaxOrderingKeyLen},
+	} {
+		if err := checkText(f.name, f.value, f.max); err != nil {
 			return err
 		}
-	}
-	if err := checkText("AggregateType", string(e.AggregateType), MaxAggregateTypeLen); err != nil {
-		return err
-	}
-	if err := checkText("AggregateID", e.AggregateID, MaxAggregateIDLen); err != nil {
-		return err
-	}
-	if err := checkText("TenantID", e.TenantID, MaxTenantIDLen); err != nil {
-		return err
-	}
-	if err := checkText("OrderingKey", e.OrderingKey, MaxOrderingKeyLen); err != nil {
-		return err
 	}
 	if k := e.Key(); len(k) > MaxOrderingKeyLen {
 		return invalid("OrderingKey", "the default key (aggregate type and id) is %d bytes, over %d: set a shorter OrderingKey", len(k), MaxOrderingKeyLen)
 	}
+	return nil
+}
+
+// validatePayload checks that exactly one of e.JSON and e.Bytes is set,
+// that the payload fits MaxPayloadBytes, and that a JSON payload is valid
+// JSON.
+func (e *Envelope) validatePayload() error {
 	switch {
 	case e.JSON != nil && e.Bytes != nil:
 		return invalid("JSON", "set exactly one of JSON and Bytes, not both")
@@ -172,7 +187,13 @@ func (e *Envelope) validate() error {
 	if e.JSON != nil && !json.Valid(e.JSON) {
 		return invalid("JSON", "payload is not valid JSON (%d bytes)", len(e.JSON))
 	}
-	for k, v := range e.Headers {
+	return nil
+}
+
+// validateHeaders checks that every header key is a token and every value
+// printable UTF-8 text (see findUnsafe).
+func validateHeaders(hs map[string]string) error {
+	for k, v := range hs {
 		if !isToken(k) {
 			return invalid("Headers", "key %q is not a token (letters, digits and !#$%%&'*+-.^_`|~ only)", truncateKey(k))
 		}

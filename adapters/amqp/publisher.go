@@ -256,15 +256,10 @@ func (p *Publisher) Publish(ctx context.Context, evs []outbox.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	errs := make([]error, len(evs))
-	msgs := make([]amqp.Publishing, len(evs))
-	keys := make([]string, len(evs))
-	for i := range evs {
-		msgs[i], keys[i], errs[i] = p.message(&evs[i])
-	}
+	b := p.newBatch(evs)
 
 	if err := p.acquire(ctx); err != nil {
-		return outcome(fill(errs, err))
+		return outcome(fill(b.errs, err))
 	}
 	defer p.release()
 	s, err := p.session(ctx)
@@ -272,82 +267,132 @@ func (p *Publisher) Publish(ctx context.Context, evs []outbox.Event) error {
 		err = s.blockedError()
 	}
 	if err != nil {
-		return outcome(fill(errs, err))
+		return outcome(fill(b.errs, err))
 	}
 	s.clearReturns()
 
 	mandatory := p.cfg.Unroutable != UnroutableDrop
-	dcs := make([]*amqp.DeferredConfirmation, len(evs))
-	var lost error // the session broke or ctx ended: the rest is not sent
+	lost := p.send(ctx, s, b, mandatory)
+	unconfirmed := p.awaitConfirms(ctx, s, b)
+	// A message the broker returns arrives before its ack: once every
+	// ack is in, the returns of this batch are too.
+	if mandatory && s.sync() {
+		p.takeReturns(s, b)
+	}
+	if lost != nil || unconfirmed || s.broken() {
+		p.discard()
+	}
+	return outcome(b.errs)
+}
+
+// batch is one call of Publish: per event, its message and routing key,
+// its outcome so far (nil: none yet) and the confirm awaited for it (nil:
+// not sent, or its outcome is settled).
+type batch struct {
+	msgs []amqp.Publishing
+	keys []string
+	errs []error
+	dcs  []*amqp.DeferredConfirmation
+}
+
+// newBatch builds the messages of evs; an event whose message cannot be
+// built has its Permanent error as its outcome.
+func (p *Publisher) newBatch(evs []outbox.Event) *batch {
+	b := &batch{
+		msgs: make([]amqp.Publishing, len(evs)),
+		keys: make([]string, len(evs)),
+		errs: make([]error, len(evs)),
+		dcs:  make([]*amqp.DeferredConfirmation, len(evs)),
+	}
 	for i := range evs {
-		if errs[i] != nil {
+		b.msgs[i], b.keys[i], b.errs[i] = p.message(&evs[i])
+	}
+	return b
+}
+
+// send publishes on s each message of b that has no outcome yet, keeping
+// its confirm in b.dcs. Once a publish fails (the session broke or ctx
+// ended) it sends no more and returns that error, which is the outcome of
+// the messages not sent; while the session is broken, each has the
+// outcome its own size gives (the broker may have closed the channel for
+// a message over its max_message_size).
+func (p *Publisher) send(ctx context.Context, s *session, b *batch, mandatory bool) (lost error) {
+	for i := range b.msgs {
+		if b.errs[i] != nil {
 			continue
 		}
 		if lost != nil && s.broken() {
-			// Each by its size: the broker may have closed the channel
-			// for a message over its max_message_size.
-			errs[i] = p.lostError(s, len(msgs[i].Body))
+			b.errs[i] = p.lostError(s, len(b.msgs[i].Body))
 			continue
 		}
 		if lost == nil {
-			dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, keys[i], mandatory, false, msgs[i])
+			dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, b.keys[i], mandatory, false, b.msgs[i])
 			if err == nil {
-				dcs[i] = dc
+				b.dcs[i] = dc
 				continue
 			}
-			switch {
-			case ctx.Err() != nil:
-				lost = outbox.Unavailable(fmt.Errorf("amqpoutbox: publish: %w", ctx.Err()), 0)
-			case s.broken():
-				lost = p.lostError(s, len(msgs[i].Body))
-			default:
-				lost = outbox.Unavailable(fmt.Errorf("amqpoutbox: publish: %w", err), 0)
-			}
+			lost = p.publishError(ctx, s, err, len(b.msgs[i].Body))
 		}
-		errs[i] = lost
+		b.errs[i] = lost
 	}
+	return lost
+}
 
-	discard := lost != nil
-	for i, dc := range dcs {
+// publishError is the outcome of a message of size bytes whose publish on
+// s failed with err.
+func (p *Publisher) publishError(ctx context.Context, s *session, err error, size int) error {
+	switch {
+	case ctx.Err() != nil:
+		return outbox.Unavailable(fmt.Errorf("amqpoutbox: publish: %w", ctx.Err()), 0)
+	case s.broken():
+		return p.lostError(s, size)
+	default:
+		return outbox.Unavailable(fmt.Errorf("amqpoutbox: publish: %w", err), 0)
+	}
+}
+
+// awaitConfirms waits for the confirm of each message of b that was sent,
+// or for ctx to end. A message the broker did not ack gets its error as
+// its outcome and leaves b.dcs. It reports whether s must be discarded:
+// ctx ended before a confirm came, or s broke.
+func (p *Publisher) awaitConfirms(ctx context.Context, s *session, b *batch) (discard bool) {
+	for i, dc := range b.dcs {
 		if dc == nil {
 			continue
 		}
 		select {
 		case <-dc.Done():
 		case <-ctx.Done():
-			errs[i] = outbox.Unavailable(fmt.Errorf("amqpoutbox: no confirm from the broker in time: %w", ctx.Err()), 0)
-			dcs[i] = nil
+			b.errs[i] = outbox.Unavailable(fmt.Errorf("amqpoutbox: no confirm from the broker in time: %w", ctx.Err()), 0)
+			b.dcs[i] = nil
 			discard = true
 			continue
 		}
 		if dc.Acked() {
 			continue
 		}
-		dcs[i] = nil
+		b.dcs[i] = nil
 		if s.broken() {
-			errs[i] = p.lostError(s, len(msgs[i].Body))
+			b.errs[i] = p.lostError(s, len(b.msgs[i].Body))
 			discard = true
 		} else {
-			errs[i] = errors.New("amqpoutbox: the broker refused the message (nack: an internal error of RabbitMQ, e.g. a queue that could not take it); retried")
+			b.errs[i] = errors.New("amqpoutbox: the broker refused the message (nack: an internal error of RabbitMQ, e.g. a queue that could not take it); retried")
 		}
 	}
+	return discard
+}
 
-	// A message the broker returns arrives before its ack: once every
-	// ack is in, the returns of this batch are too.
-	if mandatory && s.sync() {
-		for i, dc := range dcs {
-			if dc == nil {
-				continue
-			}
-			if r, ok := s.takeReturn(msgs[i].MessageId); ok {
-				errs[i] = p.unroutable(r)
-			}
+// takeReturns sets the outcome of each acked message of b that the broker
+// returned as unroutable. Call it once s.sync has reported true.
+func (p *Publisher) takeReturns(s *session, b *batch) {
+	for i, dc := range b.dcs {
+		if dc == nil {
+			continue
+		}
+		if r, ok := s.takeReturn(b.msgs[i].MessageId); ok {
+			b.errs[i] = p.unroutable(r)
 		}
 	}
-	if discard || s.broken() {
-		p.discard()
-	}
-	return outcome(errs)
 }
 
 // message builds ev's message and routing key, or the Permanent error

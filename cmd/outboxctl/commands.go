@@ -678,6 +678,31 @@ type countJSON struct {
 	First  []string `json:"first,omitempty"`
 }
 
+// noteFirst adds the names of page's dead letters to v.First while it
+// holds fewer than firstIDs.
+func (v *countJSON) noteFirst(page []outbox.DeadLetter) {
+	for _, d := range page {
+		if len(v.First) < firstIDs {
+			v.First = append(v.First, letterName(d))
+		}
+	}
+}
+
+// outCount prints v, the outcome of dead replay or dead purge, with text
+// for the text form. When v counts nothing it prints v as JSON only and
+// returns the "nothing matched" error.
+func (c *cli) outCount(v countJSON, text func(w *tabwriter.Writer)) error {
+	if v.Count == 0 {
+		if c.json {
+			if err := c.out(v, nil); err != nil {
+				return err
+			}
+		}
+		return nothing("no dead letters matched")
+	}
+	return c.out(v, text)
+}
+
 func (c *cli) deadReplay(args []string) error {
 	fs := c.flags("dead replay")
 	filter := filterFlags(fs)
@@ -695,54 +720,13 @@ func (c *cli) deadReplay(args []string) error {
 		// Every dead letter, unasked for: count them and stop, as purge
 		// does without -yes.
 		unconfirmed := len(ids) == 0 && !filtered(f) && !*yes && !*dryRun
-		if unconfirmed {
-			*dryRun = true
+		r := &replayer{c: c, s: s, rate: *rate}
+		r.v.DryRun = *dryRun || unconfirmed
+		r.start = time.Now()
+		if err := eachPage(c.ctx, s, ids, f, replayPageSize(*rate), r.replay); err != nil {
+			return fmt.Errorf("replayed %d, then: %w", r.v.Count, err)
 		}
-		size := 500
-		if *rate > 0 {
-			size = max(1, min(500, int(*rate)))
-		}
-		var v countJSON
-		v.DryRun = *dryRun
-		start := time.Now()
-		err = eachPage(c.ctx, s, ids, f, size, func(page []outbox.DeadLetter) error {
-			for _, d := range page {
-				if len(v.First) < firstIDs {
-					v.First = append(v.First, letterName(d))
-				}
-			}
-			if *dryRun {
-				v.Count += len(page)
-				return nil
-			}
-			n, err := s.ReplayLetters(c.ctx, page)
-			v.Count += n
-			if err != nil {
-				return err
-			}
-			if *rate > 0 {
-				// Pace: v.Count letters take at least v.Count / rate.
-				wait := time.Until(start.Add(time.Duration(float64(v.Count) / *rate * float64(time.Second))))
-				select {
-				case <-c.ctx.Done():
-					return c.ctx.Err()
-				case <-time.After(wait):
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("replayed %d, then: %w", v.Count, err)
-		}
-		if v.Count == 0 {
-			if c.json {
-				if err := c.out(v, nil); err != nil {
-					return err
-				}
-			}
-			return nothing("no dead letters matched")
-		}
-		if err := c.out(v, func(w *tabwriter.Writer) { replayText(w, v, unconfirmed) }); err != nil {
+		if err := c.outCount(r.v, func(w *tabwriter.Writer) { replayText(w, r.v, unconfirmed) }); err != nil {
 			return err
 		}
 		if unconfirmed {
@@ -750,6 +734,56 @@ func (c *cli) deadReplay(args []string) error {
 		}
 		return nil
 	})
+}
+
+// replayPageSize is how many dead letters dead replay takes at a time at
+// rate letters per second (0: no limit): 500, or fewer to stay near rate.
+func replayPageSize(rate float64) int {
+	if rate > 0 {
+		return max(1, min(500, int(rate)))
+	}
+	return 500
+}
+
+// replayer replays dead letters for dead replay, page by page, at most
+// rate per second since start (0: no limit), counting them in v. With
+// v.DryRun it only counts them.
+type replayer struct {
+	c     *cli
+	s     *sqlstore.Store
+	rate  float64
+	start time.Time
+	v     countJSON
+}
+
+// replay replays (or counts) one page of dead letters, then waits as long
+// as the rate asks.
+func (r *replayer) replay(page []outbox.DeadLetter) error {
+	r.v.noteFirst(page)
+	if r.v.DryRun {
+		r.v.Count += len(page)
+		return nil
+	}
+	n, err := r.s.ReplayLetters(r.c.ctx, page)
+	r.v.Count += n
+	if err != nil {
+		return err
+	}
+	return r.pace()
+}
+
+// pace waits until the letters replayed so far have taken at least
+// v.Count / rate since start, or returns ctx's error if it ends first.
+func (r *replayer) pace() error {
+	if r.rate > 0 {
+		wait := time.Until(r.start.Add(time.Duration(float64(r.v.Count) / r.rate * float64(time.Second))))
+		select {
+		case <-r.c.ctx.Done():
+			return r.c.ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	return nil
 }
 
 // replayText prints the outcome of dead replay.
@@ -784,11 +818,7 @@ func (c *cli) deadPurge(args []string) error {
 		var v countJSON
 		v.DryRun = !*yes
 		err = eachPage(c.ctx, s, ids, f, 500, func(page []outbox.DeadLetter) error {
-			for _, d := range page {
-				if len(v.First) < firstIDs {
-					v.First = append(v.First, letterName(d))
-				}
-			}
+			v.noteFirst(page)
 			if !*yes {
 				v.Count += len(page)
 				return nil
@@ -800,27 +830,7 @@ func (c *cli) deadPurge(args []string) error {
 		if err != nil {
 			return fmt.Errorf("purged %d, then: %w", v.Count, err)
 		}
-		if v.Count == 0 {
-			if c.json {
-				if err := c.out(v, nil); err != nil {
-					return err
-				}
-			}
-			return nothing("no dead letters matched")
-		}
-		if err := c.out(v, func(w *tabwriter.Writer) {
-			if *yes {
-				fmt.Fprintf(w, "purged %d dead letters\n", v.Count)
-				return
-			}
-			fmt.Fprintf(w, "would purge %d dead letters (add -yes to delete them)\n", v.Count)
-			for _, id := range v.First {
-				fmt.Fprintln(w, esc(id))
-			}
-			if v.Count > len(v.First) {
-				fmt.Fprintln(w, "…")
-			}
-		}); err != nil {
+		if err := c.outCount(v, func(w *tabwriter.Writer) { purgeText(w, v) }); err != nil {
 			return err
 		}
 		if !*yes {
@@ -828,6 +838,21 @@ func (c *cli) deadPurge(args []string) error {
 		}
 		return nil
 	})
+}
+
+// purgeText prints the outcome of dead purge.
+func purgeText(w *tabwriter.Writer, v countJSON) {
+	if !v.DryRun {
+		fmt.Fprintf(w, "purged %d dead letters\n", v.Count)
+		return
+	}
+	fmt.Fprintf(w, "would purge %d dead letters (add -yes to delete them)\n", v.Count)
+	for _, id := range v.First {
+		fmt.Fprintln(w, esc(id))
+	}
+	if v.Count > len(v.First) {
+		fmt.Fprintln(w, "…")
+	}
 }
 
 // --- pause, cleanup, peek

@@ -54,32 +54,38 @@ func (s *Store) Drain(ctx context.Context, ob *outbox.Outbox) error {
 // busy reports whether ob has work in s: a live lease, or an event or
 // delivery due for one of its unpaused subscriptions.
 func (s *Store) busy(ob *outbox.Outbox) bool {
+	local := localSubscriptions(ob)
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := &workCheck{s: s, local: local, now: now, f: s.orderFilter()}
+	for id, e := range s.events {
+		if w.eventBusy(e) {
+			return true
+		}
+		for name, d := range s.deliv[id] {
+			if w.deliveryBusy(e, name, d) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// localSubscriptions returns ob's own subscriptions.
+func localSubscriptions(ob *outbox.Outbox) []outbox.SubscriptionStatus {
 	var local []outbox.SubscriptionStatus
 	for _, sub := range ob.Subscriptions() {
 		if sub.Local {
 			local = append(local, sub)
 		}
 	}
-	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	active := func(sub outbox.SubscriptionStatus) bool {
-		m := s.subs[sub.Name]
-		return m == nil || !m.paused
-	}
-	takes := func(t outbox.EventType) bool {
-		for _, sub := range local {
-			if active(sub) && (sub.Types == nil || slices.Contains(sub.Types, t)) {
-				return true
-			}
-		}
-		return false
-	}
-	// An ordered event waits as a whole while an earlier event of its key
-	// is NEW or RETRY as a whole (ClaimHeads takes one head per key); a
-	// delivery to an ordered subscription waits while an earlier event of
-	// its key is pending for that subscription (ClaimDeliveries). Neither
-	// is due work until then.
+	return local
+}
+
+// orderFilter returns the OrderFilter of every ordered subscription in s
+// (the filter the engine claims with). The caller holds s.mu.
+func (s *Store) orderFilter() driver.OrderFilter {
 	var f driver.OrderFilter
 	for name, m := range s.subs {
 		switch outbox.Order(m.order) {
@@ -89,50 +95,125 @@ func (s *Store) busy(ob *outbox.Outbox) bool {
 			f.Skip = append(f.Skip, name)
 		}
 	}
-	var byKey map[string][]*memEvent
-	keyOf := func(e *memEvent) []*memEvent {
-		if byKey == nil {
-			byKey = s.keyEvents(nil)
-		}
-		return byKey[e.row.OrderingKey]
+	return f
+}
+
+// workCheck is one check of busy: whether an event or a delivery of s is
+// work of an Outbox whose own subscriptions are local, at now. Its
+// methods are called with s.mu held.
+//
+// An ordered event waits as a whole while an earlier event of its key is
+// NEW or RETRY as a whole (ClaimHeads takes one head per key); a delivery
+// to an ordered subscription waits while an earlier event of its key is
+// pending for that subscription (ClaimDeliveries). Neither is due work
+// until then.
+type workCheck struct {
+	s     *Store
+	local []outbox.SubscriptionStatus
+	now   time.Time
+	f     driver.OrderFilter     // s's ordered subscriptions
+	byKey map[string][]*memEvent // s.keyEvents(nil), built on first use
+}
+
+// eventBusy reports whether e, as a whole event, is work: leased, or NEW
+// or RETRY, due, taken by an active local subscription and not waiting
+// behind its key.
+func (w *workCheck) eventBusy(e *memEvent) bool {
+	if !undone(e.row.Status) {
+		return false
 	}
-	// waiting: not its key's head, or every local subscription that takes
-	// it owes an earlier event of the key (ClaimHeads leaves it whole).
-	waiting := func(e *memEvent) bool {
-		if e.row.KeySeq == 0 {
-			return false
-		}
-		es := keyOf(e)
-		if slices.ContainsFunc(es, func(o *memEvent) bool { return o.row.KeySeq < e.row.KeySeq && undone(o.row.Status) }) {
-			return true
-		}
-		for _, sub := range local {
-			if active(sub) && (sub.Types == nil || slices.Contains(sub.Types, outbox.EventType(e.row.Type))) &&
-				!(f.Ordered(sub.Name) && s.owes(es, e.row.KeySeq, sub.Name, f)) {
-				return false
-			}
-		}
+	if !free(e.lockedUntil, w.now) {
 		return true
 	}
-	owes := func(e *memEvent, sub string) bool {
-		return e != nil && e.row.KeySeq != 0 && f.Ordered(sub) && s.owes(keyOf(e), e.row.KeySeq, sub, f)
+	return !e.availableAt.After(w.now) && w.taken(outbox.EventType(e.row.Type)) && !w.waiting(e)
+}
+
+// deliveryBusy reports whether d, the delivery of e to subscription name,
+// is work: leased, or NEW or RETRY, due, not owing an earlier event of
+// its key, and to an active local subscription.
+func (w *workCheck) deliveryBusy(e *memEvent, name string, d *memDelivery) bool {
+	if !undone(d.status) {
+		return false
 	}
-	for id, e := range s.events {
-		if undone(e.row.Status) {
-			if !free(e.lockedUntil, now) || (!e.availableAt.After(now) && takes(outbox.EventType(e.row.Type)) && !waiting(e)) {
-				return true
-			}
+	if !free(d.lockedUntil, w.now) {
+		return true
+	}
+	return !d.availableAt.After(w.now) && !w.owes(e, name) && w.activeLocal(name)
+}
+
+// active reports whether sub is not paused in the store.
+func (w *workCheck) active(sub outbox.SubscriptionStatus) bool {
+	m := w.s.subs[sub.Name]
+	return m == nil || !m.paused
+}
+
+// takes reports whether sub is active and takes events of type t.
+func (w *workCheck) takes(sub outbox.SubscriptionStatus, t outbox.EventType) bool {
+	return w.active(sub) && (sub.Types == nil || slices.Contains(sub.Types, t))
+}
+
+// taken reports whether some local subscription takes events of type t.
+func (w *workCheck) taken(t outbox.EventType) bool {
+	for _, sub := range w.local {
+		if w.takes(sub, t) {
+			return true
 		}
-		for name, d := range s.deliv[id] {
-			if !undone(d.status) {
-				continue
-			}
-			if !free(d.lockedUntil, now) {
-				return true
-			}
-			if !d.availableAt.After(now) && !owes(e, name) && slices.ContainsFunc(local, func(sub outbox.SubscriptionStatus) bool { return sub.Name == name && active(sub) }) {
-				return true
-			}
+	}
+	return false
+}
+
+// activeLocal reports whether name is an active local subscription.
+func (w *workCheck) activeLocal(name string) bool {
+	for _, sub := range w.local {
+		if sub.Name == name && w.active(sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyOf returns the ordered events of e's key, in sequence order.
+func (w *workCheck) keyOf(e *memEvent) []*memEvent {
+	if w.byKey == nil {
+		w.byKey = w.s.keyEvents(nil)
+	}
+	return w.byKey[e.row.OrderingKey]
+}
+
+// waiting reports whether e, an event NEW or RETRY as a whole, waits
+// behind its key: it is not its key's head, or every local subscription
+// that takes it owes an earlier event of the key (ClaimHeads leaves it
+// whole). An unordered event never waits.
+func (w *workCheck) waiting(e *memEvent) bool {
+	if e.row.KeySeq == 0 {
+		return false
+	}
+	es := w.keyOf(e)
+	if earlierUndone(es, e.row.KeySeq) {
+		return true
+	}
+	t := outbox.EventType(e.row.Type)
+	for _, sub := range w.local {
+		if w.takes(sub, t) && !(w.f.Ordered(sub.Name) && w.s.owes(es, e.row.KeySeq, sub.Name, w.f)) {
+			return false
+		}
+	}
+	return true
+}
+
+// owes reports whether the delivery of e to sub waits behind e's key: e
+// is ordered, sub is an ordered subscription, and an earlier event of the
+// key is pending for sub.
+func (w *workCheck) owes(e *memEvent, sub string) bool {
+	return e != nil && e.row.KeySeq != 0 && w.f.Ordered(sub) && w.s.owes(w.keyOf(e), e.row.KeySeq, sub, w.f)
+}
+
+// earlierUndone reports whether an event of es numbered before seq is NEW
+// or RETRY as a whole.
+func earlierUndone(es []*memEvent, seq int64) bool {
+	for _, o := range es {
+		if o.row.KeySeq < seq && undone(o.row.Status) {
+			return true
 		}
 	}
 	return false

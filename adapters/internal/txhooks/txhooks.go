@@ -54,67 +54,88 @@ const (
 // compare them case-insensitively). It is cheap for every other statement: it looks
 // at the first letter before doing anything else.
 func Parse(query string) (op Op, name string, ok bool) {
-	q := strings.TrimSpace(query)
-	if q == "" || len(q) > 200 {
+	words, ok := statementWords(query)
+	if !ok {
 		return 0, "", false
 	}
-	switch q[0] {
-	case 'S', 's', 'R', 'r':
-	default:
+	op, ok = savepointOp(words)
+	if !ok {
 		return 0, "", false
 	}
-	f := strings.Fields(strings.TrimSuffix(q, ";"))
-	if len(f) < 2 {
-		return 0, "", false
-	}
-	for i := range f {
-		if i < len(f)-1 {
-			f[i] = strings.ToUpper(f[i])
-		}
-	}
-	switch {
-	case f[0] == "SAVEPOINT" && len(f) == 2:
-		op = OpSavepoint
-	case f[0] == "ROLLBACK":
-		rest := f[1:]
-		if len(rest) > 0 && (rest[0] == "WORK" || rest[0] == "TRANSACTION") {
-			rest = rest[1:]
-		}
-		if len(rest) < 2 || rest[0] != "TO" {
-			return 0, "", false
-		}
-		rest = rest[1:]
-		if len(rest) == 2 && rest[0] == "SAVEPOINT" {
-			rest = rest[1:]
-		}
-		if len(rest) != 1 {
-			return 0, "", false
-		}
-		op = OpRollbackTo
-	case f[0] == "RELEASE":
-		if !(len(f) == 2 || len(f) == 3 && f[1] == "SAVEPOINT") {
-			return 0, "", false
-		}
-		op = OpRelease
-	default:
-		return 0, "", false
-	}
-	name = f[len(f)-1]
-	quoted := false
-	if len(name) >= 2 {
-		switch q := name[0]; q {
-		case '`', '"', '\'':
-			if name[len(name)-1] == q {
-				name, quoted = name[1:len(name)-1], true
-			}
-		}
-	}
-	if !quoted {
-		// Bare identifiers are case-insensitive in all three databases.
-		name = strings.ToLower(name)
-	}
+	name = savepointName(words[len(words)-1])
 	if name == "" {
 		return 0, "", false
 	}
 	return op, name, true
+}
+
+// statementWords splits a statement that may be a savepoint statement into
+// its words, upper-casing every word but the last (the savepoint name). It
+// reports false, without splitting, for a statement that cannot be one: empty,
+// longer than 200 bytes, not starting with S or R, or of fewer than two words.
+func statementWords(query string) ([]string, bool) {
+	q := strings.TrimSpace(query)
+	if q == "" || len(q) > 200 {
+		return nil, false
+	}
+	switch q[0] {
+	case 'S', 's', 'R', 'r':
+	default:
+		return nil, false
+	}
+	f := strings.Fields(strings.TrimSuffix(q, ";"))
+	if len(f) < 2 {
+		return nil, false
+	}
+	for i := range f[:len(f)-1] {
+		f[i] = strings.ToUpper(f[i])
+	}
+	return f, true
+}
+
+// savepointOp reports which savepoint statement words (as statementWords
+// returns them) are, and false if they are none: the name must be the last
+// word and the only one after the keywords.
+func savepointOp(words []string) (Op, bool) {
+	switch words[0] {
+	case "SAVEPOINT":
+		return OpSavepoint, len(words) == 2
+	case "ROLLBACK":
+		return OpRollbackTo, isRollbackTo(words[1:])
+	case "RELEASE":
+		return OpRelease, len(words) == 2 || len(words) == 3 && words[1] == "SAVEPOINT"
+	}
+	return 0, false
+}
+
+// isRollbackTo reports whether the words after ROLLBACK are
+// "[WORK|TRANSACTION] TO [SAVEPOINT] name".
+func isRollbackTo(rest []string) bool {
+	if len(rest) > 0 && (rest[0] == "WORK" || rest[0] == "TRANSACTION") {
+		rest = rest[1:]
+	}
+	if len(rest) < 2 || rest[0] != "TO" {
+		return false
+	}
+	rest = rest[1:]
+	if len(rest) == 2 && rest[0] == "SAVEPOINT" {
+		rest = rest[1:]
+	}
+	return len(rest) == 1
+}
+
+// savepointName returns the savepoint name that word spells: a name quoted
+// with backticks, double or single quotes loses its quotes and keeps its
+// case; a bare name is lower-cased, as bare identifiers are case-insensitive
+// in all three databases. The result is empty for an empty quoted name.
+func savepointName(word string) string {
+	if len(word) >= 2 {
+		switch q := word[0]; q {
+		case '`', '"', '\'':
+			if word[len(word)-1] == q {
+				return word[1 : len(word)-1]
+			}
+		}
+	}
+	return strings.ToLower(word)
 }

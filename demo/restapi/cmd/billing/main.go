@@ -93,50 +93,118 @@ const schema = `CREATE TABLE IF NOT EXISTS invoices (
 
 // run consumes until ctx ends, then closes everything it started.
 func run(ctx context.Context, o options, stdout io.Writer, log *slog.Logger) (err error) {
-	nc, err := nats.Connect(o.natsURL, nats.Name("txoutbox-demo-billing"), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w (is a NATS server running? set -nats-url or NATS_URL)", o.natsURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	nc, cons, err := connect(ctx, o)
 	if err != nil {
 		return err
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, o.stream, jetstream.ConsumerConfig{Durable: consumerName, AckPolicy: jetstream.AckExplicitPolicy})
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("no stream %s on %s yet: start the demo with NATS_URL=%s first (it creates the stream)", o.stream, o.natsURL, o.natsURL)
-	}
-	if err != nil {
-		return fmt.Errorf("consumer %s on stream %s: %w", consumerName, o.stream, err)
-	}
+	defer nc.Close()
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s (%w): choose another address with -addr", o.addr, err)
 	}
 	defer ln.Close()
 
-	if err := os.MkdirAll(o.dataDir, 0o755); err != nil {
-		return err
-	}
-	path := filepath.Join(o.dataDir, "billing.db")
-	db, err := sqlx.Open("sqlite", sqlstore.SQLiteDSN(path))
+	db, store, path, err := openDB(ctx, o.dataDir)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	ob, err := startOutbox(ctx, store, log)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, ob.Close(context.WithoutCancel(ctx))) }()
+
+	ib, err := inbox.New(db.DB, inbox.Config{Dialect: inbox.SQLite, Logger: log, Observe: observer(o, log)})
+	if err != nil {
+		return err
+	}
+	b := &billing{db: db, ob: ob, ib: ib}
+	c, err := b.startConsumer(ctx, o, cons, log)
+	if err != nil {
+		return err
+	}
+	h, err := b.handler(o, store, log)
+	if err != nil {
+		c.Close(context.Background())
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "billing: consuming stream %s on %s through the inbox into %s; invoices: curl -s localhost%s/invoices (Ctrl-C stops)\n",
+		o.stream, nc.ConnectedUrlRedacted(), path, portOf(ln.Addr()))
+	if o.listening != nil {
+		o.listening(ln.Addr())
+	}
+	return shutdownWhenDone(ctx, srv, served, c)
+}
+
+// connect connects to NATS and creates (or updates) billing's durable
+// consumer on o.stream. The caller closes the connection.
+func connect(ctx context.Context, o options) (*nats.Conn, jetstream.Consumer, error) {
+	nc, err := nats.Connect(o.natsURL, nats.Name("txoutbox-demo-billing"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to %s: %w (is a NATS server running? set -nats-url or NATS_URL)", o.natsURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, o.stream, jetstream.ConsumerConfig{Durable: consumerName, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		nc.Close()
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, nil, fmt.Errorf("no stream %s on %s yet: start the demo with NATS_URL=%s first (it creates the stream)", o.stream, o.natsURL, o.natsURL)
+		}
+		return nil, nil, fmt.Errorf("consumer %s on stream %s: %w", consumerName, o.stream, err)
+	}
+	return nc, cons, nil
+}
+
+// openDB opens billing's SQLite database, billing.db in dir (created if
+// need be), with the invoices table and the outbox and inbox tables, and
+// returns it, its outbox store and its path. The caller closes it.
+func openDB(ctx context.Context, dir string) (*sqlx.DB, *sqlstore.Store, string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, "", err
+	}
+	path := filepath.Join(dir, "billing.db")
+	db, err := sqlx.Open("sqlite", sqlstore.SQLiteDSN(path))
+	if err != nil {
+		return nil, nil, "", err
+	}
+	store, err := migrate(ctx, db)
+	if err != nil {
+		db.Close()
+		return nil, nil, "", err
+	}
+	return db, store, path, nil
+}
+
+// migrate creates billing's tables in db: the invoices table, and the
+// outbox and inbox tables of the store it returns.
+func migrate(ctx context.Context, db *sqlx.DB) (*sqlstore.Store, error) {
 	if _, err := db.ExecContext(ctx, schema); err != nil {
-		return fmt.Errorf("create the invoices table: %w", err)
+		return nil, fmt.Errorf("create the invoices table: %w", err)
 	}
 	store, err := sqlstore.New(db, sqlstore.Options{})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := store.Migrate(ctx); err != nil { // the outbox and inbox tables
-		return err
+		return nil, err
 	}
+	return store, nil
+}
+
+// startOutbox starts billing's outbox on store, with a handler that logs
+// each event. It runs until Close, past the end of ctx.
+func startOutbox(ctx context.Context, store *sqlstore.Store, log *slog.Logger) (*outbox.Outbox, error) {
 	ob, err := outbox.New(store, outbox.Config{Logger: log})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// billing's own listener; a real service would forward these events
 	// with a connector, as the orders service does.
@@ -147,48 +215,56 @@ func run(ctx context.Context, o options, stdout io.Writer, log *slog.Logger) (er
 	// The engine and the consumer outlive ctx (Ctrl-C): Close stops them,
 	// letting what is in flight finish.
 	if err := ob.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
+		return nil, err
 	}
-	defer func() { err = errors.Join(err, ob.Close(context.WithoutCancel(ctx))) }()
+	return ob, nil
+}
 
-	ib, err := inbox.New(db.DB, inbox.Config{Dialect: inbox.SQLite, Logger: log, Observe: func(obs inbox.Observation) {
+// observer is the inbox's Observe: it logs each result and passes it on
+// to o.observe, if set.
+func observer(o options, log *slog.Logger) func(inbox.Observation) {
+	return func(obs inbox.Observation) {
 		log.Info("order event", slog.String("message_id", obs.MessageID), slog.String("result", obs.Result.String()))
 		if o.observe != nil {
 			o.observe(obs)
 		}
-	}})
-	if err != nil {
-		return err
 	}
-	b := &billing{db: db, ob: ob, ib: ib}
-	c, err := natsoutbox.NewConsumer(natsoutbox.ConsumerConfig{Inbox: ib, Name: consumerName, Consumer: cons, Handler: b.handle,
+}
+
+// startConsumer starts consuming cons through b's inbox into b.handle. It
+// runs until Close, past the end of ctx.
+func (b *billing) startConsumer(ctx context.Context, o options, cons jetstream.Consumer, log *slog.Logger) (*natsoutbox.Consumer, error) {
+	c, err := natsoutbox.NewConsumer(natsoutbox.ConsumerConfig{Inbox: b.ib, Name: consumerName, Consumer: cons, Handler: b.handle,
 		Concurrency: 1, RetryDelay: o.retryDelay, Logger: log})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := c.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
+		return nil, err
 	}
+	return c, nil
+}
+
+// handler is billing's HTTP handler: its routes, and with o.adminToken
+// the admin page at /admin/.
+func (b *billing) handler(o options, store *sqlstore.Store, log *slog.Logger) (http.Handler, error) {
 	mux := b.routes()
 	if o.adminToken != "" {
 		// The parked messages on the admin page; a replay runs b.handle.
-		h, err := admin.New(ob, admin.Config{Authorize: admin.Token(o.adminToken), Realm: "txoutbox demo billing", BasePath: "/admin",
-			Store: store, Logger: log, Inbox: ib, InboxHandlers: map[string]inbox.Handler{consumerName: b.handle}})
+		h, err := admin.New(b.ob, admin.Config{Authorize: admin.Token(o.adminToken), Realm: "txoutbox demo billing", BasePath: "/admin",
+			Store: store, Logger: log, Inbox: b.ib, InboxHandlers: map[string]inbox.Handler{consumerName: b.handle}})
 		if err != nil {
-			c.Close(context.Background())
-			return err
+			return nil, err
 		}
 		mux.Handle("/admin/", h)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "billing: consuming stream %s on %s through the inbox into %s; invoices: curl -s localhost%s/invoices (Ctrl-C stops)\n",
-		o.stream, nc.ConnectedUrlRedacted(), path, portOf(ln.Addr()))
-	if o.listening != nil {
-		o.listening(ln.Addr())
-	}
+	return mux, nil
+}
 
+// shutdownWhenDone waits for ctx to end, then shuts srv down and closes
+// c, giving what is in flight 15 seconds; served delivers the result of
+// srv.Serve. If serving fails first, it closes c and returns the failure.
+func shutdownWhenDone(ctx context.Context, srv *http.Server, served <-chan error, c *natsoutbox.Consumer) error {
 	select {
 	case <-ctx.Done():
 	case err := <-served:
@@ -196,7 +272,7 @@ func run(ctx context.Context, o options, stdout io.Writer, log *slog.Logger) (er
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	err = errors.Join(srv.Shutdown(sctx), c.Close(sctx))
+	err := errors.Join(srv.Shutdown(sctx), c.Close(sctx))
 	<-served
 	return err
 }
