@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -51,7 +50,7 @@ func (w *world) begin(nd *node, sp spec, ev outbox.Event, n int, frozen bool) *c
 	defer w.mu.Unlock()
 	e := w.events[n-1]
 	c := &call{sub: sp.name, n: n, key: e.key, node: nd, attempt: ev.Attempt, start: w.now(), running: true,
-		zombie: frozen || (staleZombies && nd.stale[ev.ID])}
+		zombie: frozen}
 	w.calls = append(w.calls, c)
 	{ // always: a failing seed keeps the trace's tail
 		w.logLocked("%s: deliver #%d (key %q seq %d) to %s, attempt %d", nd.name, n, e.key, seq, sp.name, ev.Attempt)
@@ -89,20 +88,6 @@ func (w *world) end(c *call, ok bool) {
 	c.ok = ok && !c.node.crashed.Load()
 	{ // always: a failing seed keeps the trace's tail
 		w.logLocked("%s: #%d to %s, attempt %d: ok=%v", c.node.name, c.n, c.sub, c.attempt, c.ok)
-	}
-}
-
-// markStale notes the events nd holds now, as a freeze begins.
-func (w *world) markStale(nd *node) {
-	held := w.store.Leased(nd.name)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if nd.stale == nil {
-		nd.stale = map[string]bool{}
-	}
-	for _, h := range held {
-		id, _, _ := strings.Cut(h, "/")
-		nd.stale[id] = true
 	}
 }
 
@@ -455,12 +440,3 @@ func (w *world) closeAll() {
 		}
 	}
 }
-
-// staleZombies, when set, also excludes from the order checks the calls
-// of events an instance held when a long freeze began. The engine checks
-// each lease before a call (inflightSet.expired) since session 23, which
-// should make the rule unneeded, but with it off seed 1420 (1 in 2,000)
-// still showed a call after a thaw of an event held before the freeze,
-// on the instance that also claimed it again: not understood yet
-// (docs/design/simulation.md item 13), so the rule stays on.
-var staleZombies = false

@@ -26,12 +26,6 @@ type node struct {
 	crashed atomic.Bool
 	closed  atomic.Bool  // Close called
 	frozen  atomic.Int64 // virtual time the freeze ends
-	// stale are the events it held when a freeze longer than Lease/2
-	// began (guarded by the world's mu): their leases may run out while
-	// it sleeps, and whatever it still does with them after the thaw
-	// (in its queues, its chains, its handlers) may happen elsewhere
-	// too: at least once, not a broken order.
-	stale map[string]bool
 	// reaped: the crashed node's blocked store calls may return (with
 	// an error, changing nothing) so that its goroutines end.
 	reaped   chan struct{}
@@ -126,7 +120,6 @@ func first(s []string, n int) []string { return s[:min(n, len(s))] }
 func (nd *node) freeze(d time.Duration) {
 	nd.frozen.Store(int64(nd.w.now() + d))
 	if d > nd.w.cfg.Lease/2 {
-		nd.w.markStale(nd)
 		nd.w.zombify(nd)
 	}
 	nd.w.logf("%s FROZEN for %v", nd.name, d)
