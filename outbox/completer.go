@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -24,8 +25,9 @@ type completer struct {
 	log       *slog.Logger
 	health    *health
 	m         Metrics
-	seq       *sequencer
-	keys      *keyTable // the dispatcher's
+	sig       *signals
+	ostore    driver.OrderedStore // nil: the store orders nothing
+	keys      *keyTable           // the dispatcher's
 	// fence takes back the events whose DONE the store refused for a
 	// stale registry (the dispatcher).
 	fence    registryFence
@@ -35,6 +37,10 @@ type completer struct {
 	// written, per key; a key is named to the sequencer after the last
 	// of them (see keyCompletions).
 	pending keyCompletions
+
+	// sharedAt is when the sequencer last queued events of ordered keys
+	// from the table (unix nanoseconds; 0: never): see lingerNow.
+	sharedAt atomic.Int64
 
 	in   chan *item
 	done chan struct{} // closed when run has returned
@@ -146,7 +152,7 @@ func (c *completer) run() {
 			if refused[it] {
 				// Not written: given back below, its key named then.
 				if recordsKey(it) && c.pending.done(it.env.OrderingKey, false) {
-					c.seq.name(it.env.OrderingKey)
+					c.sig.name(it.env.OrderingKey)
 				}
 				continue
 			}
@@ -158,11 +164,11 @@ func (c *completer) run() {
 				// of the key is still to be written here.
 				k := it.env.OrderingKey
 				if c.pending.done(k, !it.handedOn && (later == nil || later[k]) && !c.keys.holdsAfter(k, it.env.seq)) {
-					c.seq.name(k)
+					c.sig.name(k)
 				}
 				continue
 			}
-			c.seq.next(it) // the sequencer records it (its number unknown here)
+			c.sig.next(it) // the sequencer records it (its number unknown here)
 		}
 		c.giveBackRefused(refused)
 	}
@@ -332,7 +338,7 @@ func (c *completer) lingerNow(now time.Time) time.Duration {
 	if c.linger <= sharedKeysLinger {
 		return c.linger
 	}
-	if at := c.seq.queuedAt.Load(); at != 0 && now.Sub(time.Unix(0, at)) < sharedKeysFor {
+	if at := c.sharedAt.Load(); at != 0 && now.Sub(time.Unix(0, at)) < sharedKeysFor {
 		return sharedKeysLinger
 	}
 	return c.linger
@@ -376,8 +382,8 @@ func (c *completer) markDone(ids []string, done []driver.KeyDone, registry int64
 	start := time.Now()
 	var later map[string]bool
 	n, err := retryStore(ctx, func() (int, error) {
-		if len(done) > 0 && c.seq.ostore != nil {
-			n, keys, err := c.seq.ostore.MarkDoneKeys(ctx, c.owner, ids, done, registry)
+		if len(done) > 0 && c.ostore != nil {
+			n, keys, err := c.ostore.MarkDoneKeys(ctx, c.owner, ids, done, registry)
 			later = make(map[string]bool, len(keys))
 			for _, k := range keys {
 				later[k] = true

@@ -305,7 +305,7 @@ func (d *dispatcher) circuitClosed(s *subscription) {
 	if err != nil {
 		d.log.Error("make the deliveries deferred by the circuit due", slog.String("subscription", s.Name), slog.Any("error", err))
 	}
-	d.poller.wake()
+	d.sig.wakePoll()
 	d.log.Info("deliveries deferred while the destination was down are due", slog.String("subscription", s.Name), slog.Int("deliveries", n))
 	d.log.Info("destination back: circuit closed", slog.String("subscription", s.Name))
 }
@@ -357,7 +357,7 @@ func (d *dispatcher) finish(it *item) {
 			// A Tx subscription's delivery: recorded in its own
 			// transaction already.
 			d.inflight.release(it.key())
-			d.seq.next(it)
+			d.sig.next(it)
 			return
 		}
 		d.comp.add(it) // the completer releases it after the write
@@ -482,9 +482,9 @@ func (d *dispatcher) recordFailures(it *item) {
 	// a poll woken before would find nothing and leave it to the idle
 	// back-off.
 	if err == nil && held && wake >= 0 {
-		d.poller.scheduleRetryWake(time.Now().Add(wake))
+		d.sig.scheduleRetryWake(time.Now().Add(wake))
 	}
-	d.seq.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
+	d.sig.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
 }
 
 // writeFailures writes the failure writes of it (a Split of an event, or
@@ -543,6 +543,6 @@ func (d *dispatcher) failedKeyOn(ctx context.Context, it *item, written bool) {
 		// the delivery just recorded for them is claimed by a poll now,
 		// not after the idle back-off. Once per chain, and not for a
 		// subscription that cannot take it now (paused, circuit open).
-		d.poller.wake()
+		d.sig.wakePoll()
 	}
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -22,8 +23,7 @@ type dispatcher struct {
 	reg    *registrar
 	comp   *completer
 	leases *leaseKeeper
-	poller *poller
-	seq    *sequencer
+	sig    *signals // to the poller and the sequencer, which feed it
 	keys   *keyTable
 
 	hot, cold chan *item
@@ -362,4 +362,55 @@ func (d *dispatcher) handBackLate(id string) {
 	defer cancel()
 	d.leases.releaseLeases(ctx, []string{id}, "release an event committed after close")
 	d.log.Debug("outbox closed; event committed after close handed back to the table", slog.String("event_id", id))
+}
+
+// offerRows offers claimed events to the cold queue: it buries those that
+// cannot be decoded, and returns how many it queued, those the full queue
+// refused and those no subscription here takes, for the caller to hand
+// back.
+//
+// With follows (ClaimHeads' runs), rows[i] with follows[i] set is an
+// ordered event leased behind the row before it, its predecessor in its
+// key: it waits in its key's chain (offerFollower).
+func (d *dispatcher) offerRows(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now, leased time.Time) (queued int, unqueued, unhandled []string) {
+	for i := range rows {
+		r := &rows[i]
+		env, err := decode(r)
+		if err != nil {
+			d.bury(ctx, r, err)
+			continue
+		}
+		if !reg.has(env.Type) && len(reg.owedElsewhere(env.Type)) > 0 {
+			d.reg.noListener(r.ID, env.Type)
+			unhandled = append(unhandled, r.ID)
+			continue
+		}
+		it := &item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind, leased: leased}
+		offer := d.offerCold
+		if follows != nil && follows[i] && env.ordered {
+			offer = d.offerFollower
+		}
+		switch offer(it) {
+		case offerQueued:
+			queued++
+		case offerFull:
+			unqueued = append(unqueued, r.ID)
+		}
+	}
+	return queued, unqueued, unhandled
+}
+
+// bury marks an undecodable row DEAD: no attempt can ever succeed.
+func (d *dispatcher) bury(ctx context.Context, r *driver.Row, cause error) {
+	var de *DecodeError
+	reason := "undecodable row"
+	if errors.As(cause, &de) {
+		reason = de.Error()
+	}
+	reason = errorText(reason)
+	d.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
+	d.m.Dispatched(EventType(r.Type), PathCold, OutcomeDead, 0)
+	if _, err := retryStore(ctx, func() (bool, error) { return d.store.MarkDead(ctx, d.cfg.InstanceID, r.ID, reason) }); err != nil {
+		d.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
+	}
 }

@@ -113,7 +113,7 @@ func (d *dispatcher) resplit(ctx context.Context, version int64, its []*item) {
 			continue
 		}
 		d.inflight.release(it.key())
-		d.seq.next(it)
+		d.sig.next(it)
 	}
 	if len(back) > 0 {
 		d.registryChanged(ctx, version, back)

@@ -373,11 +373,9 @@ func (d *dispatcher) giveBack(key string, its ...*item) {
 		ctx, cancel := d.storeCtx()
 		d.leases.releaseDeliveries(ctx, keys, 0, "give back deliveries that waited behind another of their key")
 		cancel()
-		if d.poller != nil {
-			d.poller.wake()
-		}
+		d.sig.wakePoll()
 	}
-	d.seq.name(key)
+	d.sig.name(key)
 }
 
 // leaseNames returns what holds the leases of its: the ids of the events
@@ -411,13 +409,11 @@ func (d *dispatcher) pushChained(it *item) {
 // instance will not deliver now, so that it is due at once; if even that
 // list is full, the lease runs out by itself.
 func (d *dispatcher) dropToPoller(id string) {
-	select {
-	case d.poller.dropped <- id:
-	default:
+	if !d.sig.drop(id) {
 		d.log.Warn("overflow list full too: event waits for its lease to expire",
 			slog.String("event_id", id), slog.Duration("lease", d.cfg.Lease))
 	}
-	d.poller.wake()
+	d.sig.wakePoll()
 }
 
 // chainDelivered passes the key of it, an ordered event just delivered
@@ -501,8 +497,8 @@ func (d *dispatcher) giveBackNow(ctx context.Context, key string, back []*item) 
 	for _, w := range back {
 		d.inflight.release(w.key())
 	}
-	if len(keys) > 0 && d.poller != nil {
-		d.poller.wake()
+	if len(keys) > 0 {
+		d.sig.wakePoll()
 	}
-	d.seq.name(key)
+	d.sig.name(key)
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -139,16 +138,12 @@ func (r *registry) ordered(t EventType) bool { return r.orderedAll || r.orderedT
 type sequencer struct {
 	*deps
 	ostore driver.OrderedStore // nil: the store orders nothing
-	disp   *dispatcher
+	disp   *dispatcher // what it claims goes there
+	comp   *completer  // told when keys are shared (lingerNow)
+	sig    *signals
 	reg    *registrar
 
 	keys chan named // keys to look at; when full, the poll finds them
-
-	// queuedAt is when a claim last queued events (unix nanoseconds; 0:
-	// never): events of ordered keys that waited in the table, typically
-	// published on another instance behind an event this one held. The
-	// completer shortens its linger while it is recent (lingerNow).
-	queuedAt atomic.Int64
 
 	mu    sync.Mutex // guards after (the poller and Outbox.Poll sweep)
 	after string     // the sweep's cursor over keys
@@ -175,70 +170,6 @@ func newSequencer(d *deps) *sequencer {
 	s := &sequencer{deps: d, keys: make(chan named, maxNamedKeys)}
 	s.ostore, _ = d.store.(driver.OrderedStore)
 	return s
-}
-
-// name asks for the head of key to be claimed. It never blocks.
-func (s *sequencer) name(key string) { s.send(named{key: key}) }
-
-func (s *sequencer) send(n named) {
-	if s.ostore == nil || n.key == "" || len(s.reg.load().local) == 0 {
-		// An instance with no subscription (one that only publishes)
-		// leaves the claim to those that deliver.
-		return
-	}
-	select {
-	case s.keys <- n:
-	default:
-		// The poll finds the key; its next event goes the cold way.
-	}
-}
-
-// next names the key of an ordered item whose outcome was just recorded:
-// its key's next event may be due.
-func (s *sequencer) next(it *item) {
-	if !it.env.ordered {
-		return
-	}
-	s.send(named{key: it.env.OrderingKey, ev: driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq}, held: it.handedOn && it.sub == nil, quiet: s.quietUntil(it)})
-	if it.sub != nil && it.sub.Order != Unordered && s.disp.poller != nil && !it.handedOn {
-		// The subscription's delivery of the key's next event may have
-		// waited for this one (ClaimDeliveries): poll now, not after the
-		// idle back-off.
-		s.disp.poller.wake()
-	}
-}
-
-// quietUntil returns when the key of it, an event (or one delivery of
-// it) whose outcome was just recorded, can next have an event claimed, if
-// that is known to be later than now: it is an ordered event that failed
-// here with a retry for every subscription there is, each of them
-// ordered (so every later event of its key, whatever its type, is behind
-// it for every subscription that could take it); then nothing of the key
-// can go before the earliest of those retries. Zero otherwise.
-func (s *sequencer) quietUntil(it *item) time.Time {
-	if it.env.seq <= 0 {
-		return time.Time{}
-	}
-	reg := s.reg.load()
-	if len(reg.remote) > 0 || len(it.results) != len(reg.local) || len(reg.local) == 0 {
-		return time.Time{}
-	}
-	wait := time.Duration(-1)
-	for i, r := range it.results {
-		if r.kind != resRetry || r.delay <= 0 {
-			return time.Time{}
-		}
-		sub := reg.byName[r.sub]
-		if sub == nil || sub.Order == Unordered || slices.ContainsFunc(it.results[:i], func(p result) bool { return p.sub == r.sub }) {
-			// (A subscription twice: one result per subscription is
-			// what makes len(results) == len(reg.local) mean "every".)
-			return time.Time{}
-		}
-		if wait < 0 || r.delay < wait {
-			wait = r.delay
-		}
-	}
-	return time.Now().Add(wait)
 }
 
 // maxQuietKeys bounds the keys the sequencer holds back (run): past it,
@@ -402,17 +333,17 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		s.log.Error("claim the next events of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
 		return 0
 	}
-	queued, unqueued, unhandled := s.disp.poller.offerRows(ctx, reg, rows, followers(rows), time.Now(), start)
+	queued, unqueued, unhandled := s.disp.offerRows(ctx, reg, rows, followers(rows), time.Now(), start)
 	for i := range rows {
 		if _, err := decode(&rows[i]); err != nil {
-			s.name(rows[i].OrderingKey) // buried: the key goes on, or is blocked
+			s.sig.name(rows[i].OrderingKey) // buried: the key goes on, or is blocked
 		}
 	}
 	s.disp.leases.releaseLeases(ctx, unqueued, "release unqueued events")
 	s.disp.leases.release(ctx, unhandled, s.cfg.NoListenerDelay, "hand back events with no listener here")
 	if queued > 0 {
 		s.m.ColdEnqueued(queued)
-		s.queuedAt.Store(time.Now().UnixNano())
+		s.comp.sharedAt.Store(time.Now().UnixNano()) // events of ordered keys waited in the table: lingerNow
 	}
 	return queued
 }

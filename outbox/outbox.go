@@ -139,10 +139,11 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.sampler = &sampler{deps: d, disp: o.disp, lag: o.Lag}
 	o.cleaner = &cleaner{deps: d}
 	o.seq = newSequencer(d)
-	o.seq.disp, o.seq.reg = o.disp, o.reg
-	o.disp.seq, o.poller.seq, o.comp.seq = o.seq, o.seq, o.seq
-	o.comp.keys, o.comp.fence = o.disp.keys, o.disp
-	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.poller = o.reg, o.comp, o.leases, o.poller
+	sig := &signals{reg: o.reg, ordered: o.seq.ostore != nil, nudge: o.poller.nudge, retryDue: o.poller.retryDue, dropped: o.poller.dropped, keys: o.seq.keys}
+	o.seq.disp, o.seq.comp, o.seq.sig, o.seq.reg = o.disp, o.comp, sig, o.reg
+	o.poller.seq = o.seq
+	o.comp.sig, o.comp.ostore, o.comp.keys, o.comp.fence = sig, o.seq.ostore, o.disp.keys, o.disp
+	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.sig = o.reg, o.comp, o.leases, sig
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil
 }
@@ -281,7 +282,7 @@ func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, env
 			o.enqueueOrdered(p, written)
 		}
 		for _, k := range named {
-			o.seq.name(k)
+			o.disp.sig.name(k)
 		}
 	})
 	return nil

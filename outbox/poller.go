@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
-	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -305,7 +304,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 			reclaimed++
 		}
 	}
-	queued, unqueued, unhandled := p.offerRows(ctx, reg, rows, nil, now, claimStart)
+	queued, unqueued, unhandled := p.disp.offerRows(ctx, reg, rows, nil, now, claimStart)
 	var unqueuedDeliveries []driver.DeliveryKey
 	if room := limit - len(rows); room > 0 {
 		n, back, taken := p.pollDeliveries(ctx, reg, room, now)
@@ -413,42 +412,6 @@ func deliveryRuns(ds []driver.Delivery, reg *registry) []bool {
 	return follows
 }
 
-// offerRows offers claimed events to the cold queue: it buries those that
-// cannot be decoded, and returns how many it queued, those the full queue
-// refused and those no subscription here takes, for the caller to hand
-// back.
-//
-// With follows (ClaimHeads' runs), rows[i] with follows[i] set is an
-// ordered event leased behind the row before it, its predecessor in its
-// key: it waits in its key's chain (offerFollower).
-func (p *poller) offerRows(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now, leased time.Time) (queued int, unqueued, unhandled []string) {
-	for i := range rows {
-		r := &rows[i]
-		env, err := decode(r)
-		if err != nil {
-			p.bury(ctx, r, err)
-			continue
-		}
-		if !reg.has(env.Type) && len(reg.owedElsewhere(env.Type)) > 0 {
-			p.reg.noListener(r.ID, env.Type)
-			unhandled = append(unhandled, r.ID)
-			continue
-		}
-		it := &item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind, leased: leased}
-		offer := p.disp.offerCold
-		if follows != nil && follows[i] && env.ordered {
-			offer = p.disp.offerFollower
-		}
-		switch offer(it) {
-		case offerQueued:
-			queued++
-		case offerFull:
-			unqueued = append(unqueued, r.ID)
-		}
-	}
-	return queued, unqueued, unhandled
-}
-
 // releaseDropped releases the leases of events dropped from the full hot
 // queue, so that the claim that follows (here or on another instance) can
 // take them. It takes every id waiting, so that none is still listed when
@@ -478,21 +441,6 @@ func (p *poller) releaseDropped() int {
 	defer cancel()
 	p.leases.releaseLeases(ctx, ids, "release events dropped from the hot queue")
 	return len(ids)
-}
-
-// bury marks an undecodable row DEAD: no attempt can ever succeed.
-func (p *poller) bury(ctx context.Context, r *driver.Row, cause error) {
-	var de *DecodeError
-	reason := "undecodable row"
-	if errors.As(cause, &de) {
-		reason = de.Error()
-	}
-	reason = errorText(reason)
-	p.log.Error("event is dead: stored row cannot be decoded", slog.String("event_id", r.ID), slog.String("reason", reason))
-	p.m.Dispatched(EventType(r.Type), PathCold, OutcomeDead, 0)
-	if _, err := retryStore(ctx, func() (bool, error) { return p.store.MarkDead(ctx, p.cfg.InstanceID, r.ID, reason) }); err != nil {
-		p.log.Error("mark undecodable event dead", slog.String("event_id", r.ID), slog.Any("error", err))
-	}
 }
 
 func (p *poller) wake() {
