@@ -122,22 +122,20 @@ func (c *completer) run() {
 		if batch, ok = g.next(batch); !ok {
 			return
 		}
-		ids = ids[:0]
-		keys = keys[:0]
+		ids, keys, done = ids[:0], keys[:0], done[:0]
 		for _, it := range batch {
-			if it.sub == nil {
-				ids = append(ids, it.env.ID)
-			} else {
+			switch {
+			case it.sub != nil:
 				keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
-			}
-		}
-		// The keys of ordered events are recorded with their DONE, in the
-		// same transaction, so that their next events, often already on
-		// their way to a Publish, take the hot path.
-		done = done[:0]
-		for _, it := range batch {
-			if recordsKey(it) {
+			case recordsKey(it):
+				// The keys of ordered events are recorded with their
+				// DONE, in the same transaction, so that their next
+				// events, often already on their way to a Publish, take
+				// the hot path.
 				done = append(done, driver.KeyDone{EventID: it.env.ID, Key: it.env.OrderingKey, Seq: it.env.seq})
+				fallthrough
+			default:
+				ids = append(ids, it.env.ID)
 			}
 		}
 		var later map[string]bool // nil: every key may have events waiting
@@ -149,28 +147,35 @@ func (c *completer) run() {
 			c.completeDeliveries(keys)
 		}
 		for _, it := range batch {
-			if refused[it] {
-				// Not written: given back below, its key named then.
-				if recordsKey(it) && c.pending.done(it.env.OrderingKey, false) {
-					c.sig.name(it.env.OrderingKey)
-				}
-				continue
-			}
-			c.inflight.release(it.key())
-			if recordsKey(it) {
-				// Asked again: the next event may have come since.
-				// Recorded with the DONE; a later event of the key waits
-				// in the table (or may): its claim, once no other DONE
-				// of the key is still to be written here.
-				k := it.env.OrderingKey
-				if c.pending.done(k, !it.handedOn && (later == nil || later[k]) && !c.keys.holdsAfter(k, it.env.seq)) {
-					c.sig.name(k)
-				}
-				continue
-			}
-			c.sig.next(it) // the sequencer records it (its number unknown here)
+			c.written(it, refused[it], later)
 		}
 		c.giveBackRefused(refused)
+	}
+}
+
+// written finishes it once its completion was written (or refused for a
+// stale registry: it is given back after), and names its key to the
+// sequencer when the key's next event may wait in the table. later are
+// the keys the store said have later events (nil: any may).
+func (c *completer) written(it *item, refused bool, later map[string]bool) {
+	if refused {
+		// Not written: given back by the caller, its key named now.
+		if recordsKey(it) && c.pending.done(it.env.OrderingKey, false) {
+			c.sig.name(it.env.OrderingKey)
+		}
+		return
+	}
+	c.inflight.release(it.key())
+	if !recordsKey(it) {
+		c.sig.next(it) // the sequencer records it (its number unknown here)
+		return
+	}
+	// Asked again: the next event may have come since. Recorded with the
+	// DONE; a later event of the key waits in the table (or may): its
+	// claim, once no other DONE of the key is still to be written here.
+	k := it.env.OrderingKey
+	if c.pending.done(k, !it.handedOn && (later == nil || later[k]) && !c.keys.holdsAfter(k, it.env.seq)) {
+		c.sig.name(k)
 	}
 }
 
