@@ -137,8 +137,8 @@ func (w *world) restartOne() {
 func (w *world) outage() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	sp := w.specs[w.rng.IntN(len(w.specs))]
-	d := time.Duration(w.rng.Int64N(int64(5 * time.Second)))
+	sp := w.specs[w.draws.intn(len(w.specs))]
+	d := w.draws.dur(0, 5*time.Second)
 	w.outages[sp.name] = w.now() + d
 	w.logLocked("OUTAGE of %s for %v", sp.name, d)
 }

@@ -19,6 +19,8 @@ import (
 type node struct {
 	w    *world
 	name string
+	rng  *stream // its producer's draws
+	made int     // events its producer made (the producer's own)
 	ob   *outbox.Outbox
 	subs []spec
 	st   *faultyStore
@@ -54,7 +56,7 @@ func (w *world) startNode(subs []spec, joined bool) *node {
 	w.mu.Lock()
 	name := fmt.Sprintf("n%d", len(w.nodes)+1)
 	w.mu.Unlock()
-	nd := &node{w: w, name: name, subs: subs, reaped: make(chan struct{}), stopP: make(chan struct{})}
+	nd := &node{w: w, name: name, rng: newStream(w.seed, name), subs: subs, reaped: make(chan struct{}), stopP: make(chan struct{})}
 	nd.st = &faultyStore{Store: w.store, nd: nd}
 	cfg := w.cfg
 	cfg.InstanceID = name
@@ -164,12 +166,12 @@ func (f *faultyStore) before(ctx context.Context) error {
 		return nil
 	}
 	if s := w.knobs.slowStore; s > 0 {
-		time.Sleep(w.dur(0, s))
+		time.Sleep(w.faults.dur(0, s))
 	}
 	if nd.crashed.Load() {
 		return nd.dead(ctx)
 	}
-	if w.knobs.storeErr > 0 && w.chance(w.knobs.storeErr/2) {
+	if w.knobs.storeErr > 0 && w.faults.chance(w.knobs.storeErr/2) {
 		f.markFault()
 		return errStore
 	}
@@ -183,7 +185,7 @@ func (f *faultyStore) after() error {
 	w.mu.Lock()
 	off := w.faultsOff
 	w.mu.Unlock()
-	if off || w.knobs.storeErr == 0 || !w.chance(w.knobs.storeErr/2) {
+	if off || w.knobs.storeErr == 0 || !w.faults.chance(w.knobs.storeErr/2) {
 		return nil
 	}
 	f.markFault()

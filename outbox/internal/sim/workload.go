@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/txoutbox/txoutbox/outbox"
 )
@@ -87,15 +90,36 @@ func (s spec) takes(t outbox.EventType) bool {
 }
 
 type payload struct {
-	N int `json:"n"`
+	N   int    `json:"n"`
+	Tok string `json:"t"`
 }
 
-func number(ev outbox.Event) int {
+func number(ev outbox.Event) int { return read(ev).N }
+
+func read(ev outbox.Event) payload {
 	var p payload
 	if err := json.Unmarshal(ev.JSON, &p); err != nil {
 		panic(fmt.Sprintf("sim: payload %q: %v", ev.JSON, err))
 	}
-	return p.N
+	return p
+}
+
+// newID returns the next event id of nd's producer: a ULID of the virtual
+// time with entropy from the producer's stream (the engine's own ids take
+// theirs from crypto/rand, and claims order by id).
+func (nd *node) newID() string {
+	var entropy [10]byte
+	a, b := nd.rng.uint64(), nd.rng.uint64()
+	binary.BigEndian.PutUint64(entropy[:8], a)
+	binary.BigEndian.PutUint16(entropy[8:], uint16(b))
+	var id ulid.ULID
+	if err := id.SetTime(ulid.Timestamp(time.Now())); err != nil {
+		panic(err)
+	}
+	if err := id.SetEntropy(entropy[:]); err != nil {
+		panic(err)
+	}
+	return id.String()
 }
 
 // subscription builds the node's Subscription for spec sp.
@@ -145,10 +169,10 @@ const (
 // outcome decides a call's fate from the seed, the subscription, the
 // event and the attempt: the same call fails the same way whenever it
 // runs.
-func (w *world) outcome(sub string, n, attempt int) int {
-	u := w.hash("call", sub, n, attempt)
+func (w *world) outcome(sub, tok string, attempt int) int {
+	u := w.hash("call", sub, tok, attempt)
 	if u >= w.knobs.failRate {
-		if w.hash("slow", sub, n, attempt) < 0.1 {
+		if w.hash("slow", sub, tok, attempt) < 0.1 {
 			return slow
 		}
 		return succeed
@@ -179,7 +203,8 @@ func (w *world) deliver(ctx context.Context, nd *node, sp spec, ev outbox.Event,
 		<-ctx.Done() // a dead process calls nothing
 		return errCrashed
 	}
-	n := number(ev)
+	p := read(ev)
+	n := p.N
 	c := w.begin(nd, sp, ev, n, frozen)
 	defer func() {
 		if r := recover(); r != nil {
@@ -191,7 +216,7 @@ func (w *world) deliver(ctx context.Context, nd *node, sp spec, ev outbox.Event,
 	if w.down(sp.name) {
 		return outbox.Unavailable(fmt.Errorf("sim: %s is down", sp.name), 0)
 	}
-	switch w.outcome(sp.name, n, ev.Attempt) {
+	switch w.outcome(sp.name, p.Tok, ev.Attempt) {
 	case fail:
 		return errHandler
 	case failForGood:
@@ -230,7 +255,7 @@ func (w *world) down(sub string) bool {
 func (nd *node) produce(wg *sync.WaitGroup) {
 	wg.Go(func() {
 		for {
-			t := time.NewTimer(nd.w.dur(nd.w.knobs.txGap/2, nd.w.knobs.txGap*3/2))
+			t := time.NewTimer(nd.rng.dur(nd.w.knobs.txGap/2, nd.w.knobs.txGap*3/2))
 			select {
 			case <-nd.stopP:
 				t.Stop()
@@ -253,11 +278,11 @@ func (nd *node) transact() {
 	w := nd.w
 	ctx := context.Background()
 	tx := w.store.Begin(ctx)
-	k := 1 + w.intn(w.knobs.maxTxEvents)
+	k := 1 + nd.rng.intn(w.knobs.maxTxEvents)
 	var evs []*event
 	for range k {
 		e := w.newEvent(nd)
-		env := outbox.Envelope{Type: e.typ, JSON: json.RawMessage(fmt.Sprintf(`{"n":%d}`, e.n)), OrderingKey: e.key}
+		env := outbox.Envelope{ID: nd.newID(), Type: e.typ, JSON: json.RawMessage(fmt.Sprintf(`{"n":%d,"t":%q}`, e.n, e.tok)), OrderingKey: e.key}
 		if e.key != "" {
 			env.AggregateType, env.AggregateID = "agg", e.key
 		}
@@ -272,7 +297,7 @@ func (nd *node) transact() {
 		w.mu.Unlock()
 		evs = append(evs, e)
 	}
-	switch r := w.intn(100); {
+	switch r := nd.rng.intn(100); {
 	case r < 12 || len(evs) < k:
 		w.settleTx(evs, rollingBack, 0)
 		tx.Rollback()
@@ -280,7 +305,7 @@ func (nd *node) transact() {
 		w.logf("%s: rolled back %s", nd.name, eventList(evs))
 		return
 	case r < 16:
-		time.Sleep(w.cfg.Lease/2 + w.dur(0, w.cfg.Lease))
+		time.Sleep(w.cfg.Lease/2 + nd.rng.dur(0, w.cfg.Lease))
 	}
 	start := w.nextTick()
 	w.settleTx(evs, committing, start)
@@ -293,13 +318,20 @@ func (nd *node) transact() {
 	w.logf("%s: committed %s", nd.name, eventList(evs))
 }
 
+// newEvent makes the next event of nd's producer: its type and key from
+// the producer's stream, its token (what its handler outcomes are drawn
+// by) from the producer's count, so that neither depends on what other
+// nodes did meanwhile; its number, for the trace, from the run's count.
 func (w *world) newEvent(nd *node) *event {
+	nd.made++
+	typ := w.types[nd.rng.intn(len(w.types))]
+	key := ""
+	if nd.rng.intn(4) > 0 {
+		key = fmt.Sprintf("k%d", 1+nd.rng.intn(w.knobs.keys))
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	e := &event{n: len(w.events) + 1, typ: w.types[w.rng.IntN(len(w.types))], node: nd.name}
-	if w.rng.IntN(4) > 0 {
-		e.key = fmt.Sprintf("k%d", 1+w.rng.IntN(w.knobs.keys))
-	}
+	e := &event{n: len(w.events) + 1, tok: fmt.Sprintf("%s/%d", nd.name, nd.made), typ: typ, key: key, node: nd.name}
 	w.events = append(w.events, e)
 	return e
 }

@@ -97,7 +97,9 @@ type world struct {
 	bg        sync.WaitGroup  // the director's timers (resumes), waited for by heal
 
 	mu         sync.Mutex
-	rng        *rand.Rand
+	rng        *rand.Rand // the configuration's draws, at the start
+	draws      *stream    // the director's
+	faults     *stream    // the store faults'
 	tick       int64
 	trace      []string
 	events     []*event
@@ -141,6 +143,7 @@ var stateNames = [...]string{"is open", "is committing", "committed", "is rollin
 
 type event struct {
 	n           int
+	tok         string // its producer's node and count: see newEvent
 	id          string
 	typ         outbox.EventType
 	key         string
@@ -210,28 +213,55 @@ func (w *world) nextTick() int64 {
 	return w.tick
 }
 
-// intn and friends draw from the seed's generator. Draws made by
-// goroutines that run at the same virtual instant may come in either
-// order; the director and the producers draw at distinct instants.
-func (w *world) intn(n int) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.rng.IntN(n)
-}
-
-func (w *world) chance(p float64) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.rng.Float64() < p
-}
-
+// intn and friends draw from the director's stream of the seed (the
+// configuration and the faults' times): only the director draws from it.
+func (w *world) intn(n int) int        { return w.draws.intn(n) }
+func (w *world) chance(p float64) bool { return w.draws.chance(p) }
 func (w *world) dur(lo, hi time.Duration) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	return w.draws.dur(lo, hi)
+}
+
+// stream is a random stream of the seed that one goroutine (or one kind
+// of draw) has to itself, so that what one part of the run draws does not
+// depend on when another part drew: a node's producer has its own, the
+// director its own, the store faults theirs.
+type stream struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+// newStream returns the seed's stream named name.
+func newStream(seed uint64, name string) *stream {
+	h := fnv.New64a()
+	fmt.Fprint(h, name)
+	return &stream{r: rand.New(rand.NewPCG(seed, h.Sum64()))}
+}
+
+func (s *stream) intn(n int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r.IntN(n)
+}
+
+func (s *stream) chance(p float64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r.Float64() < p
+}
+
+func (s *stream) dur(lo, hi time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if hi <= lo {
 		return lo
 	}
-	return lo + time.Duration(w.rng.Int64N(int64(hi-lo)))
+	return lo + time.Duration(s.r.Int64N(int64(hi-lo)))
+}
+
+func (s *stream) uint64() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r.Uint64()
 }
 
 // hash is a deterministic number in [0, 1) for the given parts: the
@@ -268,7 +298,7 @@ func Run(seed uint64, opts Options) Result {
 
 func newWorld(seed uint64, opts Options) *world {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	w := &world{seed: seed, opts: opts, store: outboxtest.NewStore(), start: time.Now(), rng: rng,
+	w := &world{seed: seed, opts: opts, store: outboxtest.NewStore(), start: time.Now(), rng: rng, draws: newStream(seed, "director"), faults: newStream(seed, "faults"),
 		byID: map[string]*event{}, regAt: map[string]int64{}, inflight: map[string][]*call{}, skipped: map[string]bool{},
 		outages: map[string]time.Duration{}, paused: map[string]bool{}, everPaused: map[string]bool{}, faultsEnd: make(chan struct{})}
 	w.cfg = outbox.Config{
