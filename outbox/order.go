@@ -138,8 +138,8 @@ func (r *registry) ordered(t EventType) bool { return r.orderedAll || r.orderedT
 type sequencer struct {
 	*deps
 	ostore driver.OrderedStore // nil: the store orders nothing
-	disp   *dispatcher // what it claims goes there
-	comp   *completer  // told when keys are shared (lingerNow)
+	disp   *dispatcher         // what it claims goes there
+	comp   *completer          // told when keys are shared (lingerNow)
 	sig    *signals
 	reg    *registrar
 

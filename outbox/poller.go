@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -42,15 +43,25 @@ func newPoller(d *deps) *poller {
 		nudge:    make(chan struct{}, 1),
 		retryDue: make(chan time.Time, 1024),
 		dropped:  make(chan string, max(10*d.cfg.HotQueueSize, 10000)),
-		jitter:   randomUpTo,
+		jitter:   randomUpTo(d.cfg.InstanceID),
 	}
 }
 
-func randomUpTo(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
+// randomUpTo returns a jitter in [0, d] drawn from a source seeded by the
+// instance's id: instances with different ids draw apart (what the jitter
+// is for), and one instance draws the same sequence every time it runs
+// with that id, so that a simulation replays its polls (the poller alone
+// calls it).
+func randomUpTo(instance string) func(time.Duration) time.Duration {
+	h := fnv.New64a()
+	h.Write([]byte(instance))
+	r := rand.New(rand.NewPCG(h.Sum64(), 0x9e3779b97f4a7c15))
+	return func(d time.Duration) time.Duration {
+		if d <= 0 {
+			return 0
+		}
+		return time.Duration(r.Int64N(int64(d) + 1))
 	}
-	return rand.N(d + 1)
 }
 
 // backoff returns the wait after an idle or failed poll that waited

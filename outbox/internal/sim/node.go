@@ -148,12 +148,32 @@ type faultyStore struct {
 	// faulted: a store error was injected while the node was closing, so
 	// what Close left leased is not Close's doing.
 	faulted atomic.Bool
+	mu      sync.Mutex
+	calls   map[string]int // calls so far, per method: see draw
+}
+
+// draw is a number in [0, 1) for the n-th call of method by this node,
+// in phase ("before", "after", "slow"): store faults are drawn by the
+// call, not from a stream shared by every goroutine of the run, so that
+// one node's calls coming in another order at one virtual instant change
+// the faults of that method on that node only.
+func (f *faultyStore) draw(method, phase string) float64 {
+	f.mu.Lock()
+	if f.calls == nil {
+		f.calls = map[string]int{}
+	}
+	if phase == "before" {
+		f.calls[method]++
+	}
+	n := f.calls[method]
+	f.mu.Unlock()
+	return f.nd.w.hash("store", f.nd.name, method, phase, n)
 }
 
 // before runs before every call: it waits while the node is frozen or
 // slow, blocks a crashed node's call until it is reaped, and may fail the
 // call before it takes effect.
-func (f *faultyStore) before(ctx context.Context) error {
+func (f *faultyStore) before(ctx context.Context, method string) error {
 	nd, w := f.nd, f.nd.w
 	nd.pause()
 	if nd.crashed.Load() {
@@ -166,12 +186,12 @@ func (f *faultyStore) before(ctx context.Context) error {
 		return nil
 	}
 	if s := w.knobs.slowStore; s > 0 {
-		time.Sleep(w.faults.dur(0, s))
+		time.Sleep(time.Duration(f.draw(method, "slow") * float64(s)))
 	}
 	if nd.crashed.Load() {
 		return nd.dead(ctx)
 	}
-	if w.knobs.storeErr > 0 && w.faults.chance(w.knobs.storeErr/2) {
+	if w.knobs.storeErr > 0 && f.draw(method, "before") < w.knobs.storeErr/2 {
 		f.markFault()
 		return errStore
 	}
@@ -180,12 +200,12 @@ func (f *faultyStore) before(ctx context.Context) error {
 
 // after runs after a call took effect: it may report an error anyway (a
 // COMMIT whose outcome the caller never learnt).
-func (f *faultyStore) after() error {
+func (f *faultyStore) after(method string) error {
 	w := f.nd.w
 	w.mu.Lock()
 	off := w.faultsOff
 	w.mu.Unlock()
-	if off || w.knobs.storeErr == 0 || !w.faults.chance(w.knobs.storeErr/2) {
+	if off || w.knobs.storeErr == 0 || f.draw(method, "after") >= w.knobs.storeErr/2 {
 		return nil
 	}
 	f.markFault()
@@ -199,16 +219,16 @@ func (f *faultyStore) markFault() {
 }
 
 // wrap runs a write with the node's faults.
-func wrap[T any](ctx context.Context, f *faultyStore, call func() (T, error)) (T, error) {
+func wrap[T any](ctx context.Context, f *faultyStore, method string, call func() (T, error)) (T, error) {
 	var zero T
-	if err := f.before(ctx); err != nil {
+	if err := f.before(ctx, method); err != nil {
 		return zero, err
 	}
 	v, err := call()
 	if err != nil {
 		return v, err
 	}
-	if err := f.after(); err != nil {
+	if err := f.after(method); err != nil {
 		return zero, err
 	}
 	return v, nil
@@ -216,15 +236,15 @@ func wrap[T any](ctx context.Context, f *faultyStore, call func() (T, error)) (T
 
 // claimWrap runs a claim: an error after it took effect undoes it first,
 // as the store contract asks (a claim that failed leased nothing).
-func claimWrap[T any](ctx context.Context, f *faultyStore, call func() ([]T, error), undo func([]T)) ([]T, error) {
-	if err := f.before(ctx); err != nil {
+func claimWrap[T any](ctx context.Context, f *faultyStore, method string, call func() ([]T, error), undo func([]T)) ([]T, error) {
+	if err := f.before(ctx, method); err != nil {
 		return nil, err
 	}
 	v, err := call()
 	if err != nil {
 		return v, err
 	}
-	if err := f.after(); err != nil {
+	if err := f.after(method); err != nil {
 		undo(v)
 		return nil, err
 	}
@@ -232,7 +252,7 @@ func claimWrap[T any](ctx context.Context, f *faultyStore, call func() ([]T, err
 }
 
 func (f *faultyStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
-	rows, err := claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.Claim(ctx, req) }, func(rows []driver.Row) {
+	rows, err := claimWrap(ctx, f, "Claim", func() ([]driver.Row, error) { return f.Store.Claim(ctx, req) }, func(rows []driver.Row) {
 		f.Store.Release(context.Background(), req.Owner, rowIDs(rows), 0)
 	})
 	f.claimed("claim", rowIDs(rows), "")
@@ -240,7 +260,7 @@ func (f *faultyStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]dri
 }
 
 func (f *faultyStore) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []string, of driver.OrderFilter) ([]driver.Row, error) {
-	rows, err := claimWrap(ctx, f, func() ([]driver.Row, error) { return f.Store.ClaimHeads(ctx, req, keys, of) }, func(rows []driver.Row) {
+	rows, err := claimWrap(ctx, f, "ClaimHeads", func() ([]driver.Row, error) { return f.Store.ClaimHeads(ctx, req, keys, of) }, func(rows []driver.Row) {
 		f.Store.Release(context.Background(), req.Owner, rowIDs(rows), 0)
 	})
 	f.claimed("claim heads", rowIDs(rows), "")
@@ -248,7 +268,7 @@ func (f *faultyStore) ClaimHeads(ctx context.Context, req driver.ClaimRequest, k
 }
 
 func (f *faultyStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, of driver.OrderFilter) ([]driver.Delivery, error) {
-	ds, err := claimWrap(ctx, f, func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
+	ds, err := claimWrap(ctx, f, "ClaimDeliveries", func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
 		keys := make([]driver.DeliveryKey, len(ds))
 		for i, d := range ds {
 			keys[i] = driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
@@ -293,28 +313,28 @@ func rowIDs(rows []driver.Row) []string {
 }
 
 func (f *faultyStore) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.MarkDone(ctx, owner, ids, registry) })
+	return wrap(ctx, f, "MarkDone", func() (int, error) { return f.Store.MarkDone(ctx, owner, ids, registry) })
 }
 
 func (f *faultyStore) MarkRetry(ctx context.Context, owner, id string, delay time.Duration, errText string) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.MarkRetry(ctx, owner, id, delay, errText) })
+	return wrap(ctx, f, "MarkRetry", func() (bool, error) { return f.Store.MarkRetry(ctx, owner, id, delay, errText) })
 }
 
 func (f *faultyStore) MarkDead(ctx context.Context, owner, id string, errText string) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.MarkDead(ctx, owner, id, errText) })
+	return wrap(ctx, f, "MarkDead", func() (bool, error) { return f.Store.MarkDead(ctx, owner, id, errText) })
 }
 
 func (f *faultyStore) ExtendLeases(ctx context.Context, owner string, ids []string, lease time.Duration) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.ExtendLeases(ctx, owner, ids, lease) })
+	return wrap(ctx, f, "ExtendLeases", func() (int, error) { return f.Store.ExtendLeases(ctx, owner, ids, lease) })
 }
 
 func (f *faultyStore) Release(ctx context.Context, owner string, ids []string, delay time.Duration) error {
-	_, err := wrap(ctx, f, func() (struct{}, error) { return struct{}{}, f.Store.Release(ctx, owner, ids, delay) })
+	_, err := wrap(ctx, f, "Release", func() (struct{}, error) { return struct{}{}, f.Store.Release(ctx, owner, ids, delay) })
 	return err
 }
 
 func (f *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.SubscriptionInfo) (driver.Registration, error) {
-	return wrap(ctx, f, func() (driver.Registration, error) {
+	return wrap(ctx, f, "SyncSubscriptions", func() (driver.Registration, error) {
 		st, err := f.Store.SyncSubscriptions(ctx, subs)
 		if err == nil {
 			f.nd.w.registered(subs)
@@ -324,42 +344,42 @@ func (f *faultyStore) SyncSubscriptions(ctx context.Context, subs []driver.Subsc
 }
 
 func (f *faultyStore) SetPaused(ctx context.Context, name string, paused bool) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.SetPaused(ctx, name, paused) })
+	return wrap(ctx, f, "SetPaused", func() (bool, error) { return f.Store.SetPaused(ctx, name, paused) })
 }
 
 func (f *faultyStore) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes, registry) })
+	return wrap(ctx, f, "Split", func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes, registry) })
 }
 
 func (f *faultyStore) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.CompleteDeliveries(ctx, owner, keys) })
+	return wrap(ctx, f, "CompleteDeliveries", func() (int, error) { return f.Store.CompleteDeliveries(ctx, owner, keys) })
 }
 
 func (f *faultyStore) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, dw driver.DeliveryWrite) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.FailDelivery(ctx, owner, key, dw) })
+	return wrap(ctx, f, "FailDelivery", func() (bool, error) { return f.Store.FailDelivery(ctx, owner, key, dw) })
 }
 
 func (f *faultyStore) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.ExtendDeliveryLeases(ctx, owner, keys, lease) })
+	return wrap(ctx, f, "ExtendDeliveryLeases", func() (int, error) { return f.Store.ExtendDeliveryLeases(ctx, owner, keys, lease) })
 }
 
 func (f *faultyStore) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
-	_, err := wrap(ctx, f, func() (struct{}, error) { return struct{}{}, f.Store.ReleaseDeliveries(ctx, owner, keys, delay) })
+	_, err := wrap(ctx, f, "ReleaseDeliveries", func() (struct{}, error) { return struct{}{}, f.Store.ReleaseDeliveries(ctx, owner, keys, delay) })
 	return err
 }
 
 func (f *faultyStore) DueNow(ctx context.Context, sub string) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.DueNow(ctx, sub) })
+	return wrap(ctx, f, "DueNow", func() (int, error) { return f.Store.DueNow(ctx, sub) })
 }
 
 func (f *faultyStore) KeysDone(ctx context.Context, evs []driver.KeyDone, of driver.OrderFilter) error {
-	_, err := wrap(ctx, f, func() (struct{}, error) { return struct{}{}, f.Store.KeysDone(ctx, evs, of) })
+	_, err := wrap(ctx, f, "KeysDone", func() (struct{}, error) { return struct{}{}, f.Store.KeysDone(ctx, evs, of) })
 	return err
 }
 
 func (f *faultyStore) MarkDoneKeys(ctx context.Context, owner string, ids []string, evs []driver.KeyDone, registry int64) (int, []string, error) {
 	var later []string
-	n, err := wrap(ctx, f, func() (int, error) {
+	n, err := wrap(ctx, f, "MarkDoneKeys", func() (int, error) {
 		n, l, err := f.Store.MarkDoneKeys(ctx, owner, ids, evs, registry)
 		later = l
 		return n, err
@@ -368,13 +388,13 @@ func (f *faultyStore) MarkDoneKeys(ctx context.Context, owner string, ids []stri
 }
 
 func (f *faultyStore) DueKeys(ctx context.Context, after string, limit int) ([]string, error) {
-	return wrap(ctx, f, func() ([]string, error) { return f.Store.DueKeys(ctx, after, limit) })
+	return wrap(ctx, f, "DueKeys", func() ([]string, error) { return f.Store.DueKeys(ctx, after, limit) })
 }
 
 func (f *faultyStore) DeliverInTx(ctx context.Context, eventID, sub string, fn func(tx driver.DBTx) error) (bool, error) {
-	return wrap(ctx, f, func() (bool, error) { return f.Store.DeliverInTx(ctx, eventID, sub, fn) })
+	return wrap(ctx, f, "DeliverInTx", func() (bool, error) { return f.Store.DeliverInTx(ctx, eventID, sub, fn) })
 }
 
 func (f *faultyStore) ReleaseOwner(ctx context.Context, owner string) (int, error) {
-	return wrap(ctx, f, func() (int, error) { return f.Store.ReleaseOwner(ctx, owner) })
+	return wrap(ctx, f, "ReleaseOwner", func() (int, error) { return f.Store.ReleaseOwner(ctx, owner) })
 }

@@ -99,7 +99,6 @@ type world struct {
 	mu         sync.Mutex
 	rng        *rand.Rand // the configuration's draws, at the start
 	draws      *stream    // the director's
-	faults     *stream    // the store faults'
 	tick       int64
 	trace      []string
 	events     []*event
@@ -224,7 +223,7 @@ func (w *world) dur(lo, hi time.Duration) time.Duration {
 // stream is a random stream of the seed that one goroutine (or one kind
 // of draw) has to itself, so that what one part of the run draws does not
 // depend on when another part drew: a node's producer has its own, the
-// director its own, the store faults theirs.
+// director its own (store faults are drawn by the call: faultyStore.draw).
 type stream struct {
 	mu sync.Mutex
 	r  *rand.Rand
@@ -298,7 +297,7 @@ func Run(seed uint64, opts Options) Result {
 
 func newWorld(seed uint64, opts Options) *world {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	w := &world{seed: seed, opts: opts, store: outboxtest.NewStore(), start: time.Now(), rng: rng, draws: newStream(seed, "director"), faults: newStream(seed, "faults"),
+	w := &world{seed: seed, opts: opts, store: outboxtest.NewStore(), start: time.Now(), rng: rng, draws: newStream(seed, "director"),
 		byID: map[string]*event{}, regAt: map[string]int64{}, inflight: map[string][]*call{}, skipped: map[string]bool{},
 		outages: map[string]time.Duration{}, paused: map[string]bool{}, everPaused: map[string]bool{}, faultsEnd: make(chan struct{})}
 	w.cfg = outbox.Config{
