@@ -896,22 +896,22 @@ func (r *InboxReport) Write(w io.Writer) {
 	p("**Duplicates.** On one connection, %d calls in a row of each: the hand-written floor of a duplicate (BEGIN; SELECT 1 by the primary key; ROLLBACK), `inbox.Handle` of new messages (the dedupe row and one INSERT of the effect, COMMIT), then `Handle` of the same %d messages again, every one a duplicate. *Statements* counts what runs in the handler's transaction (a `Config.Begin` that counts `ExecContext`); *rows written* is the change of the inbox and business tables' row counts over the cell. A duplicate is the dedupe INSERT finding the key (`INSERT IGNORE` on MySQL, `ON CONFLICT DO NOTHING` on PostgreSQL: one primary-key probe, 0 rows affected) and a ROLLBACK.",
 		r.Opts.Dups, r.Opts.Dups)
 	p("")
-	p("| database | call | time per call | statements per call | handler calls | rows written |")
+	p("| database | call | time per call | statements per call | handler calls per call | rows written per call |")
 	p("| --- | --- | ---: | ---: | ---: | ---: |")
 	for _, db := range r.dbs() {
 		for _, sys := range []string{DupLookupName, DupFreshName, DupDupName} {
-			var calls, written int64
+			var n, calls, written int64
 			var stmts float64
 			for _, c := range r.Dups {
 				if c.DB == db && c.System == sys {
-					calls, written, stmts = calls+c.HandlerCalls, written+c.RowsWritten, c.Statements
+					n, calls, written, stmts = n+int64(c.N), calls+c.HandlerCalls, written+c.RowsWritten, c.Statements
 				}
 			}
 			v := r.dupStat(db, sys)
-			if len(v) == 0 {
+			if len(v) == 0 || n == 0 {
 				continue
 			}
-			cs, ws := fmt.Sprint(calls), fmt.Sprint(written)
+			cs, ws := fmt.Sprintf("%.2f", float64(calls)/float64(n)), fmt.Sprintf("%.2f", float64(written)/float64(n))
 			if sys == DupLookupName {
 				cs, ws = "—", "0"
 			}
