@@ -111,6 +111,7 @@ func main() {
 		onlyInbox   = flag.Bool("only-inbox", false, "run the inbox rows only and replace the section \"Inbox\" of -out with them (make bench-inbox)")
 		inboxN      = flag.Int("inbox-messages", 5000, "messages per inbox consumption cell")
 		inboxConc   = flag.Int("inbox-concurrency", 4, "messages (NATS) or partitions (Kafka) handled at once in the inbox rows")
+		inboxDups   = flag.Int("inbox-dups", 2000, "Handle calls per duplicate-cost cell of the inbox rows")
 		inboxBrk    = flag.String("inbox-brokers", "nats,kafka", "brokers of the inbox rows: nats, kafka (in-process kfake)")
 		instHot     = flag.Int("instances-hot-every", 2, "diagnosis: every n-th transaction of the many-instances rows publishes through a subscribing engine (hot path), the others through one without subscriptions; -1: none")
 	)
@@ -213,7 +214,7 @@ func main() {
 		return
 	}
 	inboxOpts := harness.InboxOptions{Brokers: strings.Split(*inboxBrk, ","), Addrs: harness.BrokerAddrs{NATS: *natsURL},
-		N: *inboxN, Concurrency: *inboxConc, Repeats: *repeats, Log: logf}
+		N: *inboxN, Concurrency: *inboxConc, Repeats: *repeats, Dups: *inboxDups, Log: logf}
 	if *onlyInbox {
 		onlyInboxRun(ctx, dialects, open, *out, inboxOpts)
 		return
