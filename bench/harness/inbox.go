@@ -630,73 +630,139 @@ func (u countingUnit) ExecContext(ctx context.Context, q string, args ...any) (s
 	return u.Tx.ExecContext(ctx, q, args...)
 }
 
+// dupChunk is the number of messages of one slice of the duplicate
+// cells: each system runs one slice in turn, so that the three see the
+// same load.
+const dupChunk = 100
+
 // runDupCells measures, on fresh tables, Dups sequential calls of each:
 // the hand-written floor of a duplicate (one transaction with one lookup
-// of the key), Handle of new messages (dedupe row + one INSERT), then
-// Handle of the same messages again (all duplicates). The first two swap
-// places in odd repeats.
+// of the key), Handle of new messages (dedupe row + one INSERT), and
+// Handle of the same messages again (all duplicates). They take turns by
+// slices of dupChunk messages, in an order that rotates (a slice's
+// duplicates always after its new messages).
 func runDupCells(ctx context.Context, d *Dialect, db *sqlx.DB, repeat int, opts InboxOptions) ([]DupCell, error) {
 	t, err := newInboxTables(ctx, d, db, UniquePrefix("dup"))
 	if err != nil {
 		return nil, err
 	}
 	defer t.close(ctx)
-	var stmts atomic.Int64
-	ib, err := t.inbox(inbox.Config{Begin: func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
+	r := &dupRun{t: t}
+	r.ib, err = t.inbox(inbox.Config{Begin: func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 		tx, err := outbox.BeginTx(ctx, t.db.DB, opts)
 		if err != nil {
 			return nil, err
 		}
-		return countingUnit{Tx: tx, n: &stmts}, nil
+		return countingUnit{Tx: tx, n: &r.stmts}, nil
 	}})
 	if err != nil {
 		return nil, err
 	}
-	var calls atomic.Int64
-	apply := func(ctx context.Context, m inbox.Message) error {
-		calls.Add(1)
-		tx, _ := outbox.TxFromContext(ctx)
-		_, err := tx.ExecContext(ctx, t.effect, m.ID, m.Payload)
-		return err
-	}
 	ids := make([]string, opts.Dups)
 	for i := range ids {
 		ids[i] = messageID(t.prefix, i)
-	}
-	// The hand-written dedupe table holds the same keys.
-	for i := range ids {
+		// The hand-written dedupe table holds the same keys.
 		if _, err := t.db.ExecContext(ctx, t.claim, "bench", ids[i]); err != nil {
 			return nil, err
 		}
 	}
-	lookup := func() (DupCell, error) { return t.lookupCell(ctx, ids) }
-	handle := func(system string) (DupCell, error) {
-		return t.handleCell(ctx, ib, ids, system, apply, &stmts, &calls)
-	}
-	order := []func() (DupCell, error){lookup, func() (DupCell, error) { return handle(DupFreshName) }}
-	if repeat%2 == 1 {
-		order[0], order[1] = order[1], order[0]
-	}
-	order = append(order, func() (DupCell, error) { return handle(DupDupName) })
-	var out []DupCell
-	for _, f := range order {
-		c, err := f()
-		if err != nil {
-			return nil, err
+	cells := []*DupCell{{System: DupLookupName, Statements: 1}, {System: DupFreshName}, {System: DupDupName}}
+	orders := [][]int{{0, 1, 2}, {1, 2, 0}, {1, 0, 2}}
+	for from := 0; from < len(ids); from += dupChunk {
+		chunk := ids[from:min(from+dupChunk, len(ids))]
+		for _, k := range orders[(from/dupChunk+repeat)%len(orders)] {
+			if err := r.run(ctx, cells[k], chunk); err != nil {
+				return nil, err
+			}
 		}
+	}
+	out := make([]DupCell, len(cells))
+	for i, c := range cells {
 		c.DB, c.Repeat, c.N = d.Name, repeat, len(ids)
-		out = append(out, c)
+		c.PerOp /= time.Duration(len(ids))
+		if c.System != DupLookupName {
+			c.Statements /= float64(len(ids))
+		}
+		out[i] = *c
 	}
 	return out, nil
 }
 
-func (t *inboxTables) lookupCell(ctx context.Context, ids []string) (DupCell, error) {
-	c := DupCell{System: DupLookupName, Statements: 1}
+// dupRun is the state of one run of the duplicate cells.
+type dupRun struct {
+	t     *inboxTables
+	ib    *inbox.Inbox
+	stmts atomic.Int64 // in the inbox's transactions
+	calls atomic.Int64 // of the handler
+}
+
+func (r *dupRun) apply(ctx context.Context, m inbox.Message) error {
+	r.calls.Add(1)
+	tx, _ := outbox.TxFromContext(ctx)
+	_, err := tx.ExecContext(ctx, r.t.effect, m.ID, m.Payload)
+	return err
+}
+
+// rows is the rows of the inbox and business tables.
+func (r *dupRun) rows(ctx context.Context) (int64, error) {
+	a, err := r.t.count(ctx, r.t.items)
+	if err != nil {
+		return 0, err
+	}
+	b, err := r.t.count(ctx, r.t.d.Quote(r.t.store+"_inbox"))
+	return a + b, err
+}
+
+// run runs c's system on ids, adding the time (in PerOp, summed), the
+// statements, handler calls and rows written to c.
+func (r *dupRun) run(ctx context.Context, c *DupCell, ids []string) error {
+	before, err := r.rows(ctx)
+	if err != nil {
+		return err
+	}
+	s0, c0 := r.stmts.Load(), r.calls.Load()
 	start := time.Now()
+	if c.System == DupLookupName {
+		err = r.t.lookups(ctx, ids)
+	} else {
+		err = r.handle(ctx, c.System, ids)
+	}
+	if err != nil {
+		return err
+	}
+	c.PerOp += time.Since(start)
+	after, err := r.rows(ctx)
+	if err != nil {
+		return err
+	}
+	if c.System != DupLookupName {
+		c.Statements += float64(r.stmts.Load() - s0)
+	}
+	c.HandlerCalls += r.calls.Load() - c0
+	c.RowsWritten += after - before
+	return nil
+}
+
+func (r *dupRun) handle(ctx context.Context, system string, ids []string) error {
+	want := inbox.Applied
+	if system == DupDupName {
+		want = inbox.Duplicate
+	}
+	for i, id := range ids {
+		res, err := r.ib.Handle(ctx, "bench", inbox.Message{ID: id, Payload: Payload(int64(i))}, r.apply)
+		if res != want {
+			return fmt.Errorf("message %s: %v (%v), want %v", id, res, err, want)
+		}
+	}
+	return nil
+}
+
+// lookups runs the hand-written floor of a duplicate for each id.
+func (t *inboxTables) lookups(ctx context.Context, ids []string) error {
 	for _, id := range ids {
 		tx, err := t.db.BeginTx(ctx, nil)
 		if err != nil {
-			return c, err
+			return err
 		}
 		var one int
 		err = tx.QueryRowContext(ctx, t.lookup, "bench", id).Scan(&one)
@@ -704,48 +770,10 @@ func (t *inboxTables) lookupCell(ctx context.Context, ids []string) (DupCell, er
 			err = rerr
 		}
 		if err != nil {
-			return c, err
+			return err
 		}
 	}
-	c.PerOp = time.Since(start) / time.Duration(len(ids))
-	return c, nil
-}
-
-func (t *inboxTables) handleCell(ctx context.Context, ib *inbox.Inbox, ids []string, system string, h inbox.Handler, stmts, calls *atomic.Int64) (DupCell, error) {
-	c := DupCell{System: system}
-	want := inbox.Applied
-	if system == DupDupName {
-		want = inbox.Duplicate
-	}
-	rows := func() (int64, error) {
-		a, err := t.count(ctx, t.items)
-		if err != nil {
-			return 0, err
-		}
-		b, err := t.count(ctx, t.d.Quote(t.store+"_inbox"))
-		return a + b, err
-	}
-	before, err := rows()
-	if err != nil {
-		return c, err
-	}
-	s0, c0 := stmts.Load(), calls.Load()
-	start := time.Now()
-	for i, id := range ids {
-		res, err := ib.Handle(ctx, "bench", inbox.Message{ID: id, Payload: Payload(int64(i))}, h)
-		if res != want {
-			return c, fmt.Errorf("message %s: %v (%v), want %v", id, res, err, want)
-		}
-	}
-	c.PerOp = time.Since(start) / time.Duration(len(ids))
-	after, err := rows()
-	if err != nil {
-		return c, err
-	}
-	c.Statements = float64(stmts.Load()-s0) / float64(len(ids))
-	c.HandlerCalls = calls.Load() - c0
-	c.RowsWritten = after - before
-	return c, nil
+	return nil
 }
 
 // --- report
@@ -893,8 +921,8 @@ func (r *InboxReport) Write(w io.Writer) {
 		}
 	}
 	p("")
-	p("**Duplicates.** On one connection, %d calls in a row of each: the hand-written floor of a duplicate (BEGIN; SELECT 1 by the primary key; ROLLBACK), `inbox.Handle` of new messages (the dedupe row and one INSERT of the effect, COMMIT), then `Handle` of the same %d messages again, every one a duplicate. *Statements* counts what runs in the handler's transaction (a `Config.Begin` that counts `ExecContext`); *rows written* is the change of the inbox and business tables' row counts over the cell. A duplicate is the dedupe INSERT finding the key (`INSERT IGNORE` on MySQL, `ON CONFLICT DO NOTHING` on PostgreSQL: one primary-key probe, 0 rows affected) and a ROLLBACK.",
-		r.Opts.Dups, r.Opts.Dups)
+	p("**Duplicates.** %d sequential calls of each, one at a time: the hand-written floor of a duplicate (BEGIN; SELECT 1 by the primary key; ROLLBACK), `inbox.Handle` of new messages (the dedupe row and one INSERT of the effect, COMMIT), and `Handle` of the same messages again, every one a duplicate. The three take turns by slices of %d messages, in a rotating order (a slice's duplicates after its new messages), so that they see the same load. *Statements* counts what runs in the handler's transaction (a `Config.Begin` that counts `ExecContext`); *rows written* is the change of the inbox and business tables' row counts around each slice. A duplicate is the dedupe INSERT finding the key (`INSERT IGNORE` on MySQL, `ON CONFLICT DO NOTHING` on PostgreSQL: one primary-key probe, 0 rows affected; on InnoDB it takes a shared lock on the existing row, no undo entry) and a ROLLBACK.",
+		r.Opts.Dups, dupChunk)
 	p("")
 	p("| database | call | time per call | statements per call | handler calls per call | rows written per call |")
 	p("| --- | --- | ---: | ---: | ---: | ---: |")
