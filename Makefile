@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-instances bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -46,13 +46,17 @@ lint: vet
 fmt:
 	gofmt -w .
 
-## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys: raw SQL order + minimal outbox row without and with the key-row upsert, whose ratio is the raw floor, -ordered-raw=false skips them; then Unordered vs Ordered; -ordered=false skips them all), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~35 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
+## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys: raw SQL order + minimal outbox row without and with the key-row upsert, whose ratio is the raw floor, -ordered-raw=false skips them; then Unordered vs Ordered; -ordered=false skips them all), then the inbox rows (make bench-inbox; -inbox=false skips them), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~45 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-ordered: only the ordered-subscription rows (16 producers over 1,000 keys; per repeat raw SQL without then with the key-row upsert (the raw floor; BENCHFLAGS=-ordered-raw=false skips them), then Unordered, then Ordered subscription; MariaDB and PostgreSQL; ~3 min); replaces the section "Ordered subscriptions" of BENCHMARKS.md (make bench includes the rows).
 bench-ordered:
 	cd bench && $(GO) run ./cmd/outboxbench -only-ordered -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-inbox: only the inbox rows (issue 36; MariaDB and PostgreSQL; ~10 min): natsoutbox/kafkaoutbox inbox consumers against a hand-written consume → BEGIN → dedupe INSERT → effect → COMMIT → ack loop with the same client (NATS JetStream on 127.0.0.1:4222, Kafka on an in-process kfake), 5,000 messages, 4 at once, repeats interleaved; then the cost of a duplicate against a BEGIN/key lookup/ROLLBACK; replaces the section "Inbox" of BENCHMARKS.md (make bench includes the rows).
+bench-inbox:
+	cd bench && $(GO) run ./cmd/outboxbench -only-inbox -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-instances: only the many-instances rows (50 engines in one process on one table, default PollInterval and 50 ms, 500 events/s, then Close with 5 s; MariaDB and PostgreSQL; ~4 min): claim, DONE and lease-renewal p99 and the acknowledged events left not DONE; replaces the section "Many instances" of BENCHMARKS.md (make bench includes the rows).
 bench-instances:

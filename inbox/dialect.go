@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -25,8 +26,12 @@ type Dialect struct {
 	// keys of a SELECT … LIMIT.
 	deleteLimit bool
 	quote       func(string) string
-	dollar      bool // $1 placeholders
-	micros      bool // times are integer microseconds since the epoch
+	// primaryKey returns the query listing the columns of a table's
+	// primary key in order, and its arguments, given the table's schema
+	// ("" for the current one), name and quoted name.
+	primaryKey func(schema, name, quoted string) (string, []any)
+	dollar     bool // $1 placeholders
+	micros     bool // times are integer microseconds since the epoch
 }
 
 const sqliteNow = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
@@ -41,6 +46,10 @@ var (
 		upsertFailure: " ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_error = ?, failed_at = UTC_TIMESTAMP(6)",
 		deleteLimit:   true,
 		quote:         func(s string) string { return "`" + s + "`" },
+		primaryKey: func(schema, name, _ string) (string, []any) {
+			return `SELECT COLUMN_NAME FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX`, []any{schema, name}
+		},
 	}
 	// Postgres is PostgreSQL 12+.
 	Postgres = &Dialect{
@@ -52,6 +61,10 @@ var (
 		upsertFailure: " ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = {{t}}.attempts + 1, last_error = ?, failed_at = clock_timestamp()",
 		quote:         func(s string) string { return `"` + s + `"` },
 		dollar:        true,
+		primaryKey: func(_, _, quoted string) (string, []any) {
+			return `SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = to_regclass($1) AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)`, []any{quoted}
+		},
 	}
 	// SQLite is SQLite 3.42+ (modernc.org/sqlite), opened with
 	// sqlstore.SQLiteDSN.
@@ -64,6 +77,9 @@ var (
 		upsertFailure: " ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = {{t}}.attempts + 1, last_error = ?, failed_at = " + sqliteNow,
 		quote:         func(s string) string { return `"` + s + `"` },
 		micros:        true,
+		primaryKey: func(schema, name, _ string) (string, []any) {
+			return `SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0 ORDER BY pk`, []any{name, cmp.Or(schema, "main")}
+		},
 	}
 )
 

@@ -145,7 +145,9 @@ type Inbox struct {
 	log   *slog.Logger
 	inbox string // quoted
 	fails string // quoted
-	q     queries
+	// schema ("" for the current one) and name of the inbox table.
+	schema, name string
+	q            queries
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -192,6 +194,10 @@ func New(db *sql.DB, cfg Config) (*Inbox, error) {
 		return strings.Join(q, ".")
 	}
 	ib.inbox, ib.fails = name("_inbox"), name("_inbox_failures")
+	ib.name = parts[len(parts)-1] + "_inbox"
+	if len(parts) == 2 {
+		ib.schema = parts[0]
+	}
 	if ib.begin == nil {
 		ib.begin = func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
 			return outbox.BeginTx(ctx, db, opts)

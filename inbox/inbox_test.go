@@ -2,7 +2,9 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/inbox"
+	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/txmw"
 )
@@ -38,13 +41,32 @@ func TestAppliedOnceOnRedelivery(t *testing.T) {
 	})
 }
 
-// A duplicate writes nothing: the inbox row keeps its time and attempts.
+// A duplicate costs one statement, the dedupe INSERT finding the key (a
+// primary-key probe), calls no handler and writes nothing: in its
+// transaction the database records no change (PostgreSQL assigns no
+// transaction id, InnoDB writes no undo entry, SQLite counts no changed
+// row), no business row, outbox event or inbox row appears, and the
+// inbox row keeps its time and attempts. A new message, measured the same
+// way, shows that the probes see a write.
 func TestDuplicateWritesNothing(t *testing.T) {
 	eachDB(t, inbox.Config{}, func(t *testing.T, e *env) {
 		ctx := context.Background()
+		probe := &writeProbe{name: e.name}
+		cfg := inbox.Config{Table: strings.Trim(e.store.Table(), "`\""), Begin: probe.begin(e.db.DB)}
+		cfg.Dialect, _ = inbox.DialectNamed(e.name)
+		ib, err := inbox.New(e.db.DB, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
 		m := inbox.Message{ID: "d-1"}
-		res, err := e.ib.Handle(ctx, "c", m, e.apply)
+		res, err := ib.Handle(ctx, "c", m, func(ctx context.Context, m inbox.Message) error {
+			_, err := probe.tx.ExecContext(ctx, e.db.Rebind("INSERT INTO "+e.items+" (id) VALUES (?)"), m.ID)
+			return err
+		})
 		mustResult(t, res, err, inbox.Applied)
+		if probe.stmts != 1 || probe.err != nil || !probe.wrote {
+			t.Fatalf("new message: %d statements before the handler, wrote %v (probe error %v); want 1, true", probe.stmts, probe.wrote, probe.err)
+		}
 		var before, after struct {
 			At       string `db:"at"`
 			Attempts int    `db:"attempts"`
@@ -56,18 +78,99 @@ func TestDuplicateWritesNothing(t *testing.T) {
 		if err := e.db.Get(&before, q); err != nil {
 			t.Fatal(err)
 		}
-		res, err = e.ib.Handle(ctx, "c", m, func(context.Context, inbox.Message) error {
+		probe.stmts, probe.wrote = 0, false
+		res, err = ib.Handle(ctx, "c", m, func(context.Context, inbox.Message) error {
 			t.Error("handler called for a duplicate")
 			return nil
 		})
 		mustResult(t, res, err, inbox.Duplicate)
+		if probe.err != nil {
+			t.Fatal(probe.err)
+		}
+		if probe.stmts != 1 || probe.wrote {
+			t.Errorf("duplicate: %d statements, wrote %v; want 1 statement (the dedupe INSERT) and no write", probe.stmts, probe.wrote)
+		}
 		if err := e.db.Get(&after, q); err != nil {
 			t.Fatal(err)
 		}
 		if before != after {
 			t.Errorf("inbox row changed by a duplicate: %+v -> %+v", before, after)
 		}
+		e.wantEffects(t, "d-1", 1, 0, 1)
 	})
+}
+
+// writeProbe is a Config.Begin whose transactions count the statements
+// run on them and, after the first one (the inbox's dedupe INSERT), ask
+// the database whether the transaction has written anything.
+type writeProbe struct {
+	name  string
+	tx    *sql.Tx
+	stmts int
+	wrote bool
+	err   error
+	base  int64 // SQLite: total_changes() at the first statement
+}
+
+type probedTx struct {
+	*outbox.Tx
+	p *writeProbe
+}
+
+func (p *writeProbe) begin(db *sql.DB) middleware.BeginFunc {
+	return func(ctx context.Context, opts *sql.TxOptions) (middleware.Unit, error) {
+		tx, err := outbox.BeginTx(ctx, db, opts)
+		if err != nil {
+			return nil, err
+		}
+		p.tx = tx.Tx
+		return probedTx{Tx: tx, p: p}, nil
+	}
+}
+
+func (u probedTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	p := u.p
+	p.stmts++
+	if p.stmts == 1 && p.name == "sqlite" {
+		p.err = p.tx.QueryRowContext(ctx, "SELECT total_changes()").Scan(&p.base)
+	}
+	res, err := u.Tx.ExecContext(ctx, q, args...)
+	if err == nil && p.stmts == 1 && p.err == nil {
+		p.wrote, p.err = p.written(ctx)
+	}
+	return res, err
+}
+
+// written reports whether the transaction has changed anything.
+func (p *writeProbe) written(ctx context.Context) (bool, error) {
+	switch p.name {
+	case "postgres":
+		// A transaction gets an id at its first write (or row lock).
+		var assigned bool
+		err := p.tx.QueryRowContext(ctx, "SELECT txid_current_if_assigned() IS NOT NULL").Scan(&assigned)
+		return assigned, err
+	case "sqlite":
+		var n int64
+		err := p.tx.QueryRowContext(ctx, "SELECT total_changes()").Scan(&n)
+		return n != p.base, err
+	}
+	// InnoDB lists an undo entry for each row a transaction changed
+	// (information_schema.INNODB_TRX is a cache refreshed at most every
+	// 100 ms; this is not).
+	var id int64
+	if err := p.tx.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		return false, err
+	}
+	var typ, name, status string
+	if err := p.tx.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status); err != nil {
+		return false, err
+	}
+	for _, trx := range strings.Split(status, "---TRANSACTION") {
+		if strings.Contains(trx, fmt.Sprintf(" thread id %d,", id)) {
+			return strings.Contains(trx, "undo log entries"), nil
+		}
+	}
+	return false, fmt.Errorf("no transaction of connection %d in SHOW ENGINE INNODB STATUS:\n%s", id, status)
 }
 
 // Deliveries of one message that run at the same time apply it once: the

@@ -25,6 +25,8 @@ type Report struct {
 	OrderedHeader string `json:",omitempty"`
 	// Instances are the many-instances rows (issue 33, defect 4).
 	Instances []InstancesResult `json:",omitempty"`
+	// Inbox are the inbox rows (issue 36).
+	Inbox *InboxReport `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -436,6 +438,9 @@ func (r *Report) Targets(hot, cold string) []Target {
 			ts = append(ts, d.OrderedTargets()...)
 		}
 	}
+	if r.Inbox != nil {
+		ts = append(ts, r.Inbox.Targets()...)
+	}
 	return append(ts, LoadTargets(r.Load)...)
 }
 
@@ -508,6 +513,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if len(r.Instances) > 0 {
 		p("")
 		WriteInstances(w, r.Instances, "")
+	}
+	if r.Inbox != nil {
+		p("")
+		r.Inbox.Write(w)
 	}
 	if len(r.Load) > 0 {
 		p("")

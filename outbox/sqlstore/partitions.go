@@ -68,6 +68,10 @@ type PartitionResult struct {
 // database other than MySQL or MariaDB.
 var ErrNotPartitionable = errors.New("sqlstore: partitions: only MySQL and MariaDB tables can be partitioned (use Config.Retention on PostgreSQL and SQLite)")
 
+// ErrInboxTable is returned by Partition for an inbox table (package
+// inbox): it is never partitioned.
+var ErrInboxTable = errors.New("sqlstore: partition: an inbox table (package inbox) is never partitioned: its primary key (consumer, message_id) is the dedupe, and MySQL and MariaDB require the partitioning column in every unique key, so a table partitioned by time would take a redelivery for a new message and apply it twice; partition the outbox table (Options.Table without the _inbox suffix) and leave the inbox's retention to inbox.Cleanup, a batched DELETE on its (status, received_at) index (docs/inbox.md, Retention)")
+
 const pmax = "pmax"
 
 func (s *Store) schemaAndName() (schema, name string) {
@@ -129,6 +133,9 @@ func (s *Store) Partition(ctx context.Context, cfg PartitionConfig) error {
 	if len(parts) > 0 {
 		return nil
 	}
+	if err := s.refuseInbox(ctx); err != nil {
+		return err
+	}
 	cfg = cfg.withDefaults()
 	today := cfg.Now().UTC().Truncate(24 * time.Hour)
 	first := today
@@ -148,6 +155,22 @@ func (s *Store) Partition(ctx context.Context, cfg PartitionConfig) error {
 PARTITION BY RANGE COLUMNS(created_at) (` + strings.Join(defs, ", ") + `)`
 	if _, err := s.db.ExecContext(ctx, stmt); err != nil {
 		return fmt.Errorf("sqlstore: partition %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// refuseInbox returns ErrInboxTable if the table is an inbox table (it
+// has the inbox's key columns).
+func (s *Store) refuseInbox(ctx context.Context) error {
+	schema, name := s.schemaAndName()
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME IN ('consumer', 'message_id')`, schema, name).Scan(&n)
+	if err != nil {
+		return fmt.Errorf("sqlstore: partition: %w", err)
+	}
+	if n == 2 {
+		return fmt.Errorf("%w (table %s)", ErrInboxTable, s.table)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +146,35 @@ func TestPartitionsOnlyOnMySQL(t *testing.T) {
 	}
 	if _, err := s.MaintainPartitions(context.Background(), sqlstore.PartitionConfig{}); !errors.Is(err, sqlstore.ErrNotPartitionable) {
 		t.Fatalf("MaintainPartitions on SQLite: %v", err)
+	}
+}
+
+// Partitioning the outbox table leaves its inbox tables alone, and a
+// store pointed at an inbox table refuses to partition it (its primary
+// key is the dedupe; see ErrInboxTable).
+func TestPartitionLeavesTheInboxAlone(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.MySQL(t)
+	s := testdb.Store(t, db)
+	if err := s.Partition(ctx, sqlstore.PartitionConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(partitionNames(t, s)) == 0 {
+		t.Fatal("the outbox table is not partitioned")
+	}
+	inboxTable := strings.Trim(s.InboxTable(), "`")
+	in, err := sqlstore.New(db, sqlstore.Options{Table: inboxTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps := partitionNames(t, in); len(ps) != 0 {
+		t.Errorf("the inbox table has partitions %v", ps)
+	}
+	err = in.Partition(ctx, sqlstore.PartitionConfig{})
+	if !errors.Is(err, sqlstore.ErrInboxTable) || !strings.Contains(err.Error(), "inbox.Cleanup") {
+		t.Fatalf("Partition of %s: %v; want ErrInboxTable", inboxTable, err)
+	}
+	if ps := partitionNames(t, in); len(ps) != 0 {
+		t.Errorf("the inbox table has partitions %v after the refused Partition", ps)
 	}
 }

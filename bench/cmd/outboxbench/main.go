@@ -11,7 +11,11 @@
 // with the key-row upsert, whose ratio is the raw floor (-ordered-raw);
 // -only-ordered runs them alone and replaces their section of -out:
 // `make bench-ordered`); the memory drain
-// (MariaDB); then the connector table.
+// (MariaDB); the inbox rows of issue 36 (inbox consumers against a
+// hand-written consume → BEGIN → dedupe INSERT → effect → COMMIT → ack
+// loop on NATS and Kafka, and the cost of a duplicate; -only-inbox runs
+// them alone and replaces their section of -out: `make bench-inbox`);
+// then the connector table.
 //
 //	go run ./cmd/outboxbench -out ../BENCHMARKS.md
 //
@@ -103,6 +107,12 @@ func main() {
 		instDur     = flag.Duration("instances-duration", 20*time.Second, "load time of each many-instances row before Close")
 		instReps    = flag.Int("instances-repeats", 2, "repeats of each many-instances row")
 		instPerTx   = flag.Int("instances-per-tx", 1, "diagnosis: events per producer transaction of the many-instances rows")
+		inboxOn     = flag.Bool("inbox", true, "run the inbox rows (-db, -repeats apply): inbox consumers against a hand-written consume/BEGIN/dedupe/effect/COMMIT/ack loop on NATS and Kafka (kfake), and the cost of a duplicate (see -only-inbox)")
+		onlyInbox   = flag.Bool("only-inbox", false, "run the inbox rows only and replace the section \"Inbox\" of -out with them (make bench-inbox)")
+		inboxN      = flag.Int("inbox-messages", 5000, "messages per inbox consumption cell")
+		inboxConc   = flag.Int("inbox-concurrency", 4, "messages (NATS) or partitions (Kafka) handled at once in the inbox rows")
+		inboxDups   = flag.Int("inbox-dups", 2000, "Handle calls per duplicate-cost cell of the inbox rows")
+		inboxBrk    = flag.String("inbox-brokers", "nats,kafka", "brokers of the inbox rows: nats, kafka (in-process kfake)")
 		instHot     = flag.Int("instances-hot-every", 2, "diagnosis: every n-th transaction of the many-instances rows publishes through a subscribing engine (hot path), the others through one without subscriptions; -1: none")
 	)
 	flag.Parse()
@@ -203,6 +213,12 @@ func main() {
 		onlyInstancesRun(ctx, dialects, dsnOf, *out, instOpts)
 		return
 	}
+	inboxOpts := harness.InboxOptions{Brokers: strings.Split(*inboxBrk, ","), Addrs: harness.BrokerAddrs{NATS: *natsURL},
+		N: *inboxN, Concurrency: *inboxConc, Repeats: *repeats, Dups: *inboxDups, Log: logf}
+	if *onlyInbox {
+		onlyInboxRun(ctx, dialects, open, *out, inboxOpts)
+		return
+	}
 	if *onlyOrdered {
 		onlyOrderedRun(ctx, dialects, open, *out, *repeats, *duration, *orderedRaw, *orderedInst, *orderedProf)
 		return
@@ -231,6 +247,9 @@ func main() {
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
 	if *instOn {
 		est += time.Duration(len(dialects)*len(strings.Split(*instPolls, ","))**instReps) * (*instDur + 10*time.Second)
+	}
+	if *inboxOn {
+		est += time.Duration(len(dialects)**repeats) * time.Minute
 	}
 	if *orderedOn {
 		est += orderedEstimate(len(dialects), *repeats, *duration, *orderedRaw, *orderedInst)
@@ -271,6 +290,10 @@ func main() {
 
 	if *instOn && len(dialects) > 0 {
 		rep.Instances = runInstances(ctx, dialects, dsnOf, instOpts)
+	}
+
+	if *inboxOn && len(dialects) > 0 {
+		rep.Inbox = runInbox(ctx, dialects, open, inboxOpts)
 	}
 
 	if *connOn {
