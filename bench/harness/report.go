@@ -25,6 +25,8 @@ type Report struct {
 	OrderedHeader string `json:",omitempty"`
 	// Instances are the many-instances rows (issue 33, defect 4).
 	Instances []InstancesResult `json:",omitempty"`
+	// Stats are the statistics rows (issue 34).
+	Stats []StatsResult `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -436,6 +438,7 @@ func (r *Report) Targets(hot, cold string) []Target {
 			ts = append(ts, d.OrderedTargets()...)
 		}
 	}
+	ts = append(ts, StatsTargets(r.Stats)...)
 	return append(ts, LoadTargets(r.Load)...)
 }
 
@@ -508,6 +511,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if len(r.Instances) > 0 {
 		p("")
 		WriteInstances(w, r.Instances, "")
+	}
+	if len(r.Stats) > 0 {
+		p("")
+		WriteStatsDrains(w, r.Stats, "")
 	}
 	if len(r.Load) > 0 {
 		p("")
