@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -70,6 +71,9 @@ func LockName(t testing.TB, s *Store, prefix string) string {
 // DueIndex returns the name of the store's (status, available_at) index.
 func DueIndex(s *Store) string { return s.name + "_due" }
 
+// planNames numbers the statements ClaimPlans prepares.
+var planNames atomic.Int64
+
 // ClaimPlans returns the plan of each of the claim's reads of due rows
 // for req, keyed "retry" and "new" (EXPLAIN, or EXPLAIN QUERY PLAN on
 // SQLite; each row of it a line of "column=value" pairs), planned as the
@@ -92,6 +96,33 @@ func ClaimPlans(t testing.TB, s *Store, req driver.ClaimRequest) map[string]stri
 		}
 		defer tx.Rollback()
 		q = tx
+		if s.d.name == "postgres" {
+			// pgx prepares every statement, and from its sixth run
+			// PostgreSQL may use the generic plan, made without the
+			// arguments: the same reads, planned so.
+			if _, err := tx.ExecContext(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+				t.Fatal(err)
+			}
+			for _, stmt := range []string{cs.retry, cs.new} {
+				args := stmts[stmt]
+				name := fmt.Sprintf("claim_plan_%s_%d", names[stmt], planNames.Add(1))
+				if _, err := tx.ExecContext(ctx, "PREPARE "+name+" AS "+stmt); err != nil {
+					t.Fatalf("%s: PREPARE: %v", name, err)
+				}
+				defer tx.ExecContext(ctx, "DEALLOCATE "+name)
+				lits := make([]string, len(args))
+				for i, a := range args {
+					switch v := a.(type) {
+					case []string:
+						lits[i] = "ARRAY['" + strings.Join(v, "', '") + "']"
+					default:
+						lits[i] = fmt.Sprint(v)
+					}
+				}
+				generic := "EXECUTE " + name + "(" + strings.Join(lits, ", ") + ")"
+				stmts[generic], names[generic] = nil, names[stmt]+" (generic plan)"
+			}
+		}
 	}
 	explain := "EXPLAIN "
 	if s.d.name == "sqlite" {
