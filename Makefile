@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -61,6 +61,10 @@ bench-inbox:
 ## bench-instances: only the many-instances rows (50 engines in one process on one table, default PollInterval and 50 ms, 500 events/s, then Close with 5 s; MariaDB and PostgreSQL; ~4 min): claim, DONE and lease-renewal p99 and the acknowledged events left not DONE; replaces the section "Many instances" of BENCHMARKS.md (make bench includes the rows).
 bench-instances:
 	cd bench && $(GO) run ./cmd/outboxbench -only-instances -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-stats: only the statistics rows (a drain of 200,000 events, default Config, on a table whose statistics were gathered before the backlog built up vs gathered after it; MariaDB and PostgreSQL, 3 repeats; ~10 min); replaces the section "Backlog drain and table statistics" of BENCHMARKS.md (make bench includes the rows).
+bench-stats:
+	cd bench && $(GO) run ./cmd/outboxbench -only-stats -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes docs/bench/load.md.
 bench-load:

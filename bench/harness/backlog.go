@@ -145,7 +145,19 @@ type DrainOptions struct {
 	// batches of 1000 and a 10 ms poll interval (and a cold queue that
 	// holds two batches).
 	Tuned bool
+	// Stats, if set, turns the server's automatic statistics off for the
+	// drain's tables before the prefill (PostgreSQL autovacuum, InnoDB
+	// STATS_AUTO_RECALC), gathers them on the empty table, and then:
+	// StatsStale leaves them so (the backlog built up since, as after an
+	// outage); StatsFresh gathers them again after the prefill.
+	Stats string
 }
+
+// The statistics of a drain (DrainOptions.Stats).
+const (
+	StatsStale = "stale"
+	StatsFresh = "fresh"
+)
 
 // DrainTxoutbox prefills a txoutbox table with o.N events and measures
 // how fast the poller (default Config) delivers them.
@@ -170,11 +182,30 @@ func DrainTxoutbox(ctx context.Context, db *sqlx.DB, o DrainOptions) (res DrainR
 		return res, err
 	}
 	defer func() { err = errors.Join(err, dropTables(ctx, db, storeTables(st)...)) }()
+	if o.Stats != "" {
+		if err := manualStats(ctx, db, st); err != nil {
+			return res, err
+		}
+	}
 	t0 := time.Now()
 	if err := prefillOutbox(ctx, db, st.Table(), 0, o.N); err != nil {
 		return res, err
 	}
 	res.Prefill = time.Since(t0)
+	if o.Stats != "" {
+		// One full read of the table in both, so that the fresh drain's
+		// ANALYZE, which reads it too (and on PostgreSQL sets the hint
+		// bits of every new tuple it sees), does not warm its table alone.
+		var n int64
+		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+st.Table()); err != nil {
+			return res, err
+		}
+	}
+	if o.Stats == StatsFresh {
+		if err := analyze(ctx, db, st.Table()); err != nil {
+			return res, err
+		}
+	}
 	logf(o.Log, "prefilled %d events in %v", o.N, res.Prefill.Round(time.Millisecond))
 	rec := NewRecorder(int(o.N))
 	var m Counters

@@ -27,6 +27,8 @@ type Report struct {
 	Instances []InstancesResult `json:",omitempty"`
 	// Inbox are the inbox rows (issue 36).
 	Inbox *InboxReport `json:",omitempty"`
+	// Stats are the statistics rows (issue 34).
+	Stats []StatsResult `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -441,6 +443,7 @@ func (r *Report) Targets(hot, cold string) []Target {
 	if r.Inbox != nil {
 		ts = append(ts, r.Inbox.Targets()...)
 	}
+	ts = append(ts, StatsTargets(r.Stats)...)
 	return append(ts, LoadTargets(r.Load)...)
 }
 
@@ -517,6 +520,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if r.Inbox != nil {
 		p("")
 		r.Inbox.Write(w)
+	}
+	if len(r.Stats) > 0 {
+		p("")
+		WriteStatsDrains(w, r.Stats, "")
 	}
 	if len(r.Load) > 0 {
 		p("")

@@ -118,7 +118,8 @@ func (s *Store) claimFound(ctx context.Context, req driver.ClaimRequest) (_ []dr
 }
 
 // beginClaim begins a claim's transaction, READ COMMITTED where the
-// dialect has it.
+// dialect has it, with the dialect's planner settings for the claim
+// (Dialect.claimPlan).
 func (s *Store) beginClaim(ctx context.Context) (*sqlx.Tx, error) {
 	opts := &sql.TxOptions{}
 	if s.d.readCommitted {
@@ -127,6 +128,11 @@ func (s *Store) beginClaim(ctx context.Context) (*sqlx.Tx, error) {
 	tx, err := s.db.BeginTxx(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: begin: %w", err)
+	}
+	if s.d.claimPlan != "" {
+		if _, err := tx.ExecContext(ctx, s.d.claimPlan); err != nil {
+			return nil, errors.Join(fmt.Errorf("sqlstore: claim: planner settings: %w", err), rollback(tx))
+		}
 	}
 	return tx, nil
 }

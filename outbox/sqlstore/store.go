@@ -216,9 +216,13 @@ func (s *Store) buildClaimSet(types string) claimSet {
 	// proportion to the backlog. A NEW row's available_at is its
 	// insert time, so SkipRecent is a bound on the same index. Where
 	// the dialect finds first (Dialect.findFirst) these are plain
-	// reads of ids, and claimLockSQL locks what they found.
+	// reads of ids, and claimLockSQL locks what they found. The plan
+	// must not depend on the statistics (a backlog builds up faster than
+	// they are gathered): MySQL/MariaDB are told the index (dueIndex),
+	// PostgreSQL's claim transaction turns sorts off (Dialect.claimPlan).
+	due := s.dueIndex("_due")
 	return claimSet{
-		new: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + `
+		new: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + due + `
 WHERE status = 0 AND available_at <= ` + d.nowMinus + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
 ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
@@ -227,15 +231,25 @@ ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
 		// alone (the tie broken by a filter): else MariaDB reads the index
 		// from the front of status = 0 ("ref"), which is what the cursor
 		// is there to avoid.
-		newAfter: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + ` FORCE INDEX (` + d.quote(s.name+"_due") + `)
+		newAfter: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + due + `
 WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
 ORDER BY available_at, id LIMIT ?` + lock),
-		retry: s.rebind(`SELECT ` + cols + ` FROM ` + s.table + `
+		retry: s.rebind(`SELECT ` + cols + ` FROM ` + s.table + due + `
 WHERE status = 2 AND available_at <= ` + d.now + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
 ORDER BY available_at LIMIT ?` + lock),
 	}
+}
+
+// dueIndex returns what follows a table name in a claim's read of due
+// rows: on MySQL/MariaDB, FORCE INDEX of the table's index named by suffix
+// (Dialect.forceDue).
+func (s *Store) dueIndex(suffix string) string {
+	if !s.d.forceDue {
+		return ""
+	}
+	return ` FORCE INDEX (` + s.d.quote(s.name+suffix) + `)`
 }
 
 // claimSetFor returns the claim's SELECTs for req's type filter, and the

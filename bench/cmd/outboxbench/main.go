@@ -99,6 +99,9 @@ func main() {
 		orderedKeys = flag.Int("ordered-keys", harness.OrderedKeys, "diagnosis: ordering keys of the ordered rows instead of 1,000 (a number far above the events of a run makes nearly every event its key's first)")
 		orderedPoll = flag.Duration("ordered-poll", 0, "diagnosis: PollInterval (and PollMaxInterval) of the ordered rows instead of the default Config")
 		orderedProf = flag.String("ordered-cpuprofile", "", "write CPU profiles of the first repeat's ordered-subscription rows to PREFIX.<db>.<order>.pprof")
+		statsOn     = flag.Bool("stats", true, "run the statistics rows: a drain of -stats-events on a table whose statistics were gathered before the backlog built up, against one with fresh statistics (see -only-stats)")
+		onlyStats   = flag.Bool("only-stats", false, "run the statistics rows only (-db, -repeats apply) and replace the section \"Backlog drain and table statistics\" of -out with them (make bench-stats)")
+		statsN      = flag.Int64("stats-events", 200_000, "events of each drain of the statistics rows")
 		instOn      = flag.Bool("instances", true, "run the many-instances rows: -instances-n engines on one table under a steady load, at each poll interval of -instances-polls, then Close with 5 s (see -only-instances)")
 		onlyInst    = flag.Bool("only-instances", false, "run the many-instances rows only (-db, -instances-* apply) and replace the section \"Many instances\" of -out with them (make bench-instances)")
 		instN       = flag.Int("instances-n", 50, "engines of the many-instances rows")
@@ -204,7 +207,7 @@ func main() {
 		fatal("-backlog: %v", err)
 	}
 	if *onlyLoad {
-		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn = nil, nil, nil, 0, false, false, false
+		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn, *statsOn = nil, nil, nil, 0, false, false, false, false
 	}
 	harness.OrderedPollInterval = *orderedPoll
 	harness.OrderedKeys = *orderedKeys
@@ -217,6 +220,10 @@ func main() {
 		N: *inboxN, Concurrency: *inboxConc, Repeats: *repeats, Dups: *inboxDups, Log: logf}
 	if *onlyInbox {
 		onlyInboxRun(ctx, dialects, open, *out, inboxOpts)
+		return
+	}
+	if *onlyStats {
+		onlyStatsRun(ctx, dialects, open, *out, *statsN, *repeats)
 		return
 	}
 	if *onlyOrdered {
@@ -245,6 +252,9 @@ func main() {
 	withMariaDB := slices.Contains(dialects, harness.MariaDB)
 	est := estimate(dialects, *repeats, len(concs), len(chosen), *duration, sizes, *largeReps, matches("Watermill", *systems),
 		withMariaDB && *memN > 0, *memN, *connOn, *loadOn || *onlyLoad, *loadRepeats, *loadDur, len(strings.Split(*loadRates, ",")))
+	if *statsOn {
+		est += time.Duration(len(dialects)**repeats) * 2 * (time.Duration(*statsN/10_000) * time.Second)
+	}
 	if *instOn {
 		est += time.Duration(len(dialects)*len(strings.Split(*instPolls, ","))**instReps) * (*instDur + 10*time.Second)
 	}
@@ -290,6 +300,9 @@ func main() {
 
 	if *instOn && len(dialects) > 0 {
 		rep.Instances = runInstances(ctx, dialects, dsnOf, instOpts)
+	}
+	if *statsOn && len(dialects) > 0 {
+		rep.Stats = runStats(ctx, dialects, open, *statsN, *repeats)
 	}
 
 	if *inboxOn && len(dialects) > 0 {
