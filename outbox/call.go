@@ -67,19 +67,28 @@ func (d *dispatcher) callOne(ctx context.Context, key string, s *subscription, e
 	return d.call(ctx, s.Timeout, f)
 }
 
-// callTx runs a Tx handler in a transaction that records its delivery.
-func (d *dispatcher) callTx(ctx context.Context, key string, s *subscription, ev Event) error {
+// callTx runs a Tx handler in a transaction that records its delivery,
+// in the item's turn with it (driver.TxTurn): a call whose turn ended
+// meanwhile (it outlived its lease or its timeout, and its outcome was
+// written) records nothing, and its lease is taken as lost.
+func (d *dispatcher) callTx(ctx context.Context, it *item, s *subscription, ev Event) error {
+	key := it.key()
 	if err := d.acquire(ctx, key, s); err != nil {
 		return err
 	}
 	defer func() { <-s.sem }()
 	ts := d.store.(driver.TxDeliveryStore) // checked by Subscribe
+	turn := driver.TxTurn{Whole: it.sub == nil, Attempts: it.attempts}
 	f := func(ctx context.Context) error {
-		already, err := ts.DeliverInTx(ctx, ev.ID, s.Name, func(tx DBTx) error {
+		already, err := ts.DeliverInTx(ctx, d.cfg.InstanceID, turn, ev.ID, s.Name, func(tx DBTx) error {
 			return safeCall(ctx, func(ctx context.Context) error { return s.Tx(ctx, tx, ev) })
 		})
 		if already {
 			d.log.Debug("delivery recorded already; not run again", slog.String("event_id", ev.ID), slog.String("subscription", s.Name))
+		}
+		if errors.Is(err, driver.ErrLeaseLost) {
+			d.inflight.lost(key) // process gives it back (leaseLost)
+			return errLeaseLost
 		}
 		return err
 	}

@@ -175,7 +175,7 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 		ev.Subscription = s.Name
 		start := time.Now()
 		if s.Tx != nil {
-			err := d.callTx(ctx, it.key(), s, ev)
+			err := d.callTx(ctx, it, s, ev)
 			r := d.outcome(ctx, s, it, probe, err, time.Since(start))
 			r.recorded = err == nil
 			it.add(r)

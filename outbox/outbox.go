@@ -522,6 +522,17 @@ func (s *inflightSet) release(id string) {
 	s.mu.Unlock()
 }
 
+// lost notes that id's lease is known to be gone (the store said so):
+// expired reports it from now on.
+func (s *inflightSet) lost(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.m[id]; ok {
+		cur.until = time.Unix(0, 1)
+		s.m[id] = cur
+	}
+}
+
 // take removes id and reports whether a claim leased it again while it
 // was in the set.
 func (s *inflightSet) take(id string) (reclaimed bool) {

@@ -292,5 +292,24 @@ type TxDeliveryStore interface {
 	// failure: f's own statement or the record's): the store should then
 	// run the transaction again from the start, f included, a few times,
 	// since the engine counts a returned error as a failed attempt.
-	DeliverInTx(ctx context.Context, eventID, sub string, f func(tx DBTx) error) (already bool, err error)
+	//
+	// The call is owner's turn with the delivery, as at: on the whole event
+	// (at.Whole: sub has no delivery row yet), or on sub's delivery leased
+	// to owner after at.Attempts failed attempts. If that turn is over when
+	// the delivery is to be recorded (the event was split since, or the
+	// delivery is no longer leased to owner with those attempts: a call
+	// that outlived its lease or its timeout, whose outcome the engine has
+	// written meanwhile), it records nothing, rolls back what f did, and
+	// returns ErrLeaseLost.
+	DeliverInTx(ctx context.Context, owner string, at TxTurn, eventID, sub string, f func(tx DBTx) error) (already bool, err error)
 }
+
+// TxTurn is the turn a DeliverInTx call is made in: see DeliverInTx.
+type TxTurn struct {
+	Whole    bool // on the whole event; else on the subscription's delivery
+	Attempts int  // the delivery's failed attempts when it was leased
+}
+
+// ErrLeaseLost is DeliverInTx's answer when the caller's turn with the
+// delivery is over: nothing was recorded, and f's effects were rolled back.
+var ErrLeaseLost = errors.New("outbox: the delivery is no longer this caller's (its lease or its turn ended): not recorded")

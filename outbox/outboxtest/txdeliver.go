@@ -58,13 +58,14 @@ func (t *effectTx) QueryRowContext(ctx context.Context, query string, args ...an
 // the statements are kept together with the delivery's DONE, once. If the
 // delivery was recorded already, f's statements are dropped and already
 // is true. QueryContext and QueryRowContext of the transaction do not
-// work: there is no SQL.
-func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx driver.DBTx) error) (already bool, err error) {
+// work: there is no SQL. A call whose turn is over (see the driver's
+// contract) records nothing and returns driver.ErrLeaseLost.
+func (s *Store) DeliverInTx(ctx context.Context, owner string, at driver.TxTurn, eventID, sub string, f func(tx driver.DBTx) error) (already bool, err error) {
 	s.mu.Lock()
-	done := s.deliveredTo(eventID, sub)
+	done, err := s.txTurn(owner, at, eventID, sub)
 	s.mu.Unlock()
-	if done {
-		return true, nil
+	if done || err != nil {
+		return done, err
 	}
 	tx := &effectTx{eventID: eventID, sub: sub}
 	if err := f(tx); err != nil {
@@ -73,8 +74,8 @@ func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx 
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.deliveredTo(eventID, sub) {
-		return true, nil
+	if done, err := s.txTurn(owner, at, eventID, sub); done || err != nil {
+		return done, err
 	}
 	ds := s.deliv[eventID]
 	if ds == nil {
@@ -91,6 +92,21 @@ func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx 
 	s.completeSplit(eventID, now)
 	s.effects = append(s.effects, tx.staged...)
 	s.touch()
+	return false, nil
+}
+
+// txTurn reports whether the delivery of eventID to sub is recorded DONE,
+// or driver.ErrLeaseLost if owner's turn at with it is over. The caller
+// holds s.mu.
+func (s *Store) txTurn(owner string, at driver.TxTurn, eventID, sub string) (done bool, err error) {
+	d := s.deliv[eventID][sub]
+	switch {
+	case d != nil && d.status == outbox.StatusDone:
+		return true, nil
+	case at.Whole && d != nil,
+		!at.Whole && (d == nil || d.owner != owner || d.attempts != at.Attempts || (d.status != outbox.StatusNew && d.status != outbox.StatusRetry)):
+		return false, driver.ErrLeaseLost
+	}
 	return false, nil
 }
 

@@ -758,16 +758,16 @@ var _ driver.TxDeliveryStore = (*Store)(nil)
 // record's INSERT after f succeeded, is run again from the start, f
 // included, a few times: the database's failure is not the handler's, and
 // must not spend one of its attempts.
-func (s *Store) DeliverInTx(ctx context.Context, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
+func (s *Store) DeliverInTx(ctx context.Context, owner string, at driver.TxTurn, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
 	err = s.retry(ctx, func() error {
 		var err error
-		already, err = s.deliverInTx(ctx, eventID, sub, f)
+		already, err = s.deliverInTx(ctx, owner, at, eventID, sub, f)
 		return err
 	})
 	return already, err
 }
 
-func (s *Store) deliverInTx(ctx context.Context, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
+func (s *Store) deliverInTx(ctx context.Context, owner string, at driver.TxTurn, eventID, sub string, f func(tx outbox.DBTx) error) (already bool, err error) {
 	opts := &sql.TxOptions{}
 	if s.d.readCommitted {
 		opts.Isolation = sql.LevelReadCommitted
@@ -777,47 +777,75 @@ func (s *Store) deliverInTx(ctx context.Context, eventID, sub string, f func(tx 
 		return false, fmt.Errorf("sqlstore: deliver in a transaction: begin: %w", err)
 	}
 	defer tx.Rollback() // after Commit: a no-op
-	var status int
-	switch err := tx.QueryRowContext(ctx, s.rebind(`SELECT status FROM `+s.DeliveriesTable()+` WHERE event_id = ? AND subscription = ?`), eventID, sub).Scan(&status); {
-	case err == nil && status == int(outbox.StatusDone):
-		return true, nil
-	case err != nil && !errors.Is(err, sql.ErrNoRows):
-		return false, s.explainSubs(fmt.Errorf("sqlstore: deliver in a transaction: %w", err))
+	if done, err := s.txTurn(ctx, tx, owner, at, eventID, sub); done || err != nil {
+		return done, err
 	}
 	if err := f(tx); err != nil {
 		return false, err
 	}
-	var insert string
-	switch s.d.name {
-	case "mysql":
-		insert = `INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at) VALUES (?, ?, 1, 0, ` + s.d.now + `, ` + s.d.now + `, ` + s.d.now + `)
-ON DUPLICATE KEY UPDATE event_id = event_id`
-	default:
-		insert = `INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at) VALUES (?, ?, 1, 0, ` + s.d.now + `, ` + s.d.now + `, ` + s.d.now + `)
-ON CONFLICT (event_id, subscription) DO NOTHING`
+	if done, err := s.recordTxDelivery(ctx, tx, owner, at, eventID, sub); done || err != nil {
+		return done, err
 	}
-	res, err := tx.ExecContext(ctx, s.rebind(insert), eventID, sub)
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("sqlstore: deliver in a transaction: commit: %w", err)
+	}
+	return false, nil
+}
+
+// txTurn reads sub's delivery of eventID in tx: done if it is recorded
+// DONE, driver.ErrLeaseLost if owner's turn at with it is over.
+func (s *Store) txTurn(ctx context.Context, tx *sql.Tx, owner string, at driver.TxTurn, eventID, sub string) (done bool, err error) {
+	var status, attempts int
+	var by sql.NullString
+	err = tx.QueryRowContext(ctx, s.rebind(`SELECT status, attempts, locked_by FROM `+s.DeliveriesTable()+` WHERE event_id = ? AND subscription = ?`), eventID, sub).Scan(&status, &attempts, &by)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if at.Whole {
+			return false, nil
+		}
+		return false, driver.ErrLeaseLost
+	case err != nil:
+		return false, s.explainSubs(fmt.Errorf("sqlstore: deliver in a transaction: %w", err))
+	case status == int(outbox.StatusDone):
+		return true, nil
+	case at.Whole, by.String != owner, attempts != at.Attempts, status != int(outbox.StatusNew) && status != int(outbox.StatusRetry):
+		return false, driver.ErrLeaseLost
+	}
+	return false, nil
+}
+
+// recordTxDelivery records sub's delivery of eventID DONE in tx, in
+// owner's turn at (the event DONE too if that was its last delivery
+// left): an insert on the whole event, an update of the delivery leased
+// to owner with at.Attempts otherwise. done if it was recorded already;
+// driver.ErrLeaseLost if the turn ended meanwhile.
+func (s *Store) recordTxDelivery(ctx context.Context, tx *sql.Tx, owner string, at driver.TxTurn, eventID, sub string) (done bool, err error) {
+	var res sql.Result
+	if at.Whole {
+		insert := `INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at) VALUES (?, ?, 1, 0, ` + s.d.now + `, ` + s.d.now + `, ` + s.d.now + `)
+ON CONFLICT (event_id, subscription) DO NOTHING`
+		if s.d.name == "mysql" {
+			insert = `INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at) VALUES (?, ?, 1, 0, ` + s.d.now + `, ` + s.d.now + `, ` + s.d.now + `)
+ON DUPLICATE KEY UPDATE event_id = event_id`
+		}
+		res, err = tx.ExecContext(ctx, s.rebind(insert), eventID, sub)
+	} else {
+		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+s.setDone()+`
+WHERE event_id = ? AND subscription = ? AND status IN (0, 2) AND locked_by = ? AND attempts = ?`), eventID, sub, owner, at.Attempts)
+	}
 	if err != nil {
 		return false, fmt.Errorf("sqlstore: deliver in a transaction: record: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		// The row exists: a split event's delivery (RETRY, NEW), or one
-		// another instance recorded meanwhile.
-		res, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.DeliveriesTable()+s.d.byID+s.setDone()+`
-WHERE event_id = ? AND subscription = ? AND status <> 1`), eventID, sub)
-		if err != nil {
-			return false, fmt.Errorf("sqlstore: deliver in a transaction: record: %w", err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return true, nil // recorded by another: roll back f's effects
-		}
-		if _, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
-WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id = ?)`), eventID, eventID); err != nil {
-			return false, fmt.Errorf("sqlstore: deliver in a transaction: complete the event: %w", err)
-		}
+		// A row written meanwhile: recorded by another, or the turn over.
+		return s.txTurn(ctx, tx, owner, driver.TxTurn{Attempts: -1}, eventID, sub)
 	}
-	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("sqlstore: deliver in a transaction: commit: %w", err)
+	if at.Whole {
+		return false, nil
+	}
+	if _, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
+WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id = ?)`), eventID, eventID); err != nil {
+		return false, fmt.Errorf("sqlstore: deliver in a transaction: complete the event: %w", err)
 	}
 	return false, nil
 }

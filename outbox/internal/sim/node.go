@@ -391,8 +391,8 @@ func (f *faultyStore) DueKeys(ctx context.Context, after string, limit int) ([]s
 	return wrap(ctx, f, "DueKeys", func() ([]string, error) { return f.Store.DueKeys(ctx, after, limit) })
 }
 
-func (f *faultyStore) DeliverInTx(ctx context.Context, eventID, sub string, fn func(tx driver.DBTx) error) (bool, error) {
-	return wrap(ctx, f, "DeliverInTx", func() (bool, error) { return f.Store.DeliverInTx(ctx, eventID, sub, fn) })
+func (f *faultyStore) DeliverInTx(ctx context.Context, owner string, at driver.TxTurn, eventID, sub string, fn func(tx driver.DBTx) error) (bool, error) {
+	return wrap(ctx, f, "DeliverInTx", func() (bool, error) { return f.Store.DeliverInTx(ctx, owner, at, eventID, sub, fn) })
 }
 
 func (f *faultyStore) ReleaseOwner(ctx context.Context, owner string) (int, error) {
