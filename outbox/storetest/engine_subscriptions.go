@@ -4,50 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
-	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
-// callCounter counts handler calls per event id.
-type callCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *callCounter) add(id string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[id]++
-	return c.n[id]
-}
-
-func (c *callCounter) get(id string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[id]
-}
-
-// waitFor polls cond until it holds or the test's wait runs out; it is
-// for conditions on the database, which has no signal to wait on.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// Engine cases: subscriptions.
 
 // One subscription fails, the other does not: only the failing one is
 // called again, and the event is DONE once it succeeds.
@@ -303,53 +268,6 @@ func testBatchSubscription(t *testing.T, e *env) {
 	}
 }
 
-// Dead letters are per subscription: ListDead names the subscription that
-// gave up, and Replay runs only it again.
-func testDeadPerSubscription(t *testing.T, e *env) {
-	ob := e.outbox(t, fastConfig())
-	var good, bad callCounter
-	var fixed atomic.Bool
-	dead := make(chan string, 1)
-	replayed := make(chan string, 1)
-	ob.Handle("good", func(_ context.Context, ev outbox.Event) error { good.add(ev.ID); return nil }, typeA)
-	ob.Handle("bad", func(_ context.Context, ev outbox.Event) error {
-		if bad.add(ev.ID) == 1 {
-			defer func() { dead <- ev.ID }()
-			return outbox.Permanent(errors.New("schema mismatch"))
-		}
-		if fixed.Load() {
-			replayed <- ev.ID
-		}
-		return nil
-	}, typeA)
-	start(t, ob)
-	id := e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(payload)})
-	recv(t, dead, "the bad subscription's failure")
-	waitFor(t, "the dead delivery", func() bool {
-		rec := e.inspect(t, id)
-		return len(rec.Deliveries) == 1 && rec.Deliveries[0].Status == outbox.StatusDead
-	})
-	dls, err := e.store.(driver.DeadLetterStore).ListDead(context.Background(), "", 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(dls) != 1 || dls[0].ID != id || dls[0].Subscription != "bad" || dls[0].LastError != "schema mismatch" || dls[0].Attempts != 1 {
-		t.Fatalf("ListDead = %+v; want the bad subscription's delivery of %s", dls, id)
-	}
-	fixed.Store(true)
-	if n, err := e.store.(driver.DeadLetterStore).Replay(context.Background(), []string{id}); err != nil || n != 1 {
-		t.Fatalf("Replay = %d, %v; want 1", n, err)
-	}
-	if got := recv(t, replayed, "the replayed delivery"); got != id {
-		t.Fatalf("replayed %s; want %s", got, id)
-	}
-	waitFor(t, "the event DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
-	closeNow(t, ob)
-	if g := good.get(id); g != 1 {
-		t.Fatalf("the good subscription ran %d times; want 1 (replay never re-runs it)", g)
-	}
-}
-
 // Subscribe validates names and options and refuses after Start.
 func testSubscribeValidation(t *testing.T, e *env) {
 	ob := e.outbox(t, fastConfig())
@@ -378,150 +296,4 @@ func testSubscribeValidation(t *testing.T, e *env) {
 		t.Fatalf("Subscribe after Start = %v; want ErrStarted", err)
 	}
 	closeNow(t, ob)
-}
-
-// Lag per subscription, dead letters by filter, and replay by filter
-// (dry run first, publish order, idempotent).
-func testLagAndDeadFilters(t *testing.T, e *env) {
-	if _, ok := e.store.(driver.OperatorStore); !ok {
-		t.Skip("the store does not implement driver.OperatorStore")
-	}
-	ctx := context.Background()
-	cfg := fastConfig()
-	cfg.Workers = 1 // one at a time, so that the replay's order is visible
-	ob := e.outbox(t, cfg)
-	var ok1 callCounter
-	var accept atomic.Bool
-	replayed := make(chan string, 10)
-	ob.Handle("ok", func(_ context.Context, ev outbox.Event) error { ok1.add(ev.ID); return nil }, typeA)
-	ob.Handle("picky", func(_ context.Context, ev outbox.Event) error {
-		if strings.Contains(string(ev.JSON), "bad") {
-			if !accept.Load() {
-				return outbox.Permanent(fmt.Errorf("refused: %s", ev.JSON))
-			}
-			replayed <- ev.ID
-		}
-		return nil
-	}, typeA, typeB)
-	ob.Handle("paused", func(context.Context, outbox.Event) error { return nil }, typeB)
-	start(t, ob)
-	if err := ob.Pause(ctx, "paused"); err != nil {
-		t.Fatal(err)
-	}
-	before := time.Now().Add(-time.Minute)
-	var good, bad, bs []string
-	for i := range 3 {
-		good = append(good, e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(fmt.Sprintf(`{"n":%d}`, i))}))
-	}
-	for i := range 2 {
-		bad = append(bad, e.publish(t, ob, outbox.Envelope{Type: typeA, JSON: []byte(fmt.Sprintf(`{"bad":%d}`, i))}))
-	}
-	for i := range 2 {
-		bs = append(bs, e.publish(t, ob, outbox.Envelope{Type: typeB, JSON: []byte(fmt.Sprintf(`{"b":%d}`, i))}))
-	}
-	lagOf := func(name string) outbox.Lag {
-		lags, err := ob.Lag(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range lags {
-			if l.Subscription == name {
-				return l
-			}
-		}
-		t.Fatalf("no lag for %q in %+v", name, lags)
-		return outbox.Lag{}
-	}
-	waitFor(t, "two dead deliveries and two paused", func() bool {
-		return lagOf("picky").Dead == 2 && lagOf("paused").Pending == 2
-	})
-	for _, id := range good {
-		waitFor(t, "event "+id+" DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
-	}
-	// The dead deliveries of split events count as dead letters: the
-	// headline of outboxctl stats and the admin page (issue 37, item 12).
-	if st, err := ob.Stats(ctx); err != nil || st.Dead != 0 || st.DeadDeliveries != 2 || st.DeadLetters() != 2 {
-		t.Fatalf("Stats = %+v, %v; want 2 dead deliveries, 2 dead letters, no event dead as a whole", st, err)
-	}
-	if l := lagOf("ok"); l.Pending != 0 || l.Dead != 0 || l.Retrying != 0 {
-		t.Fatalf("lag of ok = %+v; want nothing", l)
-	}
-	if l := lagOf("paused"); l.Oldest <= 0 {
-		t.Fatalf("lag of paused = %+v; want an oldest age", l)
-	}
-	for _, tc := range []struct {
-		f    outbox.DeadFilter
-		want []string
-	}{
-		{outbox.DeadFilter{Subscription: "picky"}, bad},
-		{outbox.DeadFilter{ErrorContains: "refused"}, bad},
-		{outbox.DeadFilter{ErrorContains: `"bad":1`}, bad[1:]},
-		{outbox.DeadFilter{ErrorContains: "100%_"}, nil},
-		{outbox.DeadFilter{Subscription: "ok"}, nil},
-		{outbox.DeadFilter{Type: string(typeB)}, nil},
-		{outbox.DeadFilter{Type: string(typeA), Since: before, Until: time.Now().Add(time.Minute)}, bad},
-		{outbox.DeadFilter{Since: time.Now().Add(time.Hour)}, nil},
-		{outbox.DeadFilter{Limit: 1}, bad[:1]},
-		{outbox.DeadFilter{After: bad[0]}, bad[1:]},
-		{outbox.DeadFilter{IDs: []string{bad[1], good[0]}}, bad[1:]},
-		{outbox.DeadFilter{Subscription: "picky", IDs: []string{bad[0]}}, bad[:1]},
-	} {
-		dls, err := ob.Dead(ctx, tc.f) // the Outbox's operator API over FindDead
-		if err != nil {
-			t.Fatalf("FindDead(%+v): %v", tc.f, err)
-		}
-		var got []string
-		for _, dl := range dls {
-			got = append(got, dl.ID)
-		}
-		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
-			t.Errorf("FindDead(%+v) = %v; want %v", tc.f, got, tc.want)
-		}
-	}
-	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, true); err != nil || n != 2 {
-		t.Fatalf("dry run = %d, %v; want 2", n, err)
-	}
-	if n, err := ob.Replay(ctx, outbox.DeadFilter{IDs: bad[1:]}, true); err != nil || n != 1 {
-		t.Fatalf("dry run by id = %d, %v; want 1", n, err)
-	}
-	if _, err := ob.Replay(ctx, outbox.DeadFilter{IDs: make([]string, outbox.MaxFilterIDs+1)}, true); err == nil {
-		t.Fatalf("a filter of %d ids was taken; want an error naming the limit", outbox.MaxFilterIDs+1)
-	}
-	if l := lagOf("picky"); l.Dead != 2 {
-		t.Fatalf("after a dry run: %+v; want still 2 dead", l)
-	}
-	accept.Store(true)
-	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 2 {
-		t.Fatalf("replay = %d, %v; want 2", n, err)
-	}
-	if n, err := ob.Replay(ctx, outbox.DeadFilter{Subscription: "picky"}, false); err != nil || n != 0 {
-		t.Fatalf("second replay = %d, %v; want 0 (nothing dead now)", n, err)
-	}
-	for i, want := range bad {
-		if got := recv(t, replayed, "a replayed delivery"); got != want {
-			t.Fatalf("replayed delivery %d is %s; want %s (publish order)", i, got, want)
-		}
-	}
-	for _, id := range append(good, bad...) {
-		waitFor(t, "event "+id+" DONE", func() bool { return e.inspect(t, id).Status == outbox.StatusDone })
-		if n := ok1.get(id); n != 1 {
-			t.Fatalf("ok ran %d times for %s; want 1", n, id)
-		}
-	}
-	rec, err := ob.Inspect(ctx, bad[0])
-	if err != nil || rec.ID != bad[0] || rec.Status != outbox.StatusDone {
-		t.Fatalf("Inspect(%s) = %+v, %v; want the DONE event", bad[0], rec.Row, err)
-	}
-	if _, err := ob.Inspect(ctx, "no-such-event"); !errors.Is(err, outbox.ErrNotFound) {
-		t.Fatalf("Inspect(unknown) = %v; want ErrNotFound", err)
-	}
-	if st, err := ob.Stats(ctx); err != nil || st.DeadLetters() != 0 || st.Pending() != 0 {
-		t.Fatalf("Stats = %+v, %v; want nothing pending or dead", st, err)
-	}
-	closeNow(t, ob)
-	select {
-	case id := <-replayed:
-		t.Fatalf("%s replayed twice", id)
-	default:
-	}
 }

@@ -4,10 +4,54 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
+
+// Cases of driver.DeliveryStore.SyncSubscriptions and SetPaused, and of
+// the registry version that fences the completing writes.
+
+// SyncSubscriptions registers and reports; SetPaused is shared and says
+// whether the name is known.
+func testMethodSubscriptions(t *testing.T, e *env) {
+	ctx := context.Background()
+	ds := e.ds()
+	states, err := ds.SyncSubscriptions(ctx, []driver.SubscriptionInfo{{Name: "a", Types: []string{string(typeA), string(typeB)}}, {Name: "all"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]driver.SubscriptionState{}
+	for _, st := range states.Subscriptions {
+		byName[st.Name] = st
+	}
+	if a := byName["a"]; len(a.Types) != 2 || a.Types[0] != string(typeA) || a.Paused || a.Idle > time.Minute {
+		t.Fatalf("a = %+v; want types [A B], not paused, just seen", a)
+	}
+	if all := byName["all"]; all.Types != nil || all.Name != "all" {
+		t.Fatalf("all = %+v; want nil types (every type)", all)
+	}
+	if ok, err := ds.SetPaused(ctx, "a", true); err != nil || !ok {
+		t.Fatalf("SetPaused(a) = %v, %v; want known", ok, err)
+	}
+	if ok, err := ds.SetPaused(ctx, "nobody", true); err != nil || ok {
+		t.Fatalf("SetPaused(nobody) = %v, %v; want unknown", ok, err)
+	}
+	// Another instance registering a with new types keeps it paused.
+	states, err = ds.SyncSubscriptions(ctx, []driver.SubscriptionInfo{{Name: "a", Types: []string{string(typeA)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range states.Subscriptions {
+		if st.Name == "a" && (!st.Paused || len(st.Types) != 1) {
+			t.Fatalf("a after re-registration = %+v; want paused, types [A]", st)
+		}
+	}
+	if ok, err := ds.SetPaused(ctx, "a", false); err != nil || !ok {
+		t.Fatalf("resume = %v, %v", ok, err)
+	}
+}
 
 // The registry's version changes when a subscription is recorded that was
 // not known, or one's types widen, and not otherwise; a completing write

@@ -9,6 +9,8 @@ import (
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
+// Cases of driver.OwnerReleaser.ReleaseOwner.
+
 // ReleaseOwner (driver.OwnerReleaser) gives up the owner's leases on its
 // pending events and deliveries, and nothing else: not another owner's,
 // not a delivered event's, not a row an open transaction is writing
