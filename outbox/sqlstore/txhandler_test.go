@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -400,6 +402,82 @@ func TestTxSubscriptionRunsADeadlockedTransactionAgain(t *testing.T) {
 			defer mu.Unlock()
 			if runs[id] != 2 {
 				t.Errorf("the handler ran %d times; want 2", runs[id])
+			}
+		})
+	}
+}
+
+// A Tx delivery is recorded only in the caller's turn with it: a call on
+// the whole event after the event was split, or on a delivery whose
+// failed attempts or owner changed since it was leased (a call that
+// outlived its timeout or lease, whose outcome the engine has written,
+// then leased the delivery again), records nothing, and its effect is
+// rolled back (driver.ErrLeaseLost). The call in the current turn records
+// it. make sim's seed 4282 found the stale call's commit letting the key's
+// next event go to an ordered Tx subscription beside the retry.
+func TestTxDeliveryRecordedOnlyInItsTurn(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			effects := effectsTable(t, db)
+			ctx := context.Background()
+			r := driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+			if err := st.Insert(ctx, db, &r, "a", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			// Split, the delivery to s due: its turn on the whole event is
+			// over.
+			if ok, err := st.Split(ctx, "a", r.ID, []driver.DeliveryWrite{{Subscription: "s", Status: driver.StatusNew}}, regNow(t, st)); err != nil || !ok {
+				t.Fatalf("Split = %v, %v", ok, err)
+			}
+			deliver := func(who string, at driver.TxTurn) (bool, error) {
+				return st.DeliverInTx(ctx, who, at, r.ID, "s", func(tx outbox.DBTx) error {
+					_, err := tx.ExecContext(ctx, db.Rebind(`INSERT INTO `+effects+` (event_id, instance) VALUES (?, ?)`), r.ID, who)
+					return err
+				})
+			}
+			want := func(what string, already bool, err error, wantErr error) {
+				t.Helper()
+				if already || !errors.Is(err, wantErr) {
+					t.Fatalf("%s: already %v, %v; want %v", what, already, err, wantErr)
+				}
+				if n := effectCount(t, db, effects, r.ID); n != 0 {
+					t.Fatalf("%s: %d effects committed; want none", what, n)
+				}
+			}
+			already, err := deliver("a", driver.TxTurn{Whole: true})
+			want("on the whole event after its split", already, err, driver.ErrLeaseLost)
+			claim := func() {
+				t.Helper()
+				ds, err := st.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "a", Limit: 10, Lease: time.Minute, SkipRecent: -1}, []string{"s"}, driver.OrderFilter{})
+				if err != nil || len(ds) != 1 {
+					t.Fatalf("ClaimDeliveries = %d, %v; want the delivery", len(ds), err)
+				}
+			}
+			claim() // attempts 0
+			// The attempt fails (its outcome written), and the delivery is
+			// leased again: the first call's turn is over.
+			if ok, err := st.FailDelivery(ctx, "a", driver.DeliveryKey{EventID: r.ID, Subscription: "s"}, driver.DeliveryWrite{Subscription: "s", Status: driver.StatusRetry, Attempts: 1, Error: "timeout"}); err != nil || !ok {
+				t.Fatalf("FailDelivery = %v, %v", ok, err)
+			}
+			claim() // attempts 1
+			already, err = deliver("a", driver.TxTurn{Attempts: 0})
+			want("the first attempt's call after its failure was written", already, err, driver.ErrLeaseLost)
+			already, err = deliver("b", driver.TxTurn{Attempts: 1})
+			want("another instance's call", already, err, driver.ErrLeaseLost)
+			if already, err = deliver("a", driver.TxTurn{Attempts: 1}); already || err != nil {
+				t.Fatalf("the call in its turn: already %v, %v", already, err)
+			}
+			if n := effectCount(t, db, effects, r.ID); n != 1 {
+				t.Fatalf("%d effects after the call in its turn; want 1", n)
+			}
+			if already, err = deliver("a", driver.TxTurn{Attempts: 1}); !already || err != nil {
+				t.Fatalf("again after it was recorded: already %v, %v; want already", already, err)
+			}
+			rec, err := st.Inspect(ctx, r.ID)
+			if err != nil || rec.Status != outbox.StatusDone {
+				t.Fatalf("the event: %+v, %v; want DONE (its last delivery recorded)", rec.Status, err)
 			}
 		})
 	}
