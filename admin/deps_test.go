@@ -15,7 +15,7 @@ func TestImportsOnlyStdlibAndOutbox(t *testing.T) {
 	}
 	for _, p := range strings.Fields(string(out)) {
 		switch p {
-		case "github.com/txoutbox/txoutbox/admin", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/oklog/ulid/v2",
+		case "github.com/txoutbox/txoutbox/admin", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/txoutbox/txoutbox/outbox/txctx", "github.com/oklog/ulid/v2",
 			"github.com/txoutbox/txoutbox/inbox", "github.com/txoutbox/txoutbox/middleware": // the inbox: standard library and the outbox too
 		default:
 			t.Errorf("admin imports %s: only the standard library and the outbox are allowed", p)

@@ -15,7 +15,7 @@ func TestImportsOnlyCore(t *testing.T) {
 	}
 	for _, p := range strings.Fields(string(out)) {
 		switch p {
-		case "github.com/txoutbox/txoutbox/inbox", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver",
+		case "github.com/txoutbox/txoutbox/inbox", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/txoutbox/txoutbox/outbox/txctx",
 			"github.com/txoutbox/txoutbox/middleware", "github.com/oklog/ulid/v2":
 		default:
 			t.Errorf("inbox imports %s: only the standard library, the outbox core and github.com/oklog/ulid/v2 are allowed", p)

@@ -10,8 +10,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/txoutbox/txoutbox/outbox/driver"
+
 	"github.com/txoutbox/txoutbox/middleware"
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Handle applies m for consumer once: it runs h in a transaction together
@@ -54,7 +56,7 @@ func (ib *Inbox) handle(ctx context.Context, consumer string, m Message, h Handl
 	if err != nil {
 		return Failed, fmt.Errorf("inbox: begin transaction: %w", err)
 	}
-	tctx := outbox.ContextWithTx(ctx, unit)
+	tctx := txctx.With(ctx, unit)
 	n, err := execRows(tctx, unit, ib.q.claim, consumer, m.ID)
 	if err != nil {
 		return Failed, errors.Join(fmt.Errorf("inbox: insert the inbox row: %w", err), rollback(unit))
@@ -118,7 +120,7 @@ func call(ctx context.Context, h Handler, m Message) (err error) {
 	return h(ctx, m)
 }
 
-func execRows(ctx context.Context, ex outbox.Execer, q string, args ...any) (int64, error) {
+func execRows(ctx context.Context, ex driver.Execer, q string, args ...any) (int64, error) {
 	res, err := ex.ExecContext(ctx, q, args...)
 	if err != nil {
 		return 0, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Defaults of Config.
@@ -213,7 +214,7 @@ func (ib *Inbox) Tables() []string { return []string{ib.inbox, ib.fails} }
 // TxFrom returns the database/sql transaction of the handler that ctx
 // belongs to, when Config.Begin is the default.
 func TxFrom(ctx context.Context) (*sql.Tx, bool) {
-	t, ok := outbox.TxFromContext(ctx)
+	t, ok := txctx.From(ctx)
 	if !ok {
 		return nil, false
 	}
@@ -231,7 +232,7 @@ func Tx(ctx context.Context) *sql.Tx {
 	if tx, ok := TxFrom(ctx); ok {
 		return tx
 	}
-	if t, ok := outbox.TxFromContext(ctx); ok {
+	if t, ok := txctx.From(ctx); ok {
 		panic(fmt.Sprintf("inbox: Tx: the context carries a %T, not a database/sql transaction of the inbox; use the accessor of the library Config.Begin comes from", t))
 	}
 	panic("inbox: Tx: no transaction in context; call it inside an inbox Handler")

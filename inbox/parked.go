@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Entry is a parked message: a dead inbox entry.
@@ -115,7 +115,7 @@ func (ib *Inbox) replay(ctx context.Context, consumer, id string, h Handler) (Re
 	if err != nil {
 		return Failed, fmt.Errorf("inbox: begin transaction: %w", err)
 	}
-	tctx := outbox.ContextWithTx(ctx, unit)
+	tctx := txctx.With(ctx, unit)
 	n, err := execRows(tctx, unit, ib.q.unpark, consumer, id)
 	if err != nil || n == 0 {
 		if err == nil {

@@ -8,10 +8,10 @@ import (
 	"testing"
 
 	"github.com/txoutbox/txoutbox/middleware"
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
-type nopTx struct{ outbox.Hooks }
+type nopTx struct{ txctx.Hooks }
 
 func (*nopTx) ExecContext(context.Context, string, ...any) (sql.Result, error) { return nil, nil }
 func (*nopTx) Commit() error                                                   { return nil }
@@ -24,8 +24,8 @@ func BenchmarkHandler(b *testing.B) {
 	begin := func(context.Context, *sql.TxOptions) (middleware.Unit, error) { return new(nopTx), nil }
 	body := []byte(`{"id":"01JD0000000000000000000000","status":"placed"}`)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if t, ok := outbox.TxFromContext(r.Context()); ok {
-			outbox.Begun(t) // the transaction begins at its first use
+		if t, ok := txctx.From(r.Context()); ok {
+			txctx.Begun(t) // the transaction begins at its first use
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)

@@ -17,6 +17,7 @@ func TestDependencies(t *testing.T) {
 		"github.com/txoutbox/txoutbox/middleware":    true,
 		"github.com/txoutbox/txoutbox/outbox":        true,
 		"github.com/txoutbox/txoutbox/outbox/driver": true,
+		"github.com/txoutbox/txoutbox/outbox/txctx":  true,
 	}
 	for _, p := range strings.Fields(string(out)) {
 		if !allowed[p] && !strings.HasPrefix(p, "github.com/oklog/ulid/") { // the core's own dependency

@@ -10,24 +10,24 @@
 //
 // # Using it from a binding
 //
-// A binding's transaction implements [Unit]: the [outbox.TxContext] that
+// A binding's transaction implements [Unit]: the [txctx.Tx] that
 // outbox.Publish writes through, plus Commit and Rollback. Embedding
-// [outbox.Hooks] provides the hook methods:
+// [txctx.Hooks] provides the hook methods:
 //
 //	type gormTx struct {
 //		ctx context.Context
 //		db  *gorm.DB
-//		outbox.Hooks // AfterCommit, AfterRollback, Committed, RolledBack
+//		txctx.Hooks // AfterCommit, AfterRollback, Committed, RolledBack
 //	}
 //
 //	func (t *gormTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
 //		return t.db.Statement.ConnPool.ExecContext(ctx, q, args...)
 //	}
 //	func (t *gormTx) Commit() error {
-//		return outbox.EndTx(t.ctx, func() error { return t.db.Commit().Error }, true, &t.Hooks)
+//		return t.Hooks.End(t.ctx, func() error { return t.db.Commit().Error }, true)
 //	}
 //	func (t *gormTx) Rollback() error {
-//		return outbox.EndTx(t.ctx, func() error { return t.db.Rollback().Error }, false, &t.Hooks)
+//		return t.Hooks.End(t.ctx, func() error { return t.db.Rollback().Error }, false)
 //	}
 //
 //	func Transactional(db *gorm.DB, opts ...middleware.Option) func(http.Handler) http.Handler {
@@ -41,18 +41,18 @@
 //		return middleware.New(begin, opts...).Handler
 //	}
 //
-// The middleware puts a lazy transaction ([outbox.LazyTx]) into the
-// request context with [outbox.ContextWithTx], and calls the BeginFunc at
+// The middleware puts a lazy transaction ([txctx.Lazy]) into the
+// request context with [txctx.With], and calls the BeginFunc at
 // its first use (see "When the transaction begins"). The binding's
-// accessor finds it with [outbox.TxFromContext], begins it with
-// [outbox.Begun], and asserts its own type on the result:
+// accessor finds it with [txctx.From], begins it with
+// [txctx.Begun], and asserts its own type on the result:
 //
 //	func DB(ctx context.Context) *gorm.DB {
-//		t, ok := outbox.TxFromContext(ctx)
+//		t, ok := txctx.From(ctx)
 //		if !ok {
 //			panic("no transaction: mount the route inside Transactional")
 //		}
-//		t, err := outbox.Begun(t)
+//		t, err := txctx.Begun(t)
 //		if err != nil {
 //			panic(err) // the pool is exhausted: the middleware answers 503
 //		}
@@ -62,10 +62,10 @@
 // An accessor that cannot return an error panics with the begin's error
 // as is: the middleware recovers that panic (and no other) and answers
 // with the [ErrorHandler]. Commit and
-// Rollback end the transaction and run its hooks through [outbox.EndTx],
+// Rollback end the transaction and run its hooks through [txctx.Hooks.End],
 // the one contract of every transaction of this module (after a failed
 // COMMIT the after-rollback hooks run); the ctx given to the BeginFunc
-// carries the middleware's logger, with which EndTx reports hooks that
+// carries the middleware's logger, with which Hooks.End reports hooks that
 // panic.
 //
 // # What a client can rely on
@@ -145,7 +145,7 @@
 //     start of the request. (PostgreSQL and InnoDB take a REPEATABLE READ
 //     snapshot at the first statement anyway, so this changes little.)
 //   - A binding written for an earlier version, whose accessor asserts its
-//     type on outbox.TxFromContext without outbox.Begun, finds the lazy
+//     type on txctx.From without txctx.Begun, finds the lazy
 //     transaction instead of its own and reports none.
 //
 // Reading the body first is still not free: a slow client ties up a
@@ -186,7 +186,7 @@
 // # Nesting
 //
 // A request whose context already carries a transaction (an outer
-// Transactional, an adapter's middleware, outbox.ContextWithTx) joins it:
+// Transactional, an adapter's middleware, txctx.With) joins it:
 // the inner middleware begins nothing, buffers nothing and leaves commit to
 // the outer one. One request therefore holds at most one connection, and
 // with SetMaxOpenConns(1) nothing deadlocks. txmw.Transact follows the same
@@ -222,7 +222,7 @@
 //	r := chi.NewRouter()
 //	r.Use(chimw.Recoverer, mw.Handler)
 //	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) {
-//		tx, _ := outbox.TxFromContext(r.Context())
+//		tx, _ := txctx.From(r.Context())
 //		tx.ExecContext(r.Context(), "INSERT INTO orders ...")
 //		outbox.Publish(r.Context(), outbox.Envelope{Type: "order.placed", JSON: body})
 //		w.WriteHeader(http.StatusCreated) // commit, hooks, then the 201 goes out

@@ -7,11 +7,11 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // lazyTx is the transaction a request's context carries: it begins at
-// its first use (outbox.Begun from a binding's accessor, or an
+// its first use (txctx.Begun from a binding's accessor, or an
 // ExecContext such as Publish's), so that a request holds a pooled
 // connection only from its first statement to its end, and a request
 // that never uses it opens none. A handler that reads a slow client's
@@ -33,11 +33,11 @@ type pendingHook struct {
 	commit bool
 }
 
-var _ outbox.LazyTx = (*lazyTx)(nil)
+var _ txctx.Lazy = (*lazyTx)(nil)
 
 // Begin begins the transaction, with the begin timeout, unless it has
 // begun or failed to; a failure is logged once and kept.
-func (l *lazyTx) Begin() (outbox.TxContext, error) {
+func (l *lazyTx) Begin() (txctx.Tx, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -117,7 +117,7 @@ func (l *lazyTx) end(commit bool) error {
 		}
 		return u.Rollback()
 	}
-	var h outbox.Hooks
+	var h txctx.Hooks
 	for _, p := range pending {
 		if p.commit {
 			h.AfterCommit(p.fn)
@@ -125,7 +125,7 @@ func (l *lazyTx) end(commit bool) error {
 			h.AfterRollback(p.fn)
 		}
 	}
-	return outbox.EndTx(l.ctx, func() error { return nil }, commit, &h)
+	return h.End(l.ctx, func() error { return nil }, commit)
 }
 
 func (l *lazyTx) Commit() error   { return l.end(true) }

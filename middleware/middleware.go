@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Defaults for the options.
@@ -51,15 +52,15 @@ func (e *Error) Error() string { return "middleware: " + e.Op + " transaction: "
 func (e *Error) Unwrap() error { return e.Err }
 
 // Unit is one request's unit of work as a binding supplies it: its transaction. Embed
-// outbox.Hooks for AfterCommit, AfterRollback, Committed and RolledBack.
+// txctx.Hooks for AfterCommit, AfterRollback, Committed and RolledBack.
 //
 // Commit and Rollback end the transaction and then run its hooks, with
-// the contract of outbox.EndTx (which implementations call): after a
+// the contract of txctx.Hooks.End (which implementations call): after a
 // failed COMMIT the after-rollback hooks run. The ctx given to BeginFunc
-// carries the middleware's logger (outbox.LoggerFrom) for EndTx's report
+// carries the middleware's logger (txctx.Logger) for Hooks.End's report
 // of hooks that panicked.
 type Unit interface {
-	outbox.TxContext
+	txctx.Tx
 	Commit() error
 	Rollback() error
 }
@@ -280,13 +281,13 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			r = r.WithContext(outbox.NewContext(r.Context(), m.cfg.ob))
 		}
 		if !m.cfg.methods[r.Method] {
-			if _, ok := outbox.TxFromContext(r.Context()); !ok {
-				r = r.WithContext(outbox.WithoutTx(r.Context(), m.noTxReason(r.Method)))
+			if _, ok := txctx.From(r.Context()); !ok {
+				r = r.WithContext(txctx.Without(r.Context(), m.noTxReason(r.Method)))
 			}
 			next.ServeHTTP(w, r)
 			return
 		}
-		if _, ok := outbox.TxFromContext(r.Context()); ok {
+		if _, ok := txctx.From(r.Context()); ok {
 			next.ServeHTTP(w, r) // join the request's transaction
 			return
 		}
@@ -299,11 +300,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(client), clientKey{}, client), m.cfg.timeout)
 	defer cancel()
 	// The transaction reports hooks that panic with this logger.
-	ctx = outbox.ContextWithLogger(ctx, slog.New(&requestLog{Handler: m.cfg.log.Handler(), method: r.Method, path: r.URL.Path}))
+	ctx = txctx.WithLogger(ctx, slog.New(&requestLog{Handler: m.cfg.log.Handler(), method: r.Method, path: r.URL.Path}))
 
 	// The transaction begins at its first use, not here: see lazyTx.
 	tx := &lazyTx{m: m, ctx: ctx, r: r}
-	tr := r.WithContext(outbox.ContextWithTx(ctx, tx))
+	tr := r.WithContext(txctx.With(ctx, tx))
 
 	if m.cfg.stream != nil && m.cfg.stream(r) {
 		m.serveStreamed(w, r, tr, next, tx)

@@ -15,13 +15,14 @@ import (
 
 	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // recTx is a transaction that records what the middleware does with it.
 // These tests are about HTTP behaviour; the database side is tested in
 // txmw and e2e against real databases.
 type recTx struct {
-	outbox.Hooks
+	txctx.Hooks
 	ctx       context.Context
 	opts      sql.TxOptions
 	commitErr error
@@ -35,12 +36,12 @@ func (t *recTx) ExecContext(context.Context, string, ...any) (sql.Result, error)
 }
 
 // Commit and Rollback follow the contract of middleware.Unit: end, then run
-// the hooks, through outbox.EndTx.
+// the hooks, through txctx.Hooks.End.
 func (t *recTx) Commit() error {
-	return outbox.EndTx(t.ctx, func() error { t.log("commit"); return t.commitErr }, true, &t.Hooks)
+	return t.Hooks.End(t.ctx, func() error { t.log("commit"); return t.commitErr }, true)
 }
 func (t *recTx) Rollback() error {
-	return outbox.EndTx(t.ctx, func() error { t.log("rollback"); return nil }, false, &t.Hooks)
+	return t.Hooks.End(t.ctx, func() error { t.log("rollback"); return nil }, false)
 }
 func (t *recTx) log(s string) {
 	t.mu.Lock()
@@ -66,8 +67,8 @@ func begins(tx *recTx, calls *int) middleware.BeginFunc {
 // its first use, and then runs h: a handler that writes to the database.
 func using(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if t, ok := outbox.TxFromContext(r.Context()); ok {
-			if _, err := outbox.Begun(t); err != nil {
+		if t, ok := txctx.From(r.Context()); ok {
+			if _, err := txctx.Begun(t); err != nil {
 				panic(err)
 			}
 		}
@@ -88,8 +89,8 @@ func TestBufferedResponseAndHooks(t *testing.T) {
 	var logs bytes.Buffer
 	mw := middleware.New(begins(tx, &calls), middleware.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	h := mw.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		otx, ok := outbox.TxFromContext(r.Context())
-		if begun, _ := outbox.Begun(otx); !ok || begun != tx {
+		otx, ok := txctx.From(r.Context())
+		if begun, _ := txctx.Begun(otx); !ok || begun != tx {
 			t.Error("the handler's context does not carry the transaction")
 		}
 		otx.AfterCommit(func() { order = append(order, "first") })
@@ -246,7 +247,7 @@ func TestMethodsAndJoin(t *testing.T) {
 	inner := middleware.New(begins(&recTx{}, &calls))
 	var sawTx bool
 	h := mw.Handler(inner.Handler(using(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, sawTx = outbox.TxFromContext(r.Context())
+		_, sawTx = txctx.From(r.Context())
 	}))))
 	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodOptions} {
 		do(h, m)
@@ -438,18 +439,18 @@ func TestLazyBegin(t *testing.T) {
 		for status, want := range map[int]string{http.StatusCreated: "commit", http.StatusConflict: "rollback"} {
 			var calls int
 			var ran []string
-			var late outbox.TxContext
+			var late txctx.Tx
 			mw := middleware.New(begins(&recTx{}, &calls))
 			rec := do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				outbox.AfterCommit(r.Context(), func() { ran = append(ran, "commit") })
 				outbox.AfterRollback(r.Context(), func() { ran = append(ran, "rollback") })
-				late, _ = outbox.TxFromContext(r.Context())
+				late, _ = txctx.From(r.Context())
 				w.WriteHeader(status)
 			})), http.MethodPost)
 			if calls != 0 || rec.Code != status || strings.Join(ran, ",") != want {
 				t.Errorf("status %d: %d begins, response %d, hooks %v; want no begin and the %s hook", status, calls, rec.Code, ran, want)
 			}
-			if _, err := outbox.Begun(late); !errors.Is(err, sql.ErrTxDone) || calls != 0 {
+			if _, err := txctx.Begun(late); !errors.Is(err, sql.ErrTxDone) || calls != 0 {
 				t.Errorf("a use after the request: %v, %d begins; want sql.ErrTxDone and none", err, calls)
 			}
 		}
@@ -461,8 +462,8 @@ func TestLazyBegin(t *testing.T) {
 		mw := middleware.New(begins(tx, &calls))
 		do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			outbox.AfterCommit(r.Context(), func() { ran = append(ran, "before") })
-			otx, _ := outbox.TxFromContext(r.Context())
-			if _, err := outbox.Begun(otx); err != nil {
+			otx, _ := txctx.From(r.Context())
+			if _, err := txctx.Begun(otx); err != nil {
 				t.Error(err)
 			}
 			otx.AfterCommit(func() { ran = append(ran, "after") })
@@ -479,7 +480,7 @@ func TestLazyBegin(t *testing.T) {
 		}, middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		rec := do(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			outbox.AfterRollback(r.Context(), func() { rolledBack = true })
-			otx, _ := outbox.TxFromContext(r.Context())
+			otx, _ := txctx.From(r.Context())
 			if _, err := otx.ExecContext(r.Context(), "INSERT ..."); err == nil {
 				t.Error("ExecContext without a transaction succeeded")
 			}
@@ -498,7 +499,7 @@ func TestLazyBegin(t *testing.T) {
 		}
 		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusOK)
-			otx, _ := outbox.TxFromContext(r.Context())
+			otx, _ := txctx.From(r.Context())
 			otx.ExecContext(r.Context(), "INSERT ...") // fails; the handler ignores it
 		}))
 		defer func() {
@@ -513,7 +514,7 @@ func TestLazyBegin(t *testing.T) {
 			return nil, errors.New("connection refused")
 		}, middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			otx, _ := outbox.TxFromContext(r.Context())
+			otx, _ := txctx.From(r.Context())
 			otx.ExecContext(r.Context(), "INSERT ...")
 			panic("boom")
 		}))

@@ -7,10 +7,6 @@ import "github.com/txoutbox/txoutbox/outbox/driver"
 // operators read back. Store implementers use package driver; users need
 // only these aliases.
 type (
-	// Execer runs a statement: *sql.DB, *sql.Tx, *sql.Conn, *sqlx.Tx,
-	// GORM's ConnPool and an ent transaction built with the sql/execquery
-	// feature all satisfy it.
-	Execer = driver.Execer
 	// DBTx is an open transaction on the outbox's database, as a
 	// TxHandler gets it; *sql.Tx satisfies it.
 	DBTx = driver.DBTx

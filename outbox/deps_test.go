@@ -7,7 +7,8 @@ import (
 )
 
 // The core depends on the standard library, the ULID library and its own
-// store contract (outbox/driver, itself standard library only) only.
+// store contract (outbox/driver, itself standard library only) and its
+// transaction contract (outbox/txctx, standard library and driver) only.
 func TestCoreImportsOnlyStdlibAndULID(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
 	if err != nil {
@@ -15,7 +16,7 @@ func TestCoreImportsOnlyStdlibAndULID(t *testing.T) {
 	}
 	for _, p := range strings.Fields(string(out)) {
 		switch p {
-		case "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/oklog/ulid/v2":
+		case "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/txoutbox/txoutbox/outbox/txctx", "github.com/oklog/ulid/v2":
 		default:
 			t.Errorf("outbox imports %s: only the standard library and github.com/oklog/ulid/v2 are allowed", p)
 		}

@@ -9,8 +9,8 @@
 //
 // # Publishing
 //
-// Business code publishes inside a transaction. The transaction is an
-// [TxContext]: something to execute the insert through, plus hooks
+// Business code publishes inside a transaction. The transaction is a
+// [txctx.Tx]: something to execute the insert through, plus hooks
 // that run after commit or after rollback. Middleware puts it in the
 // request's context, so handlers write
 //

@@ -251,37 +251,6 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
-func TestHooks(t *testing.T) {
-	var h Hooks
-	var order []string
-	h.AfterCommit(func() { order = append(order, "c1") })
-	h.AfterRollback(func() { order = append(order, "r1") })
-	h.AfterCommit(func() { panic("boom") })
-	h.AfterCommit(func() { order = append(order, "c3") })
-	err := h.Committed()
-	var pe *HookPanicError
-	if !errors.As(err, &pe) || pe.Index != 2 || pe.Value != "boom" {
-		t.Fatalf("Committed: %v; want the panic of hook 2 (counting every hook in registration order)", err)
-	}
-	if !slices.Equal(order, []string{"c1", "c3"}) {
-		t.Fatalf("ran %v; want c1, c3 (after-rollback hooks dropped, panic contained)", order)
-	}
-	if h.RolledBack() != nil || h.Committed() != nil || !h.Done() {
-		t.Fatal("a second outcome did something")
-	}
-	h.AfterCommit(func() { order = append(order, "late") })
-	if len(order) != 2 {
-		t.Fatal("hook registered after the outcome ran")
-	}
-	var r Hooks
-	r.AfterCommit(func() { t.Fatal("after-commit hook ran on rollback") })
-	ran := false
-	r.AfterRollback(func() { ran = true })
-	if err := r.RolledBack(); err != nil || !ran {
-		t.Fatalf("RolledBack: %v, ran %v", err, ran)
-	}
-}
-
 func TestTruncateError(t *testing.T) {
 	s := strings.Repeat("é", MaxErrorChars+10)
 	got := errorText(s)

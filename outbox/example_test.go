@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 const OrderPlaced outbox.EventType = "OrderPlaced"
@@ -90,7 +91,7 @@ func ExamplePublish() {
 	fmt.Println(err)
 
 	tx, _ := outbox.BeginTx(ctx, db.DB, nil)
-	ctx = outbox.ContextWithTx(outbox.NewContext(ctx, ob), tx)
+	ctx = txctx.With(outbox.NewContext(ctx, ob), tx)
 	id, err := outbox.Publish(ctx, outbox.Envelope{Type: OrderPlaced, JSON: []byte(`{"id":7}`)})
 	fmt.Println(len(id), err)
 	tx.Commit()
@@ -115,7 +116,7 @@ func ExamplePublishAll() {
 	defer ob.Close(ctx)
 
 	tx, _ := outbox.BeginTx(ctx, db.DB, nil)
-	ctx = outbox.ContextWithTx(outbox.NewContext(ctx, ob), tx)
+	ctx = txctx.With(outbox.NewContext(ctx, ob), tx)
 	_, err := outbox.PublishAll(ctx,
 		outbox.Envelope{Type: OrderPlaced, JSON: []byte(`{"id":7}`)},
 		outbox.Envelope{Type: "StockReserved"}) // no payload

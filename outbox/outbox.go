@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Errors returned by Publish and the lifecycle methods.
@@ -161,7 +162,7 @@ func (o *Outbox) Config() Config { return o.cfg }
 // id. Without a transaction in ctx it fails with ErrNoTx and writes
 // nothing; an invalid envelope fails with a *ValidationError.
 func (o *Outbox) Publish(ctx context.Context, env Envelope) (string, error) {
-	tx, ok := TxFromContext(ctx)
+	tx, ok := txctx.From(ctx)
 	if !ok {
 		return "", noTxError(ctx)
 	}
@@ -169,7 +170,7 @@ func (o *Outbox) Publish(ctx context.Context, env Envelope) (string, error) {
 }
 
 // PublishTx is Publish with the transaction given explicitly.
-func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (string, error) {
+func (o *Outbox) PublishTx(ctx context.Context, tx txctx.Tx, env Envelope) (string, error) {
 	if tx == nil {
 		return "", ErrNoTx
 	}
@@ -189,7 +190,7 @@ func (o *Outbox) PublishTx(ctx context.Context, tx TxContext, env Envelope) (str
 // their ids in order. Every envelope is validated first: if one is invalid,
 // the error names its index and nothing is written.
 func (o *Outbox) PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
-	tx, ok := TxFromContext(ctx)
+	tx, ok := txctx.From(ctx)
 	if !ok {
 		return nil, noTxError(ctx)
 	}
@@ -197,7 +198,7 @@ func (o *Outbox) PublishAll(ctx context.Context, envs ...Envelope) ([]string, er
 }
 
 // PublishAllTx is PublishAll with the transaction given explicitly.
-func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelope) ([]string, error) {
+func (o *Outbox) PublishAllTx(ctx context.Context, tx txctx.Tx, envs ...Envelope) ([]string, error) {
 	if tx == nil {
 		return nil, ErrNoTx
 	}
@@ -230,8 +231,8 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx TxContext, envs ...Envelop
 // whose type no subscription here takes, or published with the hot path off or
 // through a closed outbox, is written free, so that any instance's poller
 // can take it at once.
-func (o *Outbox) write(ctx context.Context, tx TxContext, rows []driver.Row, envs []Envelope) error {
-	tx, err := Begun(tx) // the store writes through the transaction itself
+func (o *Outbox) write(ctx context.Context, tx txctx.Tx, rows []driver.Row, envs []Envelope) error {
+	tx, err := txctx.Begun(tx) // the store writes through the transaction itself
 	if err != nil {
 		return err
 	}
@@ -303,7 +304,7 @@ type leasedOrdered struct {
 // the others, to be named to the sequencer after commit: the event
 // before may be finished by then, and nobody else would look for them
 // until a poll.
-func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry, hot bool, rows []driver.Row, envs []Envelope, ordered []int) ([]leasedOrdered, []string, error) {
+func (o *Outbox) insertOrdered(ctx context.Context, tx txctx.Tx, reg *registry, hot bool, rows []driver.Row, envs []Envelope, ordered []int) ([]leasedOrdered, []string, error) {
 	if len(ordered) == 0 {
 		return nil, nil, nil
 	}
@@ -335,7 +336,7 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx TxContext, reg *registry,
 	return mine, named, nil
 }
 
-func (o *Outbox) insert(ctx context.Context, tx TxContext, rows []driver.Row, owner string, lease time.Duration) error {
+func (o *Outbox) insert(ctx context.Context, tx txctx.Tx, rows []driver.Row, owner string, lease time.Duration) error {
 	if bi, ok := o.store.(driver.BatchInserter); ok && len(rows) > 1 {
 		if err := bi.InsertBatch(ctx, tx, rows, owner, lease); err != nil {
 			return fmt.Errorf("outbox: insert %d events (first %s): %w", len(rows), rows[0].ID, err)

@@ -25,7 +25,7 @@ type clockStore struct {
 	supply int
 }
 
-func (s *clockStore) Insert(context.Context, Execer, *driver.Row, string, time.Duration) error {
+func (s *clockStore) Insert(context.Context, driver.Execer, *driver.Row, string, time.Duration) error {
 	return nil
 }
 func (s *clockStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver.Row, error) {

@@ -150,8 +150,8 @@ const (
 // ErrStarted is returned by Subscribe after Start.
 var ErrStarted = errors.New("outbox: Subscribe after Start: subscriptions are registered in the database when the engine starts; subscribe before calling Start")
 
-// ValidSubscriptionName reports whether name can name a subscription.
-func ValidSubscriptionName(name string) bool {
+// validSubscriptionName reports whether name can name a subscription.
+func validSubscriptionName(name string) bool {
 	if name == "" || len(name) > MaxSubscriptionNameLen {
 		return false
 	}
@@ -210,7 +210,7 @@ func (o *Outbox) Handle(name string, h Handler, types ...EventType) {
 }
 
 func (s *Subscription) validate() error {
-	if !ValidSubscriptionName(s.Name) {
+	if !validSubscriptionName(s.Name) {
 		return fmt.Errorf("outbox: subscription name %q is invalid: use 1 to %d ASCII letters, digits, '.', '_' or '-', starting with a letter or digit", s.Name, MaxSubscriptionNameLen)
 	}
 	set := 0

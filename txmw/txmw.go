@@ -10,7 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/txoutbox/txoutbox/middleware"
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Option configures Transactional: pass the options of package middleware
@@ -50,20 +50,20 @@ func Begin(db *sqlx.DB) middleware.BeginFunc {
 }
 
 // sqlTx is the request's transaction: the *sqlx.Tx handlers use, and the
-// outbox.TxContext that outbox.Publish writes through.
+// txctx.Tx that outbox.Publish writes through.
 type sqlTx struct {
 	*sqlx.Tx
-	outbox.Hooks
-	ctx context.Context // of the begin, for EndTx's logger
+	txctx.Hooks
+	ctx context.Context // of the begin, for Hooks.End's logger
 }
 
 var _ middleware.Unit = (*sqlTx)(nil)
 
-// Commit commits and runs the hooks (outbox.EndTx).
-func (t *sqlTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &t.Hooks) }
+// Commit commits and runs the hooks (txctx.Hooks.End).
+func (t *sqlTx) Commit() error { return t.Hooks.End(t.ctx, t.Tx.Commit, true) }
 
-// Rollback rolls back and runs the after-rollback hooks (outbox.EndTx).
-func (t *sqlTx) Rollback() error { return outbox.EndTx(t.ctx, t.Tx.Rollback, false, &t.Hooks) }
+// Rollback rolls back and runs the after-rollback hooks (txctx.Hooks.End).
+func (t *sqlTx) Rollback() error { return t.Hooks.End(t.ctx, t.Tx.Rollback, false) }
 
 // TxFrom returns the *sqlx.Tx of the request (or of Transact) that ctx
 // belongs to, and reports whether there is one. The request's
@@ -81,11 +81,11 @@ func TxFrom(ctx context.Context) (*sqlx.Tx, bool) {
 // begun returns ctx's txmw transaction, begun; it panics with the error
 // of a begin that failed, which the middleware answers.
 func begun(ctx context.Context) (*sqlTx, bool) {
-	t, ok := outbox.TxFromContext(ctx)
+	t, ok := txctx.From(ctx)
 	if !ok {
 		return nil, false
 	}
-	t, err := outbox.Begun(t)
+	t, err := txctx.Begun(t)
 	if err != nil {
 		panic(err)
 	}
@@ -103,8 +103,8 @@ func Tx(ctx context.Context) *sqlx.Tx {
 	if tx, ok := TxFrom(ctx); ok {
 		return tx
 	}
-	if t, ok := outbox.TxFromContext(ctx); ok {
-		t, _ = outbox.Begun(t) // TxFrom began it
+	if t, ok := txctx.From(ctx); ok {
+		t, _ = txctx.Begun(t) // TxFrom began it
 		panic(fmt.Sprintf("txmw: Tx: the context carries a %T, not a txmw transaction; use the accessor of the middleware that began it", t))
 	}
 	panic("txmw: Tx: no transaction in context; wrap the route with txmw.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise), or use txmw.Transact")
@@ -125,8 +125,8 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 	if db == nil || fn == nil {
 		panic("txmw: Transact needs a db and a function")
 	}
-	if t, ok := outbox.TxFromContext(ctx); ok {
-		t, err := outbox.Begun(t)
+	if t, ok := txctx.From(ctx); ok {
+		t, err := txctx.Begun(t)
 		if err != nil {
 			return fmt.Errorf("txmw: Transact: begin the context's transaction: %w", err)
 		}
@@ -147,7 +147,7 @@ func Transact(ctx context.Context, db *sqlx.DB, fn func(ctx context.Context, tx 
 			_ = tx.Rollback() // fn panicked
 		}
 	}()
-	err = fn(outbox.ContextWithTx(ctx, tx), stx)
+	err = fn(txctx.With(ctx, tx), stx)
 	done = true
 	if err != nil {
 		if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {

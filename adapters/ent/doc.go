@@ -52,7 +52,7 @@
 // fails or panics; the events published inside are then never delivered,
 // even though the transaction commits. SAVEPOINT, ROLLBACK TO SAVEPOINT
 // and RELEASE SAVEPOINT run by hand are followed too if they go through
-// the outbox.TxContext (outbox.TxFromContext(ctx)), but not if they go
+// the txctx.Tx (txctx.From(ctx)), but not if they go
 // through tx.ExecContext directly.
 //
 // # One transaction per HTTP request

@@ -9,6 +9,7 @@ import (
 	entoutbox "github.com/txoutbox/txoutbox/adapters/ent"
 	"github.com/txoutbox/txoutbox/adapters/ent/internal/testent"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 var errAbort = errors.New("abort")
@@ -163,8 +164,8 @@ func TestRolledBackSavepointIsNeverDelivered(t *testing.T) {
 			}); err != nil {
 				return err
 			}
-			// Savepoint statements by hand, through the TxContext.
-			txc, _ := outbox.TxFromContext(ctx)
+			// Savepoint statements by hand, through the txctx.Tx.
+			txc, _ := txctx.From(ctx)
 			if _, err := txc.ExecContext(ctx, "SAVEPOINT manual"); err != nil {
 				return err
 			}

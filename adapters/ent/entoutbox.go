@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/txoutbox/txoutbox/adapters/internal/txhooks"
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // GeneratedWithExecQuery is what entoutbox needs of a transaction: the
@@ -52,10 +52,10 @@ type binding[T any] struct {
 	rollback func() error
 	hooks    txhooks.Hooks
 	seq      atomic.Int64    // savepoint names
-	ctx      context.Context // of the begin, for EndTx's logger; may be nil
+	ctx      context.Context // of the begin, for Hooks.End's logger; may be nil
 }
 
-var _ outbox.TxContext = (*binding[*struct{}])(nil)
+var _ txctx.Tx = (*binding[*struct{}])(nil)
 
 // ExecContext runs the statement through the ent transaction and follows
 // the savepoints it sets, rolls back to and releases.
@@ -71,10 +71,10 @@ func (b *binding[T]) AfterCommit(fn func())   { b.hooks.AfterCommit(fn) }
 func (b *binding[T]) AfterRollback(fn func()) { b.hooks.AfterRollback(fn) }
 
 // Commit and Rollback make a binding the middleware's Tx: they end the
-// transaction and run its hooks (outbox.EndTx; the hooks run once, also
+// transaction and run its hooks (txctx.Hooks.End; the hooks run once, also
 // when ent's own commit hook ran them already).
-func (b *binding[T]) Commit() error   { return outbox.EndTx(b.ctx, b.commit, true, &b.hooks) }
-func (b *binding[T]) Rollback() error { return outbox.EndTx(b.ctx, b.rollback, false, &b.hooks) }
+func (b *binding[T]) Commit() error   { return b.hooks.End(b.ctx, b.commit, true) }
+func (b *binding[T]) Rollback() error { return b.hooks.End(b.ctx, b.rollback, false) }
 
 func (b *binding[T]) nextSavepoint() string {
 	return fmt.Sprintf("entoutbox_sp%d", b.seq.Add(1))
@@ -83,7 +83,7 @@ func (b *binding[T]) nextSavepoint() string {
 func (b *binding[T]) same(tx any) bool { return any(b.tx) == tx }
 
 type bound interface {
-	outbox.TxContext
+	txctx.Tx
 	nextSavepoint() string
 	same(tx any) bool
 }
@@ -92,7 +92,7 @@ func newBinding[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Comm
 	return &binding[T]{tx: tx, exec: tx.ExecContext, commit: tx.Commit, rollback: tx.Rollback}
 }
 
-// Wrap returns tx as an outbox.TxContext, for ob.PublishTx(ctx, txc, env):
+// Wrap returns tx as an txctx.Tx, for ob.PublishTx(ctx, txc, env):
 // the event row is written with tx.ExecContext, and the after-commit
 // hooks run through tx.OnCommit once tx.Commit succeeds (after-rollback
 // hooks through tx.OnRollback, or after a failed commit). Each call
@@ -101,7 +101,7 @@ func newBinding[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Comm
 //
 // It panics if T's commit or rollback hook types are not ent's generated
 // ones.
-func Wrap[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) outbox.TxContext {
+func Wrap[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](tx T) txctx.Tx {
 	return wrap(tx)
 }
 
@@ -124,7 +124,7 @@ type committer[T any] struct {
 }
 
 func (c committer[T]) Commit(ctx context.Context, tx T) error {
-	return outbox.EndTx(ctx, func() error { return c.next.Commit(ctx, tx) }, true, c.hooks)
+	return c.hooks.End(ctx, func() error { return c.next.Commit(ctx, tx) }, true)
 }
 
 type rollbacker[T any] struct {
@@ -133,7 +133,7 @@ type rollbacker[T any] struct {
 }
 
 func (r rollbacker[T]) Rollback(ctx context.Context, tx T) error {
-	return outbox.EndTx(ctx, func() error { return r.next.Rollback(ctx, tx) }, false, r.hooks)
+	return r.hooks.End(ctx, func() error { return r.next.Rollback(ctx, tx) }, false)
 }
 
 // Bind returns a copy of ctx that carries tx, so that outbox.Publish(ctx,
@@ -150,15 +150,15 @@ func (r rollbacker[T]) Rollback(ctx context.Context, tx T) error {
 // If ctx already carries tx, Bind returns ctx unchanged. It panics like
 // Wrap.
 func Bind[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[T], RH ~func(R) R, R Rollbacker[T]](ctx context.Context, tx T) context.Context {
-	if t, ok := outbox.TxFromContext(ctx); ok {
-		if _, lazy := t.(outbox.LazyTx); lazy {
-			t, _ = outbox.Begun(t) // the request's: tx is most likely it
+	if t, ok := txctx.From(ctx); ok {
+		if _, lazy := t.(txctx.Lazy); lazy {
+			t, _ = txctx.Begun(t) // the request's: tx is most likely it
 		}
 		if b, ok := t.(bound); ok && b.same(tx) {
 			return ctx
 		}
 	}
-	return outbox.ContextWithTx(ctx, wrap(tx))
+	return txctx.With(ctx, wrap(tx))
 }
 
 // TxFrom returns the ent transaction that ctx carries (from Bind or
@@ -170,11 +170,11 @@ func Bind[T GeneratedWithExecQuery[T, CH, C, RH, R], CH ~func(C) C, C Committer[
 //	tx, ok := entoutbox.TxFrom[*ent.Tx](ctx)
 func TxFrom[T any](ctx context.Context) (T, bool) {
 	var zero T
-	t, ok := outbox.TxFromContext(ctx)
+	t, ok := txctx.From(ctx)
 	if !ok {
 		return zero, false
 	}
-	t, err := outbox.Begun(t)
+	t, err := txctx.Begun(t)
 	if err != nil {
 		panic(err) // the middleware answers 503
 	}
@@ -194,8 +194,8 @@ func Tx[T any](ctx context.Context) T {
 	if tx, ok := TxFrom[T](ctx); ok {
 		return tx
 	}
-	if t, ok := outbox.TxFromContext(ctx); ok {
-		t, _ = outbox.Begun(t) // TxFrom began it
+	if t, ok := txctx.From(ctx); ok {
+		t, _ = txctx.Begun(t) // TxFrom began it
 		var want T
 		panic(fmt.Sprintf("entoutbox: Tx: the context carries a %T, not an ent transaction of type %T; use the accessor of the middleware that began it", t, want))
 	}

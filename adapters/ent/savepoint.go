@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // ErrNotBound is returned by Savepoint when ctx carries a transaction
@@ -21,15 +22,15 @@ var ErrNotBound = errors.New("entoutbox: the context's transaction was not bound
 //
 // ent has no nested transactions; this is the way to get one that the
 // outbox follows. Savepoint statements run by hand must go through the
-// outbox.TxContext (outbox.TxFromContext(ctx)), not tx.ExecContext, or
+// txctx.Tx (txctx.From(ctx)), not tx.ExecContext, or
 // events published inside a rolled-back savepoint would still be
 // delivered.
 func Savepoint(ctx context.Context, fn func(ctx context.Context) error) (err error) {
-	t, ok := outbox.TxFromContext(ctx)
+	t, ok := txctx.From(ctx)
 	if !ok {
 		return outbox.ErrNoTx
 	}
-	t, err = outbox.Begun(t)
+	t, err = txctx.Begun(t)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@
 //	store, err := sqlstore.New(sqlx.NewDb(sqlDB, "mysql"), sqlstore.Options{})
 //
 // The plugin wraps GORM's connection pool, so that every transaction GORM
-// begins is an outbox.TxContext with after-commit and after-rollback
+// begins is an txctx.Tx with after-commit and after-rollback
 // hooks. GORM itself has no after-commit callback.
 //
 // # Publishing in db.Transaction
@@ -32,7 +32,7 @@
 //
 // The outbox is the one in tx's context (outbox.NewContext) or the
 // default (outbox.SetDefault). For an explicit outbox use
-// ob.PublishTx(ctx, txc, env) with txc from [TxContext]. Code that takes a
+// ob.PublishTx(ctx, txc, env) with txc from [Wrap]. Code that takes a
 // context.Context rather than a *gorm.DB gets one that carries the
 // transaction from [Context]: outbox.Publish(gormoutbox.Context(tx), env).
 // [AfterCommit] and [AfterRollback] register hooks of one's own.

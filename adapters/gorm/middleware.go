@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/txoutbox/txoutbox/middleware"
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Option configures Transactional: pass the options of package middleware
@@ -83,11 +83,11 @@ func (t *boundTx) Rollback() error         { return t.conn.Rollback() }
 // package middleware); if it cannot begin (the pool is exhausted), DBFrom
 // panics with the error, and Transactional answers 503.
 func DBFrom(ctx context.Context) (*gorm.DB, bool) {
-	t, ok := outbox.TxFromContext(ctx)
+	t, ok := txctx.From(ctx)
 	if !ok {
 		return nil, false
 	}
-	t, err := outbox.Begun(t)
+	t, err := txctx.Begun(t)
 	if err != nil {
 		panic(err) // the middleware answers 503
 	}
@@ -111,8 +111,8 @@ func DB(ctx context.Context) *gorm.DB {
 	if db, ok := DBFrom(ctx); ok {
 		return db
 	}
-	if t, ok := outbox.TxFromContext(ctx); ok {
-		t, _ = outbox.Begun(t) // DBFrom began it
+	if t, ok := txctx.From(ctx); ok {
+		t, _ = txctx.Begun(t) // DBFrom began it
 		panic(fmt.Sprintf("gormoutbox: DB: the context carries a %T, not a GORM transaction; use the accessor of the middleware that began it", t))
 	}
 	panic("gormoutbox: DB: no transaction in context; wrap the route with gormoutbox.Transactional (it covers POST, PUT, PATCH and DELETE unless WithMethods says otherwise)")

@@ -11,13 +11,14 @@ import (
 
 	"github.com/txoutbox/txoutbox/adapters/internal/txhooks"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // PluginName is the name the plugin registers under in gorm.DB.Plugins.
 const PluginName = "txoutbox"
 
 // Plugin makes every transaction that GORM begins on a *gorm.DB an
-// outbox.TxContext: events published in it are written through it, and
+// txctx.Tx: events published in it are written through it, and
 // their after-commit hooks run only after it commits and only if the
 // savepoint they were published in (if any) was not rolled back.
 //
@@ -162,13 +163,13 @@ type connTx struct {
 	gorm.Tx
 	pool  *pool
 	hooks txhooks.Hooks
-	ctx   context.Context // of the begin, for EndTx's logger
+	ctx   context.Context // of the begin, for Hooks.End's logger
 }
 
 var (
 	_ gorm.Tx             = (*connTx)(nil)
 	_ gorm.GetDBConnector = (*connTx)(nil)
-	_ outbox.TxContext    = (*connTx)(nil)
+	_ txctx.Tx            = (*connTx)(nil)
 )
 
 // ExecContext runs the statement in the transaction and follows the
@@ -184,13 +185,13 @@ func (t *connTx) ExecContext(ctx context.Context, query string, args ...any) (sq
 func (t *connTx) AfterCommit(fn func())   { t.hooks.AfterCommit(fn) }
 func (t *connTx) AfterRollback(fn func()) { t.hooks.AfterRollback(fn) }
 
-// Commit commits and then runs the hooks (outbox.EndTx): the after-commit
+// Commit commits and then runs the hooks (txctx.Hooks.End): the after-commit
 // hooks, or the after-rollback ones if the commit fails.
-func (t *connTx) Commit() error { return outbox.EndTx(t.ctx, t.Tx.Commit, true, &t.hooks) }
+func (t *connTx) Commit() error { return t.hooks.End(t.ctx, t.Tx.Commit, true) }
 
 // Rollback rolls back and runs the after-rollback hooks. After Commit it
 // does nothing but return the driver's error (sql.ErrTxDone).
-func (t *connTx) Rollback() error { return outbox.EndTx(t.ctx, t.Tx.Rollback, false, &t.hooks) }
+func (t *connTx) Rollback() error { return t.hooks.End(t.ctx, t.Tx.Rollback, false) }
 
 func (t *connTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
 

@@ -6,6 +6,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Publish writes env through the transaction tx runs in and, once that
@@ -33,10 +34,10 @@ func Publish(tx *gorm.DB, env outbox.Envelope) (string, error) {
 	return ob.PublishTx(ctx, c, env)
 }
 
-// Wrap returns the transaction tx runs in as an outbox.TxContext, for
+// Wrap returns the transaction tx runs in as an txctx.Tx, for
 // ob.PublishTx(ctx, txc, env) with an explicit outbox. It fails like
 // Publish.
-func Wrap(tx *gorm.DB) (outbox.TxContext, error) {
+func Wrap(tx *gorm.DB) (txctx.Tx, error) {
 	c, err := conn(tx)
 	if err != nil {
 		return nil, err
@@ -46,7 +47,7 @@ func Wrap(tx *gorm.DB) (outbox.TxContext, error) {
 
 // Context returns tx's context carrying tx, so that code that takes a
 // context.Context works in the transaction: outbox.Publish(ctx, env),
-// DB(ctx), AfterCommit via outbox.TxFromContext. If tx is not in a
+// DB(ctx), AfterCommit via txctx.From. If tx is not in a
 // plugin transaction it returns tx's context unchanged, and
 // outbox.Publish in it fails with outbox.ErrNoTx.
 func Context(tx *gorm.DB) context.Context {
@@ -61,7 +62,7 @@ func Context(tx *gorm.DB) context.Context {
 	if err != nil {
 		return ctx
 	}
-	return outbox.ContextWithTx(ctx, &boundTx{conn: c, db: tx})
+	return txctx.With(ctx, &boundTx{conn: c, db: tx})
 }
 
 // AfterCommit registers fn to run once the transaction tx runs in has

@@ -24,6 +24,7 @@ import (
 	"github.com/txoutbox/txoutbox/middleware"
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/meta"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // The inbox rows (issue 36): consumption through the inbox's consumers
@@ -698,7 +699,7 @@ type dupRun struct {
 
 func (r *dupRun) apply(ctx context.Context, m inbox.Message) error {
 	r.calls.Add(1)
-	tx, _ := outbox.TxFromContext(ctx)
+	tx, _ := txctx.From(ctx)
 	_, err := tx.ExecContext(ctx, r.t.effect, m.ID, m.Payload)
 	return err
 }

@@ -20,9 +20,9 @@
 // bubble's fake time.
 //
 // Writes go through its transactions: [Store.Begin] returns a [*Tx], an
-// [outbox.TxContext] whose rows become visible at [Tx.Commit] and vanish
+// [txctx.Tx] whose rows become visible at [Tx.Commit] and vanish
 // at [Tx.Rollback], with the after-commit and after-rollback hooks of
-// [outbox.Hooks]. A Tx runs no SQL: its ExecContext returns [ErrNoSQL],
+// [txctx.Hooks]. A Tx runs no SQL: its ExecContext returns [ErrNoSQL],
 // so code under test that writes its business rows with SQL belongs in a
 // test against a real database (outbox/sqlstore's SQLite store is the
 // cheapest); code that only publishes is tested here.

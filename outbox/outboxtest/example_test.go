@@ -9,6 +9,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 const OrderPlaced outbox.EventType = "OrderPlaced"
@@ -29,7 +30,7 @@ func placeOrder(ctx context.Context, id int, fail bool) error {
 // on success and rolling back on error, as request middleware does.
 func inTx(ctx context.Context, st *outboxtest.Store, ob *outbox.Outbox, f func(ctx context.Context) error) error {
 	tx := st.Begin(ctx)
-	if err := f(outbox.ContextWithTx(outbox.NewContext(ctx, ob), tx)); err != nil {
+	if err := f(txctx.With(outbox.NewContext(ctx, ob), tx)); err != nil {
 		return errors.Join(err, tx.Rollback())
 	}
 	return tx.Commit()

@@ -203,7 +203,7 @@ func (s *Store) unstage(rows []*memEvent, tx *Tx) {
 // and leased to owner, if no earlier event of its key is pending under f,
 // committed or staged in an open transaction; it is leased to owner too
 // if numbered row.KeyAfter+1.
-func (s *Store) InsertOrdered(ctx context.Context, exec outbox.Execer, row *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
+func (s *Store) InsertOrdered(ctx context.Context, exec driver.Execer, row *driver.Row, owner string, lease time.Duration, f driver.OrderFilter) (head, leased bool, err error) {
 	switch {
 	case row.OrderingKey == "":
 		return false, false, fmt.Errorf("outboxtest: event %s has no ordering key: set Envelope.OrderingKey or the aggregate's type and id", row.ID)

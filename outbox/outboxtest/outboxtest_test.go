@@ -13,6 +13,7 @@ import (
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // outboxtest depends on the standard library and outbox only.
@@ -23,7 +24,7 @@ func TestImportsOnlyStdlibAndOutbox(t *testing.T) {
 	}
 	for _, p := range strings.Fields(string(out)) {
 		switch p {
-		case "github.com/txoutbox/txoutbox/outbox/outboxtest", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/oklog/ulid/v2":
+		case "github.com/txoutbox/txoutbox/outbox/outboxtest", "github.com/txoutbox/txoutbox/outbox", "github.com/txoutbox/txoutbox/outbox/driver", "github.com/txoutbox/txoutbox/outbox/txctx", "github.com/oklog/ulid/v2":
 		default:
 			t.Errorf("outboxtest imports %s: only the standard library, outbox and outbox/driver are allowed", p)
 		}
@@ -51,7 +52,7 @@ func TestTx(t *testing.T) {
 	ob := newOutbox(st, outbox.Config{})
 	env := outbox.Envelope{Type: OrderPlaced, JSON: []byte(`{}`)}
 
-	if _, err := ob.Publish(outbox.ContextWithTx(ctx, &fakeTx{}), env); err == nil || !strings.Contains(err.Error(), "Store.Begin") {
+	if _, err := ob.Publish(txctx.With(ctx, &fakeTx{}), env); err == nil || !strings.Contains(err.Error(), "Store.Begin") {
 		t.Fatalf("publish through a foreign transaction: %v; want an error naming Store.Begin", err)
 	}
 	if _, err := ob.PublishTx(ctx, outboxtest.NewStore().Begin(ctx), env); err == nil || !strings.Contains(err.Error(), "another Store") {
@@ -103,7 +104,7 @@ func TestTx(t *testing.T) {
 	}
 }
 
-type fakeTx struct{ outbox.Hooks }
+type fakeTx struct{ txctx.Hooks }
 
 func (*fakeTx) ExecContext(context.Context, string, ...any) (sql.Result, error) { return nil, nil }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 var (
@@ -23,7 +24,7 @@ var (
 	_ driver.Cleaner         = (*Store)(nil)
 	_ driver.BatchInserter   = (*Store)(nil)
 	_ driver.OrderedStore    = (*Store)(nil)
-	_ outbox.TxContext       = (*Tx)(nil)
+	_ txctx.Tx               = (*Tx)(nil)
 )
 
 // Option configures a Store.
@@ -160,10 +161,10 @@ var ErrNoSQL = errors.New("outboxtest: the in-memory store runs no SQL: keep the
 // Tx is a transaction on a Store: the rows inserted through it become
 // visible at Commit and vanish at Rollback, and its after-commit and
 // after-rollback hooks run then (savepoints are not supported). It
-// implements outbox.TxContext; ExecContext returns ErrNoSQL. It is safe
+// implements txctx.Tx; ExecContext returns ErrNoSQL. It is safe
 // for concurrent use.
 type Tx struct {
-	outbox.Hooks
+	txctx.Hooks
 	st  *Store
 	ctx context.Context
 
@@ -189,7 +190,7 @@ func (tx *Tx) endedChan() chan struct{} {
 }
 
 // Begin starts a transaction. ctx carries the logger for hooks that
-// panic (outbox.ContextWithLogger).
+// panic (txctx.WithLogger).
 func (s *Store) Begin(ctx context.Context) *Tx { return &Tx{st: s, ctx: ctx} }
 
 // ExecContext returns ErrNoSQL: there is no SQL to run.
@@ -201,7 +202,7 @@ func (tx *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.R
 // hooks. It fails with sql.ErrTxDone after Commit or Rollback, and fails
 // (running the after-rollback hooks, writing nothing) if an event id is
 // already taken, like a primary key.
-func (tx *Tx) Commit() error { return outbox.EndTx(tx.ctx, tx.commit, true, &tx.Hooks) }
+func (tx *Tx) Commit() error { return tx.Hooks.End(tx.ctx, tx.commit, true) }
 
 func (tx *Tx) commit() error {
 	tx.mu.Lock()
@@ -242,7 +243,7 @@ func (tx *Tx) commit() error {
 // Rollback drops the transaction's rows and runs the after-rollback
 // hooks. It returns sql.ErrTxDone after Commit or Rollback, so it is safe
 // to defer.
-func (tx *Tx) Rollback() error { return outbox.EndTx(tx.ctx, tx.rollback, false, &tx.Hooks) }
+func (tx *Tx) Rollback() error { return tx.Hooks.End(tx.ctx, tx.rollback, false) }
 
 func (tx *Tx) rollback() error {
 	tx.mu.Lock()
@@ -257,10 +258,10 @@ func (tx *Tx) rollback() error {
 	return nil
 }
 
-func (s *Store) txOf(exec outbox.Execer) (*Tx, error) {
+func (s *Store) txOf(exec driver.Execer) (*Tx, error) {
 	tx, ok := exec.(*Tx)
 	if !ok || tx == nil {
-		return nil, fmt.Errorf("outboxtest: insert through %T: the in-memory store writes only through its own transactions; begin one with Store.Begin and publish with PublishTx (or outbox.ContextWithTx)", exec)
+		return nil, fmt.Errorf("outboxtest: insert through %T: the in-memory store writes only through its own transactions; begin one with Store.Begin and publish with PublishTx (or txctx.With)", exec)
 	}
 	if tx.st != s {
 		return nil, errors.New("outboxtest: insert through a transaction of another Store")
@@ -270,12 +271,12 @@ func (s *Store) txOf(exec outbox.Execer) (*Tx, error) {
 
 // Insert implements driver.Store: the row is staged in exec, which must be
 // a *Tx of this store, until it commits.
-func (s *Store) Insert(ctx context.Context, exec outbox.Execer, row *driver.Row, owner string, lease time.Duration) error {
+func (s *Store) Insert(ctx context.Context, exec driver.Execer, row *driver.Row, owner string, lease time.Duration) error {
 	return s.InsertBatch(ctx, exec, []driver.Row{*row}, owner, lease)
 }
 
 // InsertBatch implements driver.BatchInserter: all rows or none.
-func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []driver.Row, owner string, lease time.Duration) error {
+func (s *Store) InsertBatch(ctx context.Context, exec driver.Execer, rows []driver.Row, owner string, lease time.Duration) error {
 	tx, err := s.txOf(exec)
 	if err != nil {
 		return err

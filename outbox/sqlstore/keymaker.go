@@ -213,7 +213,7 @@ const (
 	keyGateLapse = time.Minute
 )
 
-// txHooks is the part of the application's transaction (outbox.TxContext)
+// txHooks is the part of the application's transaction (txctx.Tx)
 // that tells when it ends.
 type txHooks interface {
 	AfterCommit(func())

@@ -13,7 +13,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
 )
 
@@ -415,7 +414,7 @@ func stringArgs(ids []string, prefix ...any) []any {
 
 // Insert implements driver.Store. It writes through exec, the caller's
 // transaction.
-func (s *Store) Insert(ctx context.Context, exec outbox.Execer, r *driver.Row, owner string, lease time.Duration) error {
+func (s *Store) Insert(ctx context.Context, exec driver.Execer, r *driver.Row, owner string, lease time.Duration) error {
 	_, err := exec.ExecContext(ctx, s.q.insert, s.insertArgs(nil, r, owner, lease)...)
 	return s.explain(err)
 }
@@ -431,7 +430,7 @@ const (
 
 // InsertBatch implements driver.BatchInserter: multi-row INSERTs through
 // exec, the caller's transaction, of up to 500 rows or 4 MiB each.
-func (s *Store) InsertBatch(ctx context.Context, exec outbox.Execer, rows []driver.Row, owner string, lease time.Duration) error {
+func (s *Store) InsertBatch(ctx context.Context, exec driver.Execer, rows []driver.Row, owner string, lease time.Duration) error {
 	for len(rows) > 0 {
 		n, size := 1, len(rows[0].Payload)+len(rows[0].Headers)
 		for n < len(rows) && n < insertBatchRows {

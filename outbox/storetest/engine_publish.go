@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Engine cases: Publish, PublishTx and PublishAll over the store.
@@ -281,7 +282,7 @@ func testPublishAll(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := ob.PublishAll(outbox.ContextWithTx(ctx, tx), envs...)
+	ids, err := ob.PublishAll(txctx.With(ctx, tx), envs...)
 	if err != nil {
 		tx.Rollback()
 		t.Fatalf("PublishAll: %v", err)

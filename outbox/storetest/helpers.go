@@ -14,6 +14,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Helpers the cases share: the subtest's world (env), publishing
@@ -81,7 +82,7 @@ func (e *env) publish(t *testing.T, ob *outbox.Outbox, ev outbox.Envelope) strin
 	if err != nil {
 		t.Fatalf("begin: %v", err)
 	}
-	id, err := ob.Publish(outbox.ContextWithTx(ctx, tx), ev)
+	id, err := ob.Publish(txctx.With(ctx, tx), ev)
 	if err != nil {
 		tx.Rollback()
 		t.Fatalf("Publish: %v", err)

@@ -24,13 +24,13 @@ import (
 	"context"
 	"testing"
 
-	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 // Tx is a transaction the suite can publish through and end.
 type Tx interface {
-	outbox.TxContext
+	txctx.Tx
 	Commit() error
 	Rollback() error
 }

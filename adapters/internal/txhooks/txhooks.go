@@ -1,8 +1,8 @@
 // Package txhooks follows the savepoints of a transaction for the ORM
 // adapters: it recognises savepoint statements in the SQL that goes
 // through the transaction and reports them to the transaction's
-// outbox.Hooks, which drops the after-commit hooks of rolled-back
-// savepoints (see outbox.Hooks for the rules).
+// txctx.Hooks, which drops the after-commit hooks of rolled-back
+// savepoints (see txctx.Hooks for the rules).
 //
 // An ORM that nests transactions as savepoints (GORM's db.Transaction
 // inside a transaction, entoutbox.Savepoint) would otherwise deliver an
@@ -13,16 +13,16 @@ package txhooks
 import (
 	"strings"
 
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
-// Hooks is the transaction's hook list; it is outbox.Hooks.
-type Hooks = outbox.Hooks
+// Hooks is the transaction's hook list; it is txctx.Hooks.
+type Hooks = txctx.Hooks
 
 // Observe applies query to h's savepoint stack if it is a savepoint
 // statement (see Parse) and reports whether it was one. Call it after the
 // statement succeeded.
-func Observe(h *outbox.Hooks, query string) bool {
+func Observe(h *txctx.Hooks, query string) bool {
 	op, name, ok := Parse(query)
 	if !ok {
 		return false

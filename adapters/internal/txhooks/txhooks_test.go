@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/txctx"
 )
 
 func TestParse(t *testing.T) {
@@ -117,9 +117,9 @@ func TestPanickingHook(t *testing.T) {
 	h.AfterCommit(func() { panic("boom") })
 	h.AfterCommit(r.hook("second"))
 	err := h.Committed()
-	var pe *outbox.HookPanicError
+	var pe *txctx.PanicError
 	if !errors.As(err, &pe) || pe.Index != 0 || pe.Value != "boom" {
-		t.Fatalf("err = %v, want a HookPanicError for hook 0", err)
+		t.Fatalf("err = %v, want a txctx.PanicError for hook 0", err)
 	}
 	if want := []string{"second"}; !slices.Equal(r.got, want) {
 		t.Fatalf("ran %v, want %v", r.got, want)
