@@ -49,7 +49,7 @@ func (s *countingStore) ClaimDeliveries(ctx context.Context, req driver.ClaimReq
 	return ds, err
 }
 
-func (s *countingStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
+func (s *countingStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {
 	s.mu.Lock()
 	s.failWrites++
 	s.mu.Unlock()

@@ -115,7 +115,7 @@ func (c *completer) run() {
 	g.lingerNow = func() time.Duration { return c.lingerNow(time.Now()) }
 	batch := make([]*item, 0, c.batchSize)
 	ids := make([]string, 0, c.batchSize)
-	var keys []driver.DeliveryKey
+	var keys []driver.DeliveryID
 	var done []driver.KeyDone
 	for {
 		var ok bool
@@ -126,7 +126,7 @@ func (c *completer) run() {
 		for _, it := range batch {
 			switch {
 			case it.sub != nil:
-				keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+				keys = append(keys, driver.DeliveryID{EventID: it.env.ID, Subscription: it.sub.Name})
 			case recordsKey(it):
 				// The keys of ordered events are recorded with their
 				// DONE, in the same transaction, so that their next
@@ -359,7 +359,7 @@ func recordsKey(it *item) bool {
 	return it.sub == nil && it.env.ordered && it.env.seq > 0 && len(it.behind) == 0
 }
 
-func (c *completer) completeDeliveries(keys []driver.DeliveryKey) {
+func (c *completer) completeDeliveries(keys []driver.DeliveryID) {
 	ctx, cancel := c.storeCtx()
 	defer cancel()
 	start := time.Now()

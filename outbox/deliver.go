@@ -55,13 +55,13 @@ func (it *item) key() string {
 
 func deliveryKeyString(id, sub string) string { return id + "\x00" + sub }
 
-func parseDeliveryKey(k string) (driver.DeliveryKey, bool) {
+func parseDeliveryID(k string) (driver.DeliveryID, bool) {
 	for i := 0; i < len(k); i++ {
 		if k[i] == 0 {
-			return driver.DeliveryKey{EventID: k[:i], Subscription: k[i+1:]}, true
+			return driver.DeliveryID{EventID: k[:i], Subscription: k[i+1:]}, true
 		}
 	}
-	return driver.DeliveryKey{}, false
+	return driver.DeliveryID{}, false
 }
 
 type resultKind int8
@@ -203,7 +203,7 @@ func (d *dispatcher) leaseLost(it *item) {
 	ctx, cancel := d.storeCtx()
 	defer cancel()
 	if it.sub != nil {
-		d.leases.releaseDeliveries(ctx, []driver.DeliveryKey{{EventID: it.env.ID, Subscription: it.sub.Name}}, 0, "release a delivery whose lease ran out")
+		d.leases.releaseDeliveries(ctx, []driver.DeliveryID{{EventID: it.env.ID, Subscription: it.sub.Name}}, 0, "release a delivery whose lease ran out")
 	} else {
 		d.leases.releaseLeases(ctx, []string{it.env.ID}, "release an event whose lease ran out")
 	}
@@ -220,7 +220,7 @@ func (d *dispatcher) releaseHeld(ctx context.Context, it *item) {
 		return
 	}
 	if it.sub != nil {
-		d.leases.releaseDeliveries(ctx, []driver.DeliveryKey{{EventID: it.env.ID, Subscription: it.sub.Name}}, 0, "release a delivery claimed again while its outcome was written")
+		d.leases.releaseDeliveries(ctx, []driver.DeliveryID{{EventID: it.env.ID, Subscription: it.sub.Name}}, 0, "release a delivery claimed again while its outcome was written")
 	} else {
 		d.leases.releaseLeases(ctx, []string{it.env.ID}, "release an event claimed again while its outcome was written")
 	}
@@ -505,7 +505,7 @@ func (d *dispatcher) writeFailures(ctx context.Context, it *item, writes []drive
 			if it.sub == nil {
 				return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes, it.registry)
 			}
-			return d.dstore.FailDelivery(ctx, d.cfg.InstanceID, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
+			return d.dstore.FailDelivery(ctx, d.cfg.InstanceID, driver.DeliveryID{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
 		})
 	}
 	held, writes, err := d.splitFenced(ctx, it, writes, write)

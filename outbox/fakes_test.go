@@ -22,16 +22,16 @@ func (nopDeliveries) Split(context.Context, string, string, []driver.DeliveryWri
 func (nopDeliveries) ClaimDeliveries(context.Context, driver.ClaimRequest, []string, driver.OrderFilter) ([]driver.Delivery, error) {
 	return nil, nil
 }
-func (nopDeliveries) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryKey) (int, error) {
+func (nopDeliveries) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryID) (int, error) {
 	return len(keys), nil
 }
-func (nopDeliveries) FailDelivery(context.Context, string, driver.DeliveryKey, driver.DeliveryWrite) (bool, error) {
+func (nopDeliveries) FailDelivery(context.Context, string, driver.DeliveryID, driver.DeliveryWrite) (bool, error) {
 	return true, nil
 }
-func (nopDeliveries) ExtendDeliveryLeases(_ context.Context, _ string, keys []driver.DeliveryKey, _ time.Duration) (int, error) {
+func (nopDeliveries) ExtendDeliveryLeases(_ context.Context, _ string, keys []driver.DeliveryID, _ time.Duration) (int, error) {
 	return len(keys), nil
 }
-func (nopDeliveries) ReleaseDeliveries(context.Context, string, []driver.DeliveryKey, time.Duration) error {
+func (nopDeliveries) ReleaseDeliveries(context.Context, string, []driver.DeliveryID, time.Duration) error {
 	return nil
 }
 

@@ -380,12 +380,12 @@ func (d *dispatcher) giveBack(key string, its ...*item) {
 
 // leaseNames returns what holds the leases of its: the ids of the events
 // leased as a whole, the keys of the deliveries.
-func leaseNames(its []*item) (ids []string, keys []driver.DeliveryKey) {
+func leaseNames(its []*item) (ids []string, keys []driver.DeliveryID) {
 	for _, it := range its {
 		if it.sub == nil {
 			ids = append(ids, it.env.ID)
 		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: it.env.ID, Subscription: it.sub.Name})
+			keys = append(keys, driver.DeliveryID{EventID: it.env.ID, Subscription: it.sub.Name})
 		}
 	}
 	return ids, keys

@@ -29,7 +29,7 @@ func newLeaseKeeper(d *deps, inflight *inflightSet) *leaseKeeper {
 }
 
 // releaseDeliveries is release for deliveries.
-func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []driver.DeliveryKey, delay time.Duration, what string) {
+func (k *leaseKeeper) releaseDeliveries(ctx context.Context, keys []driver.DeliveryID, delay time.Duration, what string) {
 	for len(keys) > 0 {
 		n := min(500, len(keys))
 		start := time.Now()
@@ -72,10 +72,10 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		case <-t.C:
 		}
 		var ids []string
-		var keys []driver.DeliveryKey
+		var keys []driver.DeliveryID
 		round := time.Now()
 		for _, key := range k.inflight.snapshot() {
-			if dk, ok := parseDeliveryKey(key); ok {
+			if dk, ok := parseDeliveryID(key); ok {
 				keys = append(keys, dk)
 			} else {
 				ids = append(ids, key)
@@ -89,7 +89,7 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			got, err := k.dstore.ExtendDeliveryLeases(wctx, k.owner, keys[:n], k.lease)
 			k.m.Statement("extend_leases", got, time.Since(start))
 			if err == nil {
-				k.inflight.renewed(deliveryKeyStrings(keys[:n]), time.Now(), round.Add(k.lease))
+				k.inflight.renewed(deliveryIDStrings(keys[:n]), time.Now(), round.Add(k.lease))
 			} else if ctx.Err() == nil {
 				failed = true
 				k.log.Error("renew delivery leases", slog.Int("deliveries", n), slog.Any("error", err))
@@ -118,8 +118,8 @@ func (k *leaseKeeper) run(ctx context.Context) {
 	}
 }
 
-// deliveryKeyStrings returns the in-flight set's names of keys.
-func deliveryKeyStrings(keys []driver.DeliveryKey) []string {
+// deliveryIDStrings returns the in-flight set's names of keys.
+func deliveryIDStrings(keys []driver.DeliveryID) []string {
 	out := make([]string, len(keys))
 	for i, k := range keys {
 		out[i] = deliveryKeyString(k.EventID, k.Subscription)

@@ -316,7 +316,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 		}
 	}
 	queued, unqueued, unhandled := p.disp.offerRows(ctx, reg, rows, nil, now, claimStart)
-	var unqueuedDeliveries []driver.DeliveryKey
+	var unqueuedDeliveries []driver.DeliveryID
 	if room := limit - len(rows); room > 0 {
 		n, back, taken := p.pollDeliveries(ctx, reg, room, now)
 		queued, unqueuedDeliveries, reclaimed = queued+n, back, reclaimed+taken
@@ -345,7 +345,7 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 // circuit, and queues them. It returns how many it queued, those it could
 // not queue (to be released), and how many it took over from another
 // instance whose lease had run out.
-func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, now time.Time) (queued int, unqueued []driver.DeliveryKey, reclaimed int) {
+func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, now time.Time) (queued int, unqueued []driver.DeliveryID, reclaimed int) {
 	// Subscriptions with a closed circuit in one claim; one whose circuit
 	// waits for a probe gets one delivery, the probe, instead of a batch
 	// it would only defer again.
@@ -377,7 +377,7 @@ func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, no
 	follows := deliveryRuns(ds, reg)
 	for i := range ds {
 		d := &ds[i]
-		key := driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+		key := driver.DeliveryID{EventID: d.ID, Subscription: d.Subscription}
 		if d.PrevOwner != "" && d.PrevOwner != p.cfg.InstanceID {
 			reclaimed++
 		}

@@ -52,7 +52,7 @@ func (s *dueStore) Split(_ context.Context, _ string, id string, ws []driver.Del
 	return true, nil
 }
 
-func (s *dueStore) FailDelivery(_ context.Context, _ string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
+func (s *dueStore) FailDelivery(_ context.Context, _ string, k driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {
 	return s.Split(context.Background(), "", k.EventID, []driver.DeliveryWrite{w}, 0)
 }
 
@@ -69,7 +69,7 @@ func (s *dueStore) ClaimDeliveries(_ context.Context, req driver.ClaimRequest, s
 	return out, nil
 }
 
-func (s *dueStore) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryKey) (int, error) {
+func (s *dueStore) CompleteDeliveries(_ context.Context, _ string, keys []driver.DeliveryID) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {

@@ -72,8 +72,8 @@ func Widens(prev, next []string) bool {
 	return false
 }
 
-// DeliveryKey names the delivery of one event to one subscription.
-type DeliveryKey struct {
+// DeliveryID names the delivery of one event to one subscription.
+type DeliveryID struct {
 	EventID      string
 	Subscription string
 }
@@ -158,18 +158,18 @@ type DeliveryStore interface {
 	// CompleteDeliveries marks the deliveries owner holds among keys DONE,
 	// and each of their events DONE once none of its deliveries is left
 	// undone. It returns how many deliveries changed.
-	CompleteDeliveries(ctx context.Context, owner string, keys []DeliveryKey) (int, error)
+	CompleteDeliveries(ctx context.Context, owner string, keys []DeliveryID) (int, error)
 
 	// FailDelivery records the outcome w (StatusNew: deferred without an
 	// attempt; StatusRetry; StatusDead) of a delivery owner holds,
 	// releasing the lease, and reports whether owner held it.
-	FailDelivery(ctx context.Context, owner string, key DeliveryKey, w DeliveryWrite) (bool, error)
+	FailDelivery(ctx context.Context, owner string, key DeliveryID, w DeliveryWrite) (bool, error)
 
 	// ExtendDeliveryLeases is ExtendLeases for deliveries.
-	ExtendDeliveryLeases(ctx context.Context, owner string, keys []DeliveryKey, lease time.Duration) (int, error)
+	ExtendDeliveryLeases(ctx context.Context, owner string, keys []DeliveryID, lease time.Duration) (int, error)
 
 	// ReleaseDeliveries is Release for deliveries.
-	ReleaseDeliveries(ctx context.Context, owner string, keys []DeliveryKey, delay time.Duration) error
+	ReleaseDeliveries(ctx context.Context, owner string, keys []DeliveryID, delay time.Duration) error
 
 	// DueNow makes the deliveries of subscription sub that wait without a
 	// lease (NEW, due later: deferred while its destination was down) due

@@ -24,7 +24,7 @@ func (s *Store) ReleaseOwner(ctx context.Context, owner string) (int, error) {
 	}
 	for id, subs := range s.deliv {
 		for sub := range subs {
-			if d := s.heldDelivery(owner, driver.DeliveryKey{EventID: id, Subscription: sub}); d != nil {
+			if d := s.heldDelivery(owner, driver.DeliveryID{EventID: id, Subscription: sub}); d != nil {
 				d.owner, d.lockedUntil = "", time.Time{}
 				n++
 			}

@@ -554,7 +554,7 @@ func (s *Store) Split(ctx context.Context, owner, eventID string, writes []drive
 }
 
 type pickedDelivery struct {
-	key driver.DeliveryKey
+	key driver.DeliveryID
 	d   *memDelivery
 }
 
@@ -586,7 +586,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 					continue // not its turn: an earlier event of its key is pending for it, or another is in flight to it
 				}
 			}
-			p := pickedDelivery{driver.DeliveryKey{EventID: id, Subscription: name}, d}
+			p := pickedDelivery{driver.DeliveryID{EventID: id, Subscription: name}, d}
 			switch d.status {
 			case outbox.StatusRetry:
 				retries = append(retries, p)
@@ -667,7 +667,7 @@ func (s *Store) deliveryRuns(out []driver.Delivery, req driver.ClaimRequest, f d
 	return out
 }
 
-func (s *Store) heldDelivery(owner string, k driver.DeliveryKey) *memDelivery {
+func (s *Store) heldDelivery(owner string, k driver.DeliveryID) *memDelivery {
 	d := s.deliv[k.EventID][k.Subscription]
 	if d == nil || d.owner != owner || !undone(d.status) {
 		return nil
@@ -676,7 +676,7 @@ func (s *Store) heldDelivery(owner string, k driver.DeliveryKey) *memDelivery {
 }
 
 // CompleteDeliveries implements driver.DeliveryStore.
-func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
+func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID) (int, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -712,7 +712,7 @@ func (s *Store) completeSplit(id string, now time.Time) {
 }
 
 // FailDelivery implements driver.DeliveryStore.
-func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
+func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -735,7 +735,7 @@ func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.Deliv
 }
 
 // ExtendDeliveryLeases implements driver.DeliveryStore.
-func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
+func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryID, lease time.Duration) (int, error) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -750,7 +750,7 @@ func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []d
 }
 
 // ReleaseDeliveries implements driver.DeliveryStore.
-func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
+func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID, delay time.Duration) error {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()

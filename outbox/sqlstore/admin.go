@@ -242,12 +242,12 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]Migration, error) {
 
 // splitLetters separates dead letters into dead events and dead
 // deliveries.
-func splitLetters(dls []outbox.DeadLetter) (ids []string, keys []driver.DeliveryKey) {
+func splitLetters(dls []outbox.DeadLetter) (ids []string, keys []driver.DeliveryID) {
 	for _, dl := range dls {
 		if dl.Subscription == "" {
 			ids = append(ids, dl.ID)
 		} else {
-			keys = append(keys, driver.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
+			keys = append(keys, driver.DeliveryID{EventID: dl.ID, Subscription: dl.Subscription})
 		}
 	}
 	return ids, keys

@@ -279,7 +279,7 @@ func keysIn(n int) string {
 	return "(event_id, subscription) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ") + ")"
 }
 
-func keyArgs(keys []driver.DeliveryKey, prefix ...any) []any {
+func keyArgs(keys []driver.DeliveryID, prefix ...any) []any {
 	args := make([]any, 0, len(prefix)+2*len(keys))
 	args = append(args, prefix...)
 	for _, k := range keys {
@@ -347,7 +347,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 		return nil, nil
 	}
 	var out []driver.Delivery
-	var keys []driver.DeliveryKey
+	var keys []driver.DeliveryID
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		out, keys = out[:0], keys[:0]
 		var picks []pickedDelivery
@@ -411,7 +411,7 @@ ORDER BY d.available_at`
 		if out, err = s.leaseDeliveries(ctx, tx, req, picks); err != nil {
 			return err
 		}
-		var more []driver.DeliveryKey
+		var more []driver.DeliveryID
 		out, more, err = s.deliveryRuns(ctx, tx, req, f, out)
 		keys = append(keys, more...)
 		return err
@@ -438,7 +438,7 @@ ORDER BY d.available_at`
 // key's in number order after its head. It returns the deliveries it
 // leased. One read of the heads' keys per subscription, then a locking
 // read and a lease of the runs' deliveries by primary key.
-func (s *Store) deliveryRuns(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, f driver.OrderFilter, out []driver.Delivery) ([]driver.Delivery, []driver.DeliveryKey, error) {
+func (s *Store) deliveryRuns(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, f driver.OrderFilter, out []driver.Delivery) ([]driver.Delivery, []driver.DeliveryID, error) {
 	heads := map[string][]runHead{} // by subscription
 	n := 0
 	for _, d := range out {
@@ -451,7 +451,7 @@ func (s *Store) deliveryRuns(ctx context.Context, tx *sqlx.Tx, req driver.ClaimR
 		return out, nil, nil
 	}
 	per := int64(req.Run / n)
-	var runs [][]driver.DeliveryKey // each head's, in order
+	var runs [][]driver.DeliveryID // each head's, in order
 	for _, sub := range slices.Sorted(maps.Keys(heads)) {
 		r, err := s.subscriptionRuns(ctx, tx, sub, heads[sub], per)
 		if err != nil {
@@ -479,7 +479,7 @@ type runHead struct {
 // one after another, each split with that delivery NEW or RETRY, due and
 // free, per at most: one read of every pending event of the heads' keys
 // in the runs' reach.
-func (s *Store) subscriptionRuns(ctx context.Context, tx *sqlx.Tx, sub string, hs []runHead, per int64) ([][]driver.DeliveryKey, error) {
+func (s *Store) subscriptionRuns(ctx context.Context, tx *sqlx.Tx, sub string, hs []runHead, per int64) ([][]driver.DeliveryID, error) {
 	keys := make([]string, 0, len(hs))
 	lo, hi := hs[0].seq, hs[0].seq
 	for _, h := range hs {
@@ -516,9 +516,9 @@ ORDER BY o.ordering_key, o.key_seq`
 	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
 		return nil, err
 	}
-	var runs [][]driver.DeliveryKey
+	var runs [][]driver.DeliveryID
 	for _, h := range hs {
-		var run []driver.DeliveryKey
+		var run []driver.DeliveryID
 		seq := h.seq
 		for _, p := range byKey[h.key] {
 			if p.seq <= h.seq {
@@ -527,7 +527,7 @@ ORDER BY o.ordering_key, o.key_seq`
 			if int64(len(run)) == per || p.seq != seq+1 || !p.ok {
 				break
 			}
-			run = append(run, driver.DeliveryKey{EventID: p.id, Subscription: sub})
+			run = append(run, driver.DeliveryID{EventID: p.id, Subscription: sub})
 			seq = p.seq
 		}
 		if len(run) > 0 {
@@ -541,15 +541,15 @@ ORDER BY o.ordering_key, o.key_seq`
 // (another instance cannot lease them meanwhile: each owes its head,
 // leased here), cuts each run at the first one not taken, and returns
 // them as picked, and their keys.
-func (s *Store) lockRuns(ctx context.Context, tx *sqlx.Tx, runs [][]driver.DeliveryKey) ([]pickedDelivery, []driver.DeliveryKey, error) {
-	var all []driver.DeliveryKey
+func (s *Store) lockRuns(ctx context.Context, tx *sqlx.Tx, runs [][]driver.DeliveryID) ([]pickedDelivery, []driver.DeliveryID, error) {
+	var all []driver.DeliveryID
 	for _, r := range runs {
 		all = append(all, r...)
 	}
 	if len(all) == 0 {
 		return nil, nil, nil
 	}
-	got := map[driver.DeliveryKey]pickedDelivery{}
+	got := map[driver.DeliveryID]pickedDelivery{}
 	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM `+s.DeliveriesTable()+` d`+s.d.byID+`
 WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.now+`
   AND (d.locked_until IS NULL OR d.locked_until <= `+s.d.now+`)`+s.d.lock), keyArgs(all)...)
@@ -568,7 +568,7 @@ WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.no
 		return nil, nil, err
 	}
 	var picks []pickedDelivery
-	var leased []driver.DeliveryKey
+	var leased []driver.DeliveryID
 	for _, r := range runs {
 		for _, k := range r {
 			p, ok := got[k]
@@ -583,7 +583,7 @@ WHERE `+keysIn(len(all))+` AND d.status IN (0, 2) AND d.available_at <= `+s.d.no
 
 // pickedDelivery is a delivery as a claim's locking read found it.
 type pickedDelivery struct {
-	key              driver.DeliveryKey
+	key              driver.DeliveryID
 	status, attempts int
 	owner            sql.NullString
 }
@@ -592,7 +592,7 @@ type pickedDelivery struct {
 // events' rows, in the order of picks (one whose event was deleted by
 // hand is left out: nothing to deliver).
 func (s *Store) leaseDeliveries(ctx context.Context, tx *sqlx.Tx, req driver.ClaimRequest, picks []pickedDelivery) ([]driver.Delivery, error) {
-	keys := make([]driver.DeliveryKey, len(picks))
+	keys := make([]driver.DeliveryID, len(picks))
 	ids := make([]string, 0, len(picks))
 	seen := map[string]bool{}
 	for i, p := range picks {
@@ -640,14 +640,14 @@ func (s *Store) leaseDeliveries(ctx context.Context, tx *sqlx.Tx, req driver.Cla
 
 // deliveryKeys runs q, a plain read whose first two columns are a
 // delivery's key, and returns the keys.
-func (s *Store) deliveryKeys(ctx context.Context, tx *sqlx.Tx, q string, args []any) ([]driver.DeliveryKey, error) {
+func (s *Store) deliveryKeys(ctx context.Context, tx *sqlx.Tx, q string, args []any) ([]driver.DeliveryID, error) {
 	rs, err := tx.QueryContext(ctx, s.rebind(q), args...)
 	if err != nil {
 		return nil, err
 	}
-	var out []driver.DeliveryKey
+	var out []driver.DeliveryID
 	for rs.Next() {
-		var k driver.DeliveryKey
+		var k driver.DeliveryID
 		var status, attempts int
 		var owner sql.NullString
 		if err := rs.Scan(&k.EventID, &k.Subscription, &status, &attempts, &owner); err != nil {
@@ -660,7 +660,7 @@ func (s *Store) deliveryKeys(ctx context.Context, tx *sqlx.Tx, q string, args []
 }
 
 // CompleteDeliveries implements driver.DeliveryStore.
-func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
+func (s *Store) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -686,7 +686,7 @@ WHERE status = 4 AND id IN `+in(len(ids))+` AND id NOT IN (SELECT event_id FROM 
 	return int(n), nil
 }
 
-func eventIDs(keys []driver.DeliveryKey) []string {
+func eventIDs(keys []driver.DeliveryID) []string {
 	ids := make([]string, 0, len(keys))
 	seen := map[string]bool{}
 	for _, k := range keys {
@@ -700,7 +700,7 @@ func eventIDs(keys []driver.DeliveryKey) []string {
 
 // FailDelivery implements driver.DeliveryStore: one UPDATE, and the
 // attempt's record if it counts, in one transaction.
-func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
+func (s *Store) FailDelivery(ctx context.Context, owner string, key driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {
 	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + s.d.byID + ` SET status = ?, attempts = ?, available_at = ` + s.d.nowPlus + `,
   done_at = CASE WHEN ? = 3 THEN ` + s.d.now + ` END, last_error = COALESCE(?, last_error), locked_by = NULL, locked_until = NULL
 WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
@@ -723,7 +723,7 @@ WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
 }
 
 // ExtendDeliveryLeases implements driver.DeliveryStore.
-func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
+func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryID, lease time.Duration) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -732,7 +732,7 @@ func (s *Store) ExtendDeliveryLeases(ctx context.Context, owner string, keys []d
 }
 
 // ReleaseDeliveries implements driver.DeliveryStore.
-func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
+func (s *Store) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID, delay time.Duration) error {
 	if len(keys) == 0 {
 		return nil
 	}

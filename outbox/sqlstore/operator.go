@@ -222,12 +222,12 @@ func (s *Store) ReplayDead(ctx context.Context, f outbox.DeadFilter, dryRun bool
 			continue
 		}
 		var ids []string
-		var keys []driver.DeliveryKey
+		var keys []driver.DeliveryID
 		for _, dl := range page {
 			if dl.Subscription == "" {
 				ids = append(ids, dl.ID)
 			} else {
-				keys = append(keys, driver.DeliveryKey{EventID: dl.ID, Subscription: dl.Subscription})
+				keys = append(keys, driver.DeliveryID{EventID: dl.ID, Subscription: dl.Subscription})
 			}
 		}
 		if len(ids) > 0 {

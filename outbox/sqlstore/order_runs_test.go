@@ -355,7 +355,7 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 			split("b", b[1])
 			b = append(b, insert("b"), insert("b"))
 			wantIDs(t, "ClaimDeliveries(o), run 0", claim(0), a[0], b[0])
-			if err := st.ReleaseDeliveries(ctx, "b", []driver.DeliveryKey{{EventID: a[0], Subscription: "o"}, {EventID: b[0], Subscription: "o"}}, 0); err != nil {
+			if err := st.ReleaseDeliveries(ctx, "b", []driver.DeliveryID{{EventID: a[0], Subscription: "o"}, {EventID: b[0], Subscription: "o"}}, 0); err != nil {
 				t.Fatal(err)
 			}
 			// Run 6 over two heads: 3 behind each; b's stops at its whole

@@ -31,7 +31,7 @@ func (s *Store) ReleaseOwner(ctx context.Context, owner string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sqlstore: release the leases of %s: read the events: %w", owner, s.explain(err))
 	}
-	var keys []driver.DeliveryKey
+	var keys []driver.DeliveryID
 	err = s.retry(ctx, func() error {
 		keys = keys[:0]
 		rs, err := s.db.QueryContext(ctx, s.rebind(`SELECT event_id, subscription FROM `+s.DeliveriesTable()+` WHERE locked_by = ? AND status IN (0, 2)`), owner)
@@ -40,7 +40,7 @@ func (s *Store) ReleaseOwner(ctx context.Context, owner string) (int, error) {
 		}
 		defer rs.Close()
 		for rs.Next() {
-			var k driver.DeliveryKey
+			var k driver.DeliveryID
 			if err := rs.Scan(&k.EventID, &k.Subscription); err != nil {
 				return err
 			}

@@ -458,7 +458,7 @@ func TestTxDeliveryRecordedOnlyInItsTurn(t *testing.T) {
 			claim() // attempts 0
 			// The attempt fails (its outcome written), and the delivery is
 			// leased again: the first call's turn is over.
-			if ok, err := st.FailDelivery(ctx, "a", driver.DeliveryKey{EventID: r.ID, Subscription: "s"}, driver.DeliveryWrite{Subscription: "s", Status: driver.StatusRetry, Attempts: 1, Error: "timeout"}); err != nil || !ok {
+			if ok, err := st.FailDelivery(ctx, "a", driver.DeliveryID{EventID: r.ID, Subscription: "s"}, driver.DeliveryWrite{Subscription: "s", Status: driver.StatusRetry, Attempts: 1, Error: "timeout"}); err != nil || !ok {
 				t.Fatalf("FailDelivery = %v, %v", ok, err)
 			}
 			claim() // attempts 1

@@ -50,7 +50,7 @@ func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []driver.D
 	return write()
 }
 
-func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryKey, w driver.DeliveryWrite) (bool, error) {
+func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {
 	write := func() (bool, error) { return s.DeliveryStore.FailDelivery(ctx, owner, k, w) }
 	if s.record != nil {
 		return s.record(ctx, []driver.DeliveryWrite{w}, write)

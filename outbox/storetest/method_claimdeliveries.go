@@ -110,7 +110,7 @@ func testOrderDeliveriesInTurn(t *testing.T, e *env) {
 	one, two := pair("blk-retry", "blk", outbox.StatusRetry)
 	claim("blk: the first retry, not the second in its key", "blk", one)
 	claim("blk: nothing while the first is leased", "blk")
-	if n, err := ds.CompleteDeliveries(ctx, "c", []driver.DeliveryKey{{EventID: one, Subscription: "blk"}}); err != nil || n != 1 {
+	if n, err := ds.CompleteDeliveries(ctx, "c", []driver.DeliveryID{{EventID: one, Subscription: "blk"}}); err != nil || n != 1 {
 		t.Fatalf("CompleteDeliveries = %d, %v", n, err)
 	}
 	claim("blk: the second once the first was delivered", "blk", two)

@@ -33,14 +33,14 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 2 {
 		t.Fatalf("claimed %d; want 2", len(got))
 	}
-	ka, kb := driver.DeliveryKey{EventID: id, Subscription: "a"}, driver.DeliveryKey{EventID: id, Subscription: "b"}
-	if n, err := ds.CompleteDeliveries(ctx, "intruder", []driver.DeliveryKey{ka}); err != nil || n != 0 {
+	ka, kb := driver.DeliveryID{EventID: id, Subscription: "a"}, driver.DeliveryID{EventID: id, Subscription: "b"}
+	if n, err := ds.CompleteDeliveries(ctx, "intruder", []driver.DeliveryID{ka}); err != nil || n != 0 {
 		t.Fatalf("CompleteDeliveries by a non-owner = %d, %v; want 0", n, err)
 	}
-	if n, err := ds.ExtendDeliveryLeases(ctx, "me", []driver.DeliveryKey{ka, kb}, time.Minute); err != nil || n != 2 {
+	if n, err := ds.ExtendDeliveryLeases(ctx, "me", []driver.DeliveryID{ka, kb}, time.Minute); err != nil || n != 2 {
 		t.Fatalf("ExtendDeliveryLeases = %d, %v; want 2", n, err)
 	}
-	if n, err := ds.CompleteDeliveries(ctx, "me", []driver.DeliveryKey{ka}); err != nil || n != 1 {
+	if n, err := ds.CompleteDeliveries(ctx, "me", []driver.DeliveryID{ka}); err != nil || n != 1 {
 		t.Fatalf("CompleteDeliveries(a) = %d, %v; want 1", n, err)
 	}
 	if rec := e.inspect(t, id); rec.Status != outbox.StatusSplit {
@@ -67,13 +67,13 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 1 {
 		t.Fatalf("reclaimed %d; want b", len(got))
 	}
-	if err := ds.ReleaseDeliveries(ctx, "nobody", []driver.DeliveryKey{kb}, 0); err != nil {
+	if err := ds.ReleaseDeliveries(ctx, "nobody", []driver.DeliveryID{kb}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := claim("other"); len(got) != 0 {
 		t.Fatal("a release by a non-owner freed the delivery")
 	}
-	if err := ds.ReleaseDeliveries(ctx, "me", []driver.DeliveryKey{kb}, 200*time.Millisecond); err != nil {
+	if err := ds.ReleaseDeliveries(ctx, "me", []driver.DeliveryID{kb}, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	if got := claim("me"); len(got) != 0 {
@@ -83,7 +83,7 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	if got := claim("me"); len(got) != 1 {
 		t.Fatalf("claimed %d after the delay; want b", len(got))
 	}
-	if n, err := ds.CompleteDeliveries(ctx, "me", []driver.DeliveryKey{kb}); err != nil || n != 1 {
+	if n, err := ds.CompleteDeliveries(ctx, "me", []driver.DeliveryID{kb}); err != nil || n != 1 {
 		t.Fatalf("CompleteDeliveries(b) = %d, %v", n, err)
 	}
 	if rec := e.inspect(t, id); rec.Status != outbox.StatusDone {

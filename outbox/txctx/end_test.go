@@ -78,7 +78,7 @@ func TestHooks(t *testing.T) {
 	if !slices.Equal(order, []string{"c1", "c3"}) {
 		t.Fatalf("ran %v; want c1, c3 (after-rollback hooks dropped, panic contained)", order)
 	}
-	if h.RolledBack() != nil || h.Committed() != nil || !h.Done() {
+	if h.RolledBack() != nil || h.Committed() != nil || !h.Ended() {
 		t.Fatal("a second outcome did something")
 	}
 	h.AfterCommit(func() { order = append(order, "late") })

@@ -171,7 +171,7 @@ type savepointMark struct {
 // AfterCommit registers fn to run after a successful commit, unless the
 // savepoint it was registered in is rolled back first. Registered after
 // the outcome is known, fn is dropped: that is a programming error the
-// caller can detect with Done.
+// caller can detect with Ended.
 func (h *Hooks) AfterCommit(fn func()) { h.add(hookEntry{fn: fn, commit: true}) }
 
 // AfterRollback registers fn to run after the transaction rolls back, or
@@ -250,8 +250,8 @@ func (h *Hooks) Depth() int {
 	return len(h.marks)
 }
 
-// Done reports whether Committed or RolledBack has been called.
-func (h *Hooks) Done() bool {
+// Ended reports whether Committed or RolledBack has been called.
+func (h *Hooks) Ended() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.done

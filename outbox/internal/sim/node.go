@@ -269,9 +269,9 @@ func (f *faultyStore) ClaimHeads(ctx context.Context, req driver.ClaimRequest, k
 
 func (f *faultyStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, of driver.OrderFilter) ([]driver.Delivery, error) {
 	ds, err := claimWrap(ctx, f, "ClaimDeliveries", func() ([]driver.Delivery, error) { return f.Store.ClaimDeliveries(ctx, req, subs, of) }, func(ds []driver.Delivery) {
-		keys := make([]driver.DeliveryKey, len(ds))
+		keys := make([]driver.DeliveryID, len(ds))
 		for i, d := range ds {
-			keys[i] = driver.DeliveryKey{EventID: d.ID, Subscription: d.Subscription}
+			keys[i] = driver.DeliveryID{EventID: d.ID, Subscription: d.Subscription}
 		}
 		f.Store.ReleaseDeliveries(context.Background(), req.Owner, keys, 0)
 	})
@@ -351,19 +351,19 @@ func (f *faultyStore) Split(ctx context.Context, owner, eventID string, writes [
 	return wrap(ctx, f, "Split", func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes, registry) })
 }
 
-func (f *faultyStore) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey) (int, error) {
+func (f *faultyStore) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID) (int, error) {
 	return wrap(ctx, f, "CompleteDeliveries", func() (int, error) { return f.Store.CompleteDeliveries(ctx, owner, keys) })
 }
 
-func (f *faultyStore) FailDelivery(ctx context.Context, owner string, key driver.DeliveryKey, dw driver.DeliveryWrite) (bool, error) {
+func (f *faultyStore) FailDelivery(ctx context.Context, owner string, key driver.DeliveryID, dw driver.DeliveryWrite) (bool, error) {
 	return wrap(ctx, f, "FailDelivery", func() (bool, error) { return f.Store.FailDelivery(ctx, owner, key, dw) })
 }
 
-func (f *faultyStore) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryKey, lease time.Duration) (int, error) {
+func (f *faultyStore) ExtendDeliveryLeases(ctx context.Context, owner string, keys []driver.DeliveryID, lease time.Duration) (int, error) {
 	return wrap(ctx, f, "ExtendDeliveryLeases", func() (int, error) { return f.Store.ExtendDeliveryLeases(ctx, owner, keys, lease) })
 }
 
-func (f *faultyStore) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryKey, delay time.Duration) error {
+func (f *faultyStore) ReleaseDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID, delay time.Duration) error {
 	_, err := wrap(ctx, f, "ReleaseDeliveries", func() (struct{}, error) { return struct{}{}, f.Store.ReleaseDeliveries(ctx, owner, keys, delay) })
 	return err
 }

@@ -57,8 +57,7 @@ func TestSim(t *testing.T) {
 	for range workers {
 		wg.Go(func() {
 			for seed := range next {
-				var res Result
-				synctest.Test(t, func(t *testing.T) { res = Run(seed, Options{Faults: fs}) })
+				res := runSeed(t, seed, fs)
 				committed.Add(int64(res.Committed))
 				virtual.Add(int64(res.Elapsed))
 				if res.Failed() {
@@ -83,6 +82,19 @@ func TestSim(t *testing.T) {
 	for _, res := range first {
 		report(t, res)
 	}
+}
+
+// runSeed runs one seed in its own bubble. A panic, the bubble's own
+// ("blocked goroutines remain") or the engine's, is that seed's failure,
+// reported with its number, not the end of the run.
+func runSeed(t *testing.T, seed uint64, fs Faults) (res Result) {
+	defer func() {
+		if v := recover(); v != nil {
+			res = Result{Seed: seed, Violations: []string{fmt.Sprintf("panicked: %v", v)}}
+		}
+	}()
+	synctest.Test(t, func(t *testing.T) { res = Run(seed, Options{Faults: fs}) })
+	return res
 }
 
 func report(t *testing.T, res Result) {

@@ -283,6 +283,8 @@ func Run(seed uint64, opts Options) Result {
 		seed, len(w.base), specNames(w.base), w.cfg.Lease, w.cfg.PollInterval, w.cfg.PollMaxInterval, w.cfg.MaxAttempts,
 		w.cfg.ListenerTimeout, w.knobs.failRate, w.knobs.storeErr, w.knobs.slowStore, w.knobs.faultPhase)
 	w.run()
+	elapsed := w.now()
+	w.awaitStragglers()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ncommitted := 0
@@ -292,7 +294,7 @@ func Run(seed uint64, opts Options) Result {
 		}
 	}
 	return Result{Seed: seed, Violations: slices.Clone(w.violations), Trace: slices.Clone(w.trace),
-		Committed: ncommitted, Nodes: len(w.nodes), Elapsed: w.now()}
+		Committed: ncommitted, Nodes: len(w.nodes), Elapsed: elapsed}
 }
 
 func newWorld(seed uint64, opts Options) *world {
