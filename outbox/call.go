@@ -48,7 +48,7 @@ func (d *dispatcher) acquire(ctx context.Context, key string, s *subscription) e
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if d.inflight.expired(key, time.Now()) {
+	if d.leases.expired(key, time.Now()) {
 		<-s.sem
 		return errLeaseLost
 	}
@@ -87,7 +87,7 @@ func (d *dispatcher) callTx(ctx context.Context, it *item, s *subscription, ev E
 			d.log.Debug("delivery recorded already; not run again", slog.String("event_id", ev.ID), slog.String("subscription", s.Name))
 		}
 		if errors.Is(err, driver.ErrLeaseLost) {
-			d.inflight.lost(key) // process gives it back (leaseLost)
+			d.leases.lost(key) // process gives it back (leaseLost)
 			return errLeaseLost
 		}
 		return err

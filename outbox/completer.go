@@ -21,15 +21,17 @@ type completer struct {
 	owner     string
 	batchSize int
 	linger    time.Duration
-	inflight  *inflightSet
+	leases    *leaseKeeper // what this instance holds: letGo once the DONE is written
 	log       *slog.Logger
 	health    *health
 	m         Metrics
 	sig       *signals
 	ostore    driver.OrderedStore // nil: the store orders nothing
 	keys      *keyTable           // the dispatcher's
-	// fence takes back the events whose DONE the store refused for a
-	// stale registry (the dispatcher).
+	reg       *registrar          // learned again when a DONE is refused for a stale registry
+	// fence takes back the events whose completing write the store
+	// refused for a stale registry and could not be made anew (the
+	// dispatcher).
 	fence    registryFence
 	storeCtx func() (context.Context, context.CancelFunc)
 
@@ -49,11 +51,11 @@ type completer struct {
 	quit chan struct{} // closed by stop first
 }
 
-func newCompleter(d *deps, inflight *inflightSet) *completer {
+func newCompleter(d *deps, leases *leaseKeeper) *completer {
 	return &completer{
 		store: d.store, dstore: d.dstore, owner: d.cfg.InstanceID,
 		batchSize: d.cfg.CompletionBatchSize, linger: d.cfg.CompletionLinger,
-		inflight: inflight, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx,
+		leases: leases, log: d.log, health: d.health, m: d.m, storeCtx: d.storeCtx,
 		in: make(chan *item, 4*d.cfg.CompletionBatchSize), quit: make(chan struct{}),
 	}
 }
@@ -67,7 +69,7 @@ func (c *completer) start() {
 }
 
 // add hands over a delivered item; the completer releases it from the
-// in-flight set once its DONE is written. After stop (a worker Close
+// in-flight set (leaseKeeper.letGo) once its DONE is written. After stop (a worker Close
 // stopped waiting for), the item is left as it is: its lease runs out and
 // it is delivered again.
 func (c *completer) add(it *item) {
@@ -165,7 +167,7 @@ func (c *completer) written(it *item, refused bool, later map[string]bool) {
 		}
 		return
 	}
-	c.inflight.release(it.key())
+	c.leases.letGo(it.key())
 	if !recordsKey(it) {
 		c.sig.next(it) // the sequencer records it (its number unknown here)
 		return
@@ -189,7 +191,7 @@ func (c *completer) markDoneFenced(batch []*item, ids []string, done []driver.Ke
 	}
 	its, v := refusedItems(refused)
 	ctx, cancel := c.storeCtx()
-	again := c.fence.recheck(ctx, v, its)
+	again := c.recheck(ctx, v, its)
 	cancel()
 	if len(again) == 0 {
 		return later, refused
@@ -315,7 +317,7 @@ func (c *completer) giveBackRefused(refused map[*item]bool) {
 	}
 	ctx, cancel := c.storeCtx()
 	defer cancel()
-	c.fence.resplit(ctx, v, its)
+	c.resplit(ctx, v, its)
 }
 
 // sharedKeysLinger is the completion writer's linger while ordering keys

@@ -106,7 +106,7 @@ func (it *item) add(r result) {
 // is in (batch subscriptions report later), records them.
 func (d *dispatcher) process(ctx context.Context, it *item) {
 	it.start = time.Now()
-	if d.inflight.expired(it.key(), it.start) {
+	if d.leases.expired(it.key(), it.start) {
 		d.leaseLost(it)
 		return
 	}
@@ -216,7 +216,7 @@ func (d *dispatcher) leaseLost(it *item) {
 // took of it meanwhile (inflightSet): a no-op if that write freed the row
 // after the claim, the row due again at once if the claim came after.
 func (d *dispatcher) releaseHeld(ctx context.Context, it *item) {
-	if !d.inflight.take(it.key()) {
+	if !d.leases.take(it.key()) {
 		return
 	}
 	if it.sub != nil {
@@ -356,7 +356,7 @@ func (d *dispatcher) finish(it *item) {
 		if it.sub != nil && it.results[0].recorded {
 			// A Tx subscription's delivery: recorded in its own
 			// transaction already.
-			d.inflight.release(it.key())
+			d.leases.letGo(it.key())
 			d.sig.next(it)
 			return
 		}

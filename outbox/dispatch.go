@@ -27,7 +27,6 @@ type dispatcher struct {
 	keys   *keyTable
 
 	hot, cold chan *item
-	inflight  inflightSet
 	coldSpace chan struct{} // a worker took a cold item; capacity 1
 	draining  chan struct{} // closed when Close begins: workers finish what is queued and stop
 
@@ -44,7 +43,6 @@ func newDispatcher(d *deps) *dispatcher {
 		keys:      newKeyTable(),
 		hot:       make(chan *item, d.cfg.HotQueueSize),
 		cold:      make(chan *item, d.cfg.ColdQueueSize),
-		inflight:  inflightSet{m: make(map[string]inflight)},
 		coldSpace: make(chan struct{}, 1),
 		draining:  make(chan struct{}),
 	}
@@ -53,7 +51,7 @@ func newDispatcher(d *deps) *dispatcher {
 // idle reports whether nothing is queued or in flight here (an item
 // leaves the in-flight set once its outcome is recorded).
 func (d *dispatcher) idle() bool {
-	return len(d.hot) == 0 && len(d.cold) == 0 && d.inflight.empty()
+	return len(d.hot) == 0 && len(d.cold) == 0 && d.leases.holdsNone()
 }
 
 // start launches the workers and one batcher per Batch subscription.
@@ -196,7 +194,7 @@ func (d *dispatcher) requeue(it *item) {
 	select {
 	case q <- it:
 	default:
-		d.inflight.release(it.key())
+		d.leases.letGo(it.key())
 	}
 }
 
@@ -205,7 +203,7 @@ func (d *dispatcher) requeue(it *item) {
 // while renewals failed, and it is still this instance's to finish) or
 // the queue is full.
 func (d *dispatcher) offerCold(it *item) offerResult {
-	if !d.inflight.acquire(it.key(), d.leaseEnd(it)) {
+	if !d.leases.hold(it.key(), d.leaseEnd(it)) {
 		return offerInHand
 	}
 	if chained(it) {
@@ -221,7 +219,7 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 				d.giveBack(it.env.OrderingKey, back...)
 			}
 		}
-		d.inflight.release(it.key())
+		d.leases.letGo(it.key())
 		return offerFull
 	}
 }
@@ -233,7 +231,7 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 // released) if that event is not in this instance's hands, e.g. it could
 // not be queued.
 func (d *dispatcher) offerFollower(it *item) offerResult {
-	if !d.inflight.acquire(it.key(), d.leaseEnd(it)) {
+	if !d.leases.hold(it.key(), d.leaseEnd(it)) {
 		return offerInHand
 	}
 	switch d.keys.committed(it, false) {
@@ -242,7 +240,7 @@ func (d *dispatcher) offerFollower(it *item) offerResult {
 	case commitWait:
 		// In the in-flight set: its lease is renewed while it waits.
 	default:
-		d.inflight.release(it.key())
+		d.leases.letGo(it.key())
 		return offerFull
 	}
 	if it.sub == nil {
@@ -286,7 +284,7 @@ func (d *dispatcher) handBack() int {
 		d.leases.releaseDeliveries(ctx, keys, 0, "release deliveries on close")
 	}
 	for _, it := range items {
-		d.inflight.release(it.key())
+		d.leases.letGo(it.key())
 	}
 	d.log.Info("handed queued events back to the database", slog.Int("events", len(items)))
 	return len(items)
@@ -310,7 +308,7 @@ func (d *dispatcher) enqueueHot(env Envelope, written time.Time) {
 	case d.hot <- it:
 		d.m.HotEnqueued()
 	default:
-		d.inflight.release(env.ID)
+		d.leases.letGo(env.ID)
 		// The row is leased to this instance from its insert, freshly:
 		// no poller can have claimed it. The poller releases it so that
 		// it is due at once.
@@ -337,7 +335,7 @@ func (d *dispatcher) committed(env Envelope, written time.Time) *item {
 			slog.Duration("since_written", age), slog.Duration("lease", d.cfg.Lease))
 		return nil
 	}
-	if !d.inflight.acquire(env.ID, d.leaseEnd(it)) {
+	if !d.leases.hold(env.ID, d.leaseEnd(it)) {
 		return nil
 	}
 	return it
@@ -355,7 +353,7 @@ func (d *dispatcher) leaseEnd(it *item) time.Time {
 // handBackLate releases the lease of an event committed after Close
 // began, unless this instance still has it in hand.
 func (d *dispatcher) handBackLate(id string) {
-	if d.inflight.has(id) {
+	if d.leases.holds(id) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)

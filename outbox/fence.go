@@ -32,10 +32,13 @@ import (
 func fenced(err error) bool { return errors.Is(err, driver.ErrRegistryChanged) }
 
 // registryFence is what the completer needs of the dispatcher when the
-// store refuses a batch's DONE for a stale registry.
+// store refused the completing write of its for a stale registry and
+// neither writing it again (recheck) nor as a split (resplit) recorded
+// it: take them, and the events of their keys that wait behind them here,
+// out of this instance's hands (registryChanged). It is the one call from
+// the completer back to the dispatcher, and a rare one.
 type registryFence interface {
-	recheck(ctx context.Context, version int64, its []*item) []*item
-	resplit(ctx context.Context, version int64, its []*item)
+	registryChanged(ctx context.Context, version int64, its []*item)
 }
 
 // recheck learns the registry again after the store refused the
@@ -44,12 +47,12 @@ type registryFence interface {
 // subscriptions elsewhere under the new registry, their item.registry set
 // to its version: their write can be made again as it was. The others
 // must be delivered again (registryChanged).
-func (d *dispatcher) recheck(ctx context.Context, version int64, its []*item) []*item {
-	if err := d.reg.syncIfOlder(ctx, version); err != nil {
-		d.log.Error("learn the subscriptions again after a completion refused for a stale registry; the next refresh will", slog.Any("error", err))
+func (c *completer) recheck(ctx context.Context, version int64, its []*item) []*item {
+	if err := c.reg.syncIfOlder(ctx, version); err != nil {
+		c.log.Error("learn the subscriptions again after a completion refused for a stale registry; the next refresh will", slog.Any("error", err))
 		return nil
 	}
-	reg := d.reg.load()
+	reg := c.reg.load()
 	var same []*item
 	for _, it := range its {
 		if reg.version != version && slices.Equal(it.owed, reg.owedElsewhere(it.env.Type)) {
@@ -92,12 +95,12 @@ func rewrites(it *item, writes []driver.DeliveryWrite, reg *registry) []driver.D
 // (rewrites), in one Split with the new version. What Split cannot
 // record (the registry moved again, the lease is lost, an error) is
 // handed back (registryChanged).
-func (d *dispatcher) resplit(ctx context.Context, version int64, its []*item) {
-	if err := d.reg.syncIfOlder(ctx, version); err != nil {
-		d.registryChanged(ctx, version, its)
+func (c *completer) resplit(ctx context.Context, version int64, its []*item) {
+	if err := c.reg.syncIfOlder(ctx, version); err != nil {
+		c.fence.registryChanged(ctx, version, its)
 		return
 	}
-	reg := d.reg.load()
+	reg := c.reg.load()
 	var back []*item
 	for _, it := range its {
 		writes := rewrites(it, nil, reg)
@@ -106,17 +109,17 @@ func (d *dispatcher) resplit(ctx context.Context, version int64, its []*item) {
 			continue
 		}
 		held, err := retryStore(ctx, func() (bool, error) {
-			return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes, it.registry)
+			return c.dstore.Split(ctx, c.owner, it.env.ID, writes, it.registry)
 		})
 		if err != nil || !held {
 			back = append(back, it)
 			continue
 		}
-		d.inflight.release(it.key())
-		d.sig.next(it)
+		c.leases.letGo(it.key())
+		c.sig.next(it)
 	}
 	if len(back) > 0 {
-		d.registryChanged(ctx, version, back)
+		c.fence.registryChanged(ctx, version, back)
 	}
 }
 

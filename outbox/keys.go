@@ -115,6 +115,14 @@ func (t *keyTable) after(key string) int64 {
 	return t.seen(key).leased
 }
 
+// keyAfter is Publish's read of the key table (the dispatcher's): the
+// number of the last event of key leased here, for driver.Row.KeyAfter.
+func (d *dispatcher) keyAfter(key string) int64 { return d.keys.after(key) }
+
+// leasedAtInsert is Publish's one write to the key table: the event
+// numbered seq of key was inserted leased to this instance.
+func (d *dispatcher) leasedAtInsert(key string, seq int64) { d.keys.leased(key, seq) }
+
 // leased records that the event numbered seq of key was leased here.
 func (t *keyTable) leased(key string, seq int64) {
 	t.mu.Lock()
@@ -364,7 +372,7 @@ func (d *dispatcher) enqueueOrdered(env Envelope, head bool, written time.Time) 
 func (d *dispatcher) giveBack(key string, its ...*item) {
 	ids, keys := leaseNames(its)
 	for _, it := range its {
-		d.inflight.release(it.key())
+		d.leases.letGo(it.key())
 	}
 	for _, id := range ids {
 		d.dropToPoller(id)
@@ -495,7 +503,7 @@ func (d *dispatcher) giveBackNow(ctx context.Context, key string, back []*item) 
 	d.leases.releaseLeases(ctx, ids, "give back events that waited behind a failed one of their key")
 	d.leases.releaseDeliveries(ctx, keys, 0, "give back deliveries that waited behind a failed one of their key")
 	for _, w := range back {
-		d.inflight.release(w.key())
+		d.leases.letGo(w.key())
 	}
 	if len(keys) > 0 {
 		d.sig.wakePoll()

@@ -135,15 +135,15 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.reg = newRegistrar(d)
 	o.disp = newDispatcher(d)
 	o.poller = newPoller(d)
-	o.comp = newCompleter(d, &o.disp.inflight)
-	o.leases = newLeaseKeeper(d, &o.disp.inflight)
+	o.leases = newLeaseKeeper(d)
+	o.comp = newCompleter(d, o.leases)
 	o.sampler = &sampler{deps: d, disp: o.disp, lag: o.Lag}
 	o.cleaner = &cleaner{deps: d}
 	o.seq = newSequencer(d)
 	sig := &signals{reg: o.reg, ordered: o.seq.ostore != nil, nudge: o.poller.nudge, retryDue: o.poller.retryDue, dropped: o.poller.dropped, keys: o.seq.keys}
 	o.seq.disp, o.seq.comp, o.seq.sig, o.seq.reg = o.disp, o.comp, sig, o.reg
 	o.poller.seq = o.seq
-	o.comp.sig, o.comp.ostore, o.comp.keys, o.comp.fence = sig, o.seq.ostore, o.disp.keys, o.disp
+	o.comp.sig, o.comp.ostore, o.comp.keys, o.comp.fence, o.comp.reg = sig, o.seq.ostore, o.disp.keys, o.disp, o.reg
 	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.sig = o.reg, o.comp, o.leases, sig
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil
@@ -310,14 +310,13 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx txctx.Tx, reg *registry, 
 	}
 	slices.SortStableFunc(ordered, func(a, b int) int { return strings.Compare(rows[a].OrderingKey, rows[b].OrderingKey) })
 	f := reg.orderFilter()
-	keys := o.disp.keys
 	var mine []leasedOrdered
 	var named []string
 	for _, i := range ordered {
 		owner := ""
 		if hot && reg.has(envs[i].Type) {
 			owner = o.cfg.InstanceID
-			rows[i].KeyAfter = keys.after(rows[i].OrderingKey)
+			rows[i].KeyAfter = o.disp.keyAfter(rows[i].OrderingKey)
 		}
 		head, leased, err := o.seq.ostore.InsertOrdered(ctx, tx, &rows[i], owner, o.cfg.Lease, f)
 		if err != nil {
@@ -326,7 +325,7 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx txctx.Tx, reg *registry, 
 		envs[i].ordered, envs[i].seq = true, rows[i].KeySeq
 		if leased && owner != "" {
 			if rows[i].KeySeq > 0 {
-				keys.leased(rows[i].OrderingKey, rows[i].KeySeq)
+				o.disp.leasedAtInsert(rows[i].OrderingKey, rows[i].KeySeq)
 			}
 			mine = append(mine, leasedOrdered{env: envs[i], head: head})
 		} else if len(named) == 0 || named[len(named)-1] != rows[i].OrderingKey {
@@ -434,122 +433,4 @@ func PublishAll(ctx context.Context, envs ...Envelope) ([]string, error) {
 		return nil, ErrNoOutbox
 	}
 	return o.PublishAll(ctx, envs...)
-}
-
-// --- in-flight set ---
-
-// inflightSet holds the ids this instance has queued or is delivering, so
-// that the hot path and the poller never run one event twice at once, and
-// so that the lease renewer knows what to renew; with each, the time (on
-// this instance's clock) until which its lease surely holds: a lease
-// begins on the database after the local time the claim (or insert)
-// started, and each renewal extends it from after the local time the
-// renewal started.
-//
-// An id stays in the set until the write that ends this instance's turn
-// with it (its outcome, or a release) has returned. A claim that leases it
-// meanwhile (its lease ran out while the outcome waited, a freeze, and no
-// other instance took it: the store cannot tell this instance's old lease
-// from its new one) finds it in the set and does not queue it: one copy at
-// most is in hand. Such a claim is noted (in) and, once the write has
-// returned, the lease it may have taken is given back (releaseHeld).
-type inflightSet struct {
-	mu sync.Mutex
-	m  map[string]inflight
-}
-
-type inflight struct {
-	until     time.Time // the lease surely holds until then (zero: not known to end)
-	reclaimed bool      // a claim leased it again while it was in the set
-}
-
-// acquire adds id, leased until (zero: not known to end), unless it is in
-// the set already: then a claim (every caller leased id just before) took
-// it again while in hand, which is noted.
-func (s *inflightSet) acquire(id string, until time.Time) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if cur, ok := s.m[id]; ok {
-		cur.reclaimed = true
-		s.m[id] = cur
-		return false
-	}
-	s.m[id] = inflight{until: until}
-	return true
-}
-
-// renewed notes that a renewal that started before until-Lease and had
-// returned by done renewed the leases of ids to until: those of them still
-// in the set whose lease held until done (a renewal cannot take back a
-// lease another instance took over).
-func (s *inflightSet) renewed(ids []string, done, until time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, id := range ids {
-		if cur, ok := s.m[id]; ok && !cur.until.IsZero() && cur.until.After(done) && until.After(cur.until) {
-			cur.until = until
-			s.m[id] = cur
-		}
-	}
-}
-
-// expired reports whether id's lease may have run out by now: no renewal
-// succeeded since, for a whole lease; or id is not in the set any more
-// (another path took it out of this instance's hands while a call of it
-// waited), so that this instance may not hold it.
-func (s *inflightSet) expired(id string, now time.Time) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cur, ok := s.m[id]
-	return !ok || (!cur.until.IsZero() && now.After(cur.until))
-}
-
-func (s *inflightSet) empty() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.m) == 0
-}
-
-func (s *inflightSet) has(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.m[id]
-	return ok
-}
-
-func (s *inflightSet) release(id string) {
-	s.mu.Lock()
-	delete(s.m, id)
-	s.mu.Unlock()
-}
-
-// lost notes that id's lease is known to be gone (the store said so):
-// expired reports it from now on.
-func (s *inflightSet) lost(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if cur, ok := s.m[id]; ok {
-		cur.until = time.Unix(0, 1)
-		s.m[id] = cur
-	}
-}
-
-// take removes id and reports whether a claim leased it again while it
-// was in the set.
-func (s *inflightSet) take(id string) (reclaimed bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	reclaimed = s.m[id].reclaimed
-	delete(s.m, id)
-	return reclaimed
-}
-
-func (s *inflightSet) snapshot() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ids := make([]string, 0, len(s.m))
-	for id := range s.m {
-		ids = append(ids, id)
-	}
-	return ids
 }

@@ -433,7 +433,7 @@ func (p *poller) releaseDropped() int {
 	for {
 		select {
 		case id := <-p.dropped:
-			if !p.disp.inflight.has(id) {
+			if !p.leases.holds(id) {
 				ids = append(ids, id)
 			}
 			continue
