@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -298,5 +299,92 @@ func BenchmarkOrderedBacklogDrain(b *testing.B) {
 				b.ReportMetric(float64(m.took.Load()-before), "claims")
 			})
 		}
+	}
+}
+
+// BenchmarkOrderedBesideUnorderedDrain drains a backlog of b.N events over
+// 100 keys on 3 instances, to two subscriptions of the same events, each
+// with a handler that takes 5 ms (a destination's round trip): one
+// Ordered, one Unordered. The subscriptions were registered (and their
+// instances stopped) before the backlog was published, as after an outage
+// of the consumers; the 3 instances start together and the timer runs
+// until each subscription has had every event once. It reports each
+// subscription's events/s and ordered÷unordered (issue 34's row: at least
+// 0.5 on each database).
+//
+//	go test -run '^$' -bench OrderedBesideUnorderedDrain -benchtime 10000x ./outbox/sqlstore
+func BenchmarkOrderedBesideUnorderedDrain(b *testing.B) {
+	for _, name := range []string{"sqlite", "mysql", "postgres"} {
+		b.Run(name, func(b *testing.B) {
+			db := testdb.Open(b, name)
+			st := testdb.Store(b, db)
+			ctx := context.Background()
+			ord, unord := newFirstCount(b.N), newFirstCount(b.N)
+			subs := []outbox.Subscription{
+				{Name: "o", Order: outbox.Ordered, Handler: ord.handler(5 * time.Millisecond)},
+				{Name: "u", Handler: unord.handler(5 * time.Millisecond)},
+			}
+			// Register the subscriptions, then stop: the backlog is owed to them.
+			startOrdered(b, st, outbox.Config{InstanceID: "register"}, subs...).Close(ctx)
+			producer := startOrdered(b, st, outbox.Config{InstanceID: "producer"})
+			for i := 0; i < b.N; {
+				tx, err := outbox.BeginTx(ctx, db.DB, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for end := min(i+500, b.N); i < end; i++ {
+					env := outbox.Envelope{Type: "T", AggregateType: "Acct", AggregateID: fmt.Sprint(i % 100), JSON: []byte(`{}`)}
+					if _, err := producer.PublishTx(ctx, tx, env); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			start := time.Now()
+			for k := range 3 {
+				startOrdered(b, st, outbox.Config{InstanceID: fmt.Sprintf("drain-%d", k)}, subs...)
+			}
+			to, tu := ord.wait(b, start, 10*time.Minute), unord.wait(b, start, 10*time.Minute)
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/to.Seconds(), "ordered_events/s")
+			b.ReportMetric(float64(b.N)/tu.Seconds(), "unordered_events/s")
+			b.ReportMetric(tu.Seconds()/to.Seconds(), "ordered/unordered")
+		})
+	}
+}
+
+// firstCount counts the events a subscription had at least once.
+type firstCount struct {
+	n    int64
+	seen sync.Map
+	got  atomic.Int64
+	at   time.Time     // when the n-th distinct event came; written before all is closed
+	all  chan struct{} // closed at the n-th distinct event
+}
+
+func newFirstCount(n int) *firstCount { return &firstCount{n: int64(n), all: make(chan struct{})} }
+
+func (c *firstCount) handler(took time.Duration) outbox.Handler {
+	return func(ctx context.Context, ev outbox.Event) error {
+		time.Sleep(took)
+		if _, dup := c.seen.LoadOrStore(ev.ID, true); !dup && c.got.Add(1) == c.n {
+			c.at = time.Now()
+			close(c.all)
+		}
+		return nil
+	}
+}
+
+// wait returns how long after start the n-th distinct event came.
+func (c *firstCount) wait(b *testing.B, start time.Time, timeout time.Duration) time.Duration {
+	select {
+	case <-c.all:
+		return c.at.Sub(start)
+	case <-time.After(timeout):
+		b.Fatalf("had %d of %d events", c.got.Load(), c.n)
+		return 0
 	}
 }
