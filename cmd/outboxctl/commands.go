@@ -547,65 +547,75 @@ func (c *cli) deadShow(args []string) error {
 		if err != nil {
 			return err
 		}
-		v := recordJSON{ID: r.ID, Type: r.Type, AggregateType: r.AggregateType, AggregateID: r.AggregateID, TenantID: r.TenantID,
-			Status: status(r.Status), Attempts: r.Attempts, OccurredAt: r.OccurredAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-			Owner: r.Owner, LastError: r.LastError, Deliveries: []deliveryJSON{}}
-		if r.ReadError != nil {
-			v.ReadError = r.ReadError.Error()
-		}
-		if len(r.Headers) > 0 && json.Valid(r.Headers) {
-			v.Headers = r.Headers
-		}
-		for _, d := range r.Deliveries {
-			v.Deliveries = append(v.Deliveries, deliveryJSON{Subscription: d.Subscription, Status: status(d.Status), Attempts: d.Attempts, Owner: d.Owner, LastError: d.LastError})
-		}
-		if *withPayload {
-			p := string(r.Payload)
-			if !utf8.Valid(r.Payload) {
-				p = fmt.Sprintf("%q", r.Payload)
-			}
-			v.Payload = &p
-		}
-		return c.out(v, func(w *tabwriter.Writer) {
-			fmt.Fprintf(w, "id\t%s\n", esc(v.ID))
-			fmt.Fprintf(w, "type\t%s\n", esc(v.Type))
-			fmt.Fprintf(w, "aggregate\t%s/%s\n", esc(v.AggregateType), esc(v.AggregateID))
-			if v.TenantID != "" {
-				fmt.Fprintf(w, "tenant\t%s\n", esc(v.TenantID))
-			}
-			fmt.Fprintf(w, "status\t%s\n", v.Status)
-			fmt.Fprintf(w, "attempts\t%d\n", v.Attempts)
-			fmt.Fprintf(w, "occurred\t%s\n", v.OccurredAt.Format(time.RFC3339))
-			fmt.Fprintf(w, "created\t%s\n", v.CreatedAt.Format(time.RFC3339))
-			fmt.Fprintf(w, "owner\t%s\n", esc(orDash(v.Owner)))
-			fmt.Fprintf(w, "last error\t%s\n", esc(orDash(oneLine(v.LastError, 200))))
-			if v.ReadError != "" {
-				fmt.Fprintf(w, "read error\t%s\n", esc(v.ReadError))
-			}
-			if v.Headers != nil {
-				fmt.Fprintf(w, "headers\t%s\n", esc(string(v.Headers)))
-			}
-			w.Flush()
-			if len(v.Deliveries) > 0 {
-				fmt.Fprintln(w)
-				fmt.Fprintln(w, "SUBSCRIPTION\tSTATUS\tATTEMPTS\tOWNER\tERROR")
-				for _, d := range v.Deliveries {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", esc(d.Subscription), d.Status, d.Attempts, esc(orDash(d.Owner)), esc(orDash(oneLine(d.LastError, 60))))
-				}
-				w.Flush()
-			}
-			if v.Payload != nil {
-				// Straight to stdout, past the aligned writer: a payload's
-				// tabs are its own.
-				fmt.Fprintln(c.stdout)
-				fmt.Fprintln(c.stdout, "payload:")
-				fmt.Fprintln(c.stdout, escLines(*v.Payload))
-			} else {
-				fmt.Fprintln(w)
-				fmt.Fprintln(w, "(payload not shown: add -payload)")
-			}
-		})
+		v := recordView(r, *withPayload)
+		return c.out(v, func(w *tabwriter.Writer) { c.printRecord(w, v) })
 	})
+}
+
+// recordView is what dead show prints of r, the payload only if asked.
+func recordView(r outbox.Record, withPayload bool) recordJSON {
+	v := recordJSON{ID: r.ID, Type: r.Type, AggregateType: r.AggregateType, AggregateID: r.AggregateID, TenantID: r.TenantID,
+		Status: status(r.Status), Attempts: r.Attempts, OccurredAt: r.OccurredAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
+		Owner: r.Owner, LastError: r.LastError, Deliveries: []deliveryJSON{}}
+	if r.ReadError != nil {
+		v.ReadError = r.ReadError.Error()
+	}
+	if len(r.Headers) > 0 && json.Valid(r.Headers) {
+		v.Headers = r.Headers
+	}
+	for _, d := range r.Deliveries {
+		v.Deliveries = append(v.Deliveries, deliveryJSON{Subscription: d.Subscription, Status: status(d.Status), Attempts: d.Attempts, Owner: d.Owner, LastError: d.LastError})
+	}
+	if withPayload {
+		p := string(r.Payload)
+		if !utf8.Valid(r.Payload) {
+			p = fmt.Sprintf("%q", r.Payload)
+		}
+		v.Payload = &p
+	}
+	return v
+}
+
+// printRecord prints v as dead show's text: the event, its deliveries,
+// its payload.
+func (c *cli) printRecord(w *tabwriter.Writer, v recordJSON) {
+	fmt.Fprintf(w, "id\t%s\n", esc(v.ID))
+	fmt.Fprintf(w, "type\t%s\n", esc(v.Type))
+	fmt.Fprintf(w, "aggregate\t%s/%s\n", esc(v.AggregateType), esc(v.AggregateID))
+	if v.TenantID != "" {
+		fmt.Fprintf(w, "tenant\t%s\n", esc(v.TenantID))
+	}
+	fmt.Fprintf(w, "status\t%s\n", v.Status)
+	fmt.Fprintf(w, "attempts\t%d\n", v.Attempts)
+	fmt.Fprintf(w, "occurred\t%s\n", v.OccurredAt.Format(time.RFC3339))
+	fmt.Fprintf(w, "created\t%s\n", v.CreatedAt.Format(time.RFC3339))
+	fmt.Fprintf(w, "owner\t%s\n", esc(orDash(v.Owner)))
+	fmt.Fprintf(w, "last error\t%s\n", esc(orDash(oneLine(v.LastError, 200))))
+	if v.ReadError != "" {
+		fmt.Fprintf(w, "read error\t%s\n", esc(v.ReadError))
+	}
+	if v.Headers != nil {
+		fmt.Fprintf(w, "headers\t%s\n", esc(string(v.Headers)))
+	}
+	w.Flush()
+	if len(v.Deliveries) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "SUBSCRIPTION\tSTATUS\tATTEMPTS\tOWNER\tERROR")
+		for _, d := range v.Deliveries {
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", esc(d.Subscription), d.Status, d.Attempts, esc(orDash(d.Owner)), esc(orDash(oneLine(d.LastError, 60))))
+		}
+		w.Flush()
+	}
+	if v.Payload != nil {
+		// Straight to stdout, past the aligned writer: a payload's
+		// tabs are its own.
+		fmt.Fprintln(c.stdout)
+		fmt.Fprintln(c.stdout, "payload:")
+		fmt.Fprintln(c.stdout, escLines(*v.Payload))
+	} else {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "(payload not shown: add -payload)")
+	}
 }
 
 // lettersOf returns the dead letters of the given event ids: the event if
@@ -688,7 +698,7 @@ func (v *countJSON) noteFirst(page []outbox.DeadLetter) {
 	}
 }
 
-// outCount prints v, the outcome of dead replay or dead purge, with text
+// outCount prints v, the outcome of dead replay, dead purge or skip, with text
 // for the text form. When v counts nothing it prints v as JSON only and
 // returns the "nothing matched" error.
 func (c *cli) outCount(v countJSON, text func(w *tabwriter.Writer)) error {
@@ -889,33 +899,17 @@ func (c *cli) cleanup(args []string) error {
 		// Cleanup has no filter but age: it deletes only with -yes.
 		unconfirmed := !*yes && !*dryRun
 		var total int64
+		var err error
 		if *dryRun || unconfirmed {
-			n, err := s.CleanupCount(c.ctx, *older, *dead)
-			if err != nil {
-				return err
-			}
-			total = n
+			total, err = s.CleanupCount(c.ctx, *older, *dead)
 		} else {
-			for {
-				n, err := s.Cleanup(c.ctx, *older, *limit, *dead)
-				total += n
-				if err != nil {
-					return fmt.Errorf("deleted %d, then: %w", total, err)
-				}
-				if n == 0 {
-					break
-				}
-			}
+			total, err = cleanupAll(c.ctx, s, *older, *limit, *dead)
+		}
+		if err != nil {
+			return err
 		}
 		if err := c.out(countJSON{DryRun: *dryRun || unconfirmed, Count: int(total)}, func(w *tabwriter.Writer) {
-			switch {
-			case unconfirmed:
-				fmt.Fprintf(w, "would delete %d events (add -yes to delete them)\n", total)
-			case *dryRun:
-				fmt.Fprintf(w, "would delete %d events\n", total)
-			default:
-				fmt.Fprintf(w, "deleted %d events\n", total)
-			}
+			cleanupText(w, total, unconfirmed, *dryRun)
 		}); err != nil {
 			return err
 		}
@@ -924,6 +918,34 @@ func (c *cli) cleanup(args []string) error {
 		}
 		return nil
 	})
+}
+
+// cleanupAll deletes what Cleanup selects, limit rows at a time, until
+// none is left, and returns how many it deleted.
+func cleanupAll(ctx context.Context, s *sqlstore.Store, older time.Duration, limit int, dead bool) (int64, error) {
+	var total int64
+	for {
+		n, err := s.Cleanup(ctx, older, limit, dead)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("deleted %d, then: %w", total, err)
+		}
+		if n == 0 {
+			return total, nil
+		}
+	}
+}
+
+// cleanupText prints the outcome of cleanup.
+func cleanupText(w *tabwriter.Writer, total int64, unconfirmed, dryRun bool) {
+	switch {
+	case unconfirmed:
+		fmt.Fprintf(w, "would delete %d events (add -yes to delete them)\n", total)
+	case dryRun:
+		fmt.Fprintf(w, "would delete %d events\n", total)
+	default:
+		fmt.Fprintf(w, "deleted %d events\n", total)
+	}
 }
 
 type dueJSON struct {
@@ -1168,40 +1190,14 @@ func (c *cli) skip(args []string) error {
 		if err != nil {
 			return err
 		}
-		var v countJSON
-		v.DryRun = !*yes
-		for _, d := range dls {
-			if len(v.First) < firstIDs {
-				v.First = append(v.First, letterName(d))
-			}
-		}
-		v.Count = len(dls)
+		v := countJSON{DryRun: !*yes, Count: len(dls)}
+		v.noteFirst(dls)
 		if *yes && len(dls) > 0 {
 			if v.Count, err = s.SkipDead(c.ctx, ids); err != nil {
 				return fmt.Errorf("skip: %w", err)
 			}
 		}
-		if v.Count == 0 {
-			if c.json {
-				if err := c.out(v, nil); err != nil {
-					return err
-				}
-			}
-			return nothing("no dead letters matched")
-		}
-		if err := c.out(v, func(w *tabwriter.Writer) {
-			if *yes {
-				fmt.Fprintf(w, "skipped %d dead letters: done for good, their keys go on\n", v.Count)
-			} else {
-				fmt.Fprintf(w, "would skip %d dead letters (add -yes to give up on them)\n", v.Count)
-			}
-			for _, id := range v.First {
-				fmt.Fprintln(w, esc(id))
-			}
-			if len(dls) > len(v.First) {
-				fmt.Fprintln(w, "…")
-			}
-		}); err != nil {
+		if err := c.outCount(v, func(w *tabwriter.Writer) { skipText(w, v, len(dls)) }); err != nil {
 			return err
 		}
 		if !*yes {
@@ -1209,4 +1205,19 @@ func (c *cli) skip(args []string) error {
 		}
 		return nil
 	})
+}
+
+// skipText prints the outcome of skip, of letters dead letters selected.
+func skipText(w *tabwriter.Writer, v countJSON, letters int) {
+	if v.DryRun {
+		fmt.Fprintf(w, "would skip %d dead letters (add -yes to give up on them)\n", v.Count)
+	} else {
+		fmt.Fprintf(w, "skipped %d dead letters: done for good, their keys go on\n", v.Count)
+	}
+	for _, id := range v.First {
+		fmt.Fprintln(w, esc(id))
+	}
+	if letters > len(v.First) {
+		fmt.Fprintln(w, "…")
+	}
 }
