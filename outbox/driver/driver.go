@@ -7,8 +7,17 @@
 // in outbox/storetest tells whether an implementation keeps the contract.
 //
 // The names here that users also see (Record, Stats, Lag, DeadLetter,
-// DeadFilter, Attempt, Execer, DBTx) are re-exported by package outbox
-// as aliases.
+// DeadFilter, Attempt, DBTx) are re-exported by package outbox as
+// aliases.
+//
+// # Hints
+//
+// A few fields and results are the engine's hints, for speed only; a
+// store may ignore every one of them and stays correct: Row.KeyAfter (a
+// store that ignores it leases a key's head only), ClaimRequest.Run (it
+// claims heads only), KeysDone (a no-op), and MarkDoneKeys' later keys
+// (it may report every key). The conformance suite runs the engine on a
+// store that ignores them all (storetest.Harness.IgnoresHints).
 package driver
 
 import (
