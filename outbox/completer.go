@@ -29,11 +29,12 @@ type completer struct {
 	ostore    driver.OrderedStore // nil: the store orders nothing
 	keys      *keyTable           // the dispatcher's
 	reg       *registrar          // learned again when a DONE is refused for a stale registry
-	// fence takes back the events whose completing write the store
-	// refused for a stale registry and could not be made anew (the
-	// dispatcher).
-	fence    registryFence
-	storeCtx func() (context.Context, context.CancelFunc)
+	// refused takes back the events whose completing write the store
+	// refused for a stale registry and could not be made anew (see
+	// staleRefusal); dispatcherDone is closed once nothing reads it.
+	refused        chan<- staleRefusal
+	dispatcherDone <-chan struct{}
+	storeCtx       func() (context.Context, context.CancelFunc)
 
 	// pending: the ordered events handed over whose DONE is not yet
 	// written, per key; a key is named to the sequencer after the last
@@ -186,7 +187,7 @@ func (c *completer) written(it *item, refused bool, later map[string]bool) {
 // (recheck), the same write again with its version.
 func (c *completer) markDoneFenced(batch []*item, ids []string, done []driver.KeyDone) (later map[string]bool, refused map[*item]bool) {
 	later, refused = c.markDoneByRegistry(batch, ids, done)
-	if len(refused) == 0 || c.fence == nil {
+	if len(refused) == 0 || c.refused == nil {
 		return later, refused
 	}
 	its, v := refusedItems(refused)
@@ -308,7 +309,7 @@ func byRegistry(batch []*item) [][]*item {
 // registry to the dispatcher, which learns the registry again and gives
 // them back to be delivered anew.
 func (c *completer) giveBackRefused(refused map[*item]bool) {
-	if len(refused) == 0 || c.fence == nil {
+	if len(refused) == 0 || c.refused == nil {
 		return
 	}
 	its, v := refusedItems(refused)

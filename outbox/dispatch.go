@@ -30,6 +30,14 @@ type dispatcher struct {
 	coldSpace chan struct{} // a worker took a cold item; capacity 1
 	draining  chan struct{} // closed when Close begins: workers finish what is queued and stop
 
+	// refused: events whose completing write the store refused for a
+	// stale registry and that could not be written anew, from the
+	// completer, for watchChains to take out of this instance's hands
+	// (registryChanged); chainsDone is closed when watchChains has
+	// returned, and nothing reads refused any more.
+	refused    chan staleRefusal
+	chainsDone chan struct{}
+
 	cancel     context.CancelFunc // cancels the handlers' contexts
 	workers    sync.WaitGroup
 	batchers   sync.WaitGroup
@@ -39,12 +47,14 @@ type dispatcher struct {
 
 func newDispatcher(d *deps) *dispatcher {
 	return &dispatcher{
-		deps:      d,
-		keys:      newKeyTable(),
-		hot:       make(chan *item, d.cfg.HotQueueSize),
-		cold:      make(chan *item, d.cfg.ColdQueueSize),
-		coldSpace: make(chan struct{}, 1),
-		draining:  make(chan struct{}),
+		deps:       d,
+		keys:       newKeyTable(),
+		hot:        make(chan *item, d.cfg.HotQueueSize),
+		cold:       make(chan *item, d.cfg.ColdQueueSize),
+		coldSpace:  make(chan struct{}, 1),
+		draining:   make(chan struct{}),
+		refused:    make(chan staleRefusal, 16),
+		chainsDone: make(chan struct{}),
 	}
 }
 

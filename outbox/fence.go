@@ -31,14 +31,26 @@ import (
 // write made with a stale registry.
 func fenced(err error) bool { return errors.Is(err, driver.ErrRegistryChanged) }
 
-// registryFence is what the completer needs of the dispatcher when the
-// store refused the completing write of its for a stale registry and
-// neither writing it again (recheck) nor as a split (resplit) recorded
-// it: take them, and the events of their keys that wait behind them here,
-// out of this instance's hands (registryChanged). It is the one call from
-// the completer back to the dispatcher, and a rare one.
-type registryFence interface {
-	registryChanged(ctx context.Context, version int64, its []*item)
+// staleRefusal is what the completer hands back to the dispatcher when the
+// store refused the completing write of its for a stale registry (of
+// version) and neither writing it again (recheck) nor as a split
+// (resplit) recorded it: the dispatcher's watchChains takes them, and
+// the events of their keys that wait behind them here, out of this
+// instance's hands (registryChanged). It is the completer's one way back
+// to the dispatcher: a channel the dispatcher owns and reads.
+type staleRefusal struct {
+	version int64
+	its     []*item
+}
+
+// handBack sends its to the dispatcher (staleRefusal). Once the dispatcher has
+// stopped reading (Close), they stay as they are: Close releases every
+// lease this instance holds, and a lease it could not release runs out.
+func (c *completer) handBack(version int64, its []*item) {
+	select {
+	case c.refused <- staleRefusal{version: version, its: its}:
+	case <-c.dispatcherDone:
+	}
 }
 
 // recheck learns the registry again after the store refused the
@@ -97,7 +109,7 @@ func rewrites(it *item, writes []driver.DeliveryWrite, reg *registry) []driver.D
 // handed back (registryChanged).
 func (c *completer) resplit(ctx context.Context, version int64, its []*item) {
 	if err := c.reg.syncIfOlder(ctx, version); err != nil {
-		c.fence.registryChanged(ctx, version, its)
+		c.handBack(version, its)
 		return
 	}
 	reg := c.reg.load()
@@ -119,7 +131,7 @@ func (c *completer) resplit(ctx context.Context, version int64, its []*item) {
 		c.sig.next(it)
 	}
 	if len(back) > 0 {
-		c.fence.registryChanged(ctx, version, back)
+		c.handBack(version, back)
 	}
 }
 

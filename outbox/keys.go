@@ -475,6 +475,7 @@ func (d *dispatcher) chainFailed(ctx context.Context, it *item) {
 // nothing but its own event. The events wait in the table behind it, and
 // go out as heads once it is done. It runs from start until Close begins.
 func (d *dispatcher) watchChains(ctx context.Context) {
+	defer close(d.chainsDone)
 	t := time.NewTicker(d.cfg.Lease / 2)
 	defer t.Stop()
 	for {
@@ -483,6 +484,11 @@ func (d *dispatcher) watchChains(ctx context.Context) {
 			return
 		case <-d.draining:
 			return
+		case r := <-d.refused:
+			sctx, cancel := d.storeCtx()
+			d.registryChanged(sctx, r.version, r.its)
+			cancel()
+			continue
 		case <-t.C:
 		}
 		for _, c := range d.keys.stale(time.Now().Add(-d.cfg.Lease)) {

@@ -31,8 +31,7 @@ func TestPipelineHasNoBackEdges(t *testing.T) {
 		reflect.TypeFor[inflightSet](): reflect.TypeFor[leaseKeeper](),
 	}
 	knownBackEdges := []string{
-		"completer.keys -> dispatcher",  // holdsAfter: naming a key this instance holds past is a wasted claim
-		"completer.fence -> dispatcher", // registryChanged: give back a refused event and the chain behind it
+		"completer.keys -> dispatcher", // holdsAfter: naming a key this instance holds past is a wasted claim
 	}
 	var found []string
 	for from, r := range rank {
