@@ -82,8 +82,17 @@ func (b *batcher) deliver(batch []task) {
 		evs[i] = t.ev
 		evs[i].Subscription = b.s.Name
 	}
+	keys := make([]string, len(batch))
+	for i, t := range batch {
+		keys[i] = t.it.key()
+	}
 	start := time.Now()
-	err := b.d.call(b.ctx, b.s.Timeout, b.d.interceptDeliver(b.s.Name, evs, func(ctx context.Context) error { return b.s.Batch(ctx, evs) }))
+	ctx, end := b.d.leaseBound(b.ctx, keys...)
+	err := errLeaseLost // a lease may have run out already: not called
+	if ctx.Err() == nil {
+		err = leaseLostOr(ctx, b.d.call(ctx, b.s.Timeout, b.d.interceptDeliver(b.s.Name, evs, func(ctx context.Context) error { return b.s.Batch(ctx, evs) })))
+	}
+	end()
 	took := time.Since(start)
 	var be *BatchError
 	if errors.As(err, &be) && len(be.Errs) != len(batch) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,10 +34,11 @@ func safeCall(ctx context.Context, f func(context.Context) error) (err error) {
 }
 
 // callOne runs a Handler within the subscription's concurrency limit.
-// errLeaseLost is returned by callOne and callTx, without calling the
-// handler, when the lease of the item (key in the in-flight set) may have
-// run out while the call waited for a slot of the subscription's
-// Concurrency: another instance may be delivering it.
+// errLeaseLost is returned by callOne and callTx when the lease of the
+// item (key in the in-flight set) may have run out: while the call
+// waited for a slot of the subscription's Concurrency (the handler is not
+// called), or during the call (leaseBound cancelled it). Another instance
+// may be delivering it.
 var errLeaseLost = errors.New("outbox: the lease may have run out before the call: not delivered here")
 
 // acquire takes a slot of s's Concurrency for the call of the item key,
@@ -64,7 +66,85 @@ func (d *dispatcher) callOne(ctx context.Context, key string, s *subscription, e
 	if len(d.cfg.Interceptors) > 0 {
 		f = d.interceptDeliver(s.Name, []Event{ev}, f)
 	}
-	return d.call(ctx, s.Timeout, f)
+	ctx, end := d.leaseBound(ctx, key)
+	defer end()
+	return leaseLostOr(ctx, d.call(ctx, s.Timeout, f))
+}
+
+// leaseMargin is how long before its lease may run out a call's context
+// is cancelled (leaseBound): the handler's grace to return.
+const leaseMargin = handlerGrace
+
+// leaseBound returns ctx cancelled, with errLeaseLost as its cause, once
+// the lease of one of keys may run out within leaseMargin: no renewal
+// has succeeded for a whole lease (the database unreachable, the
+// instance frozen), and another instance may take the event over. A call
+// so never runs beside another instance's call of the same event, if its
+// handler honours its context. While renewals succeed, the bound moves
+// with them. end stops it.
+func (d *dispatcher) leaseBound(ctx context.Context, keys ...string) (_ context.Context, end func()) {
+	wait, bounded := d.leaseLeft(keys)
+	if !bounded {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	lost := func() {
+		for _, k := range keys {
+			d.leases.lost(k) // process gives it back (leaseLost)
+		}
+		cancel(errLeaseLost)
+	}
+	if wait <= 0 {
+		lost()
+		return ctx, func() { cancel(nil) }
+	}
+	var mu sync.Mutex
+	var t *time.Timer
+	mu.Lock()
+	t = time.AfterFunc(wait, func() {
+		if wait, bounded := d.leaseLeft(keys); bounded && wait > 0 {
+			mu.Lock()
+			t.Reset(wait) // renewed meanwhile
+			mu.Unlock()
+			return
+		}
+		lost()
+	})
+	mu.Unlock()
+	return ctx, func() {
+		mu.Lock()
+		t.Stop()
+		mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// leaseLeft returns how long until the first lease of keys may run out,
+// less leaseMargin, and false if none of them has a known end.
+func (d *dispatcher) leaseLeft(keys []string) (time.Duration, bool) {
+	var first time.Time
+	for _, k := range keys {
+		u, ok := d.leases.until(k)
+		if ok && u.IsZero() {
+			return -1, true // not held here any more
+		}
+		if ok && (first.IsZero() || u.Before(first)) {
+			first = u
+		}
+	}
+	if first.IsZero() {
+		return 0, false
+	}
+	return time.Until(first) - leaseMargin, true
+}
+
+// leaseLostOr returns errLeaseLost for a call whose context leaseBound
+// cancelled, else err.
+func leaseLostOr(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errLeaseLost) {
+		return errLeaseLost
+	}
+	return err
 }
 
 // callTx runs a Tx handler in a transaction that records its delivery,
@@ -95,7 +175,9 @@ func (d *dispatcher) callTx(ctx context.Context, it *item, s *subscription, ev E
 	if len(d.cfg.Interceptors) > 0 {
 		f = d.interceptDeliver(s.Name, []Event{ev}, f)
 	}
-	return d.call(ctx, s.Timeout, f)
+	ctx, end := d.leaseBound(ctx, key)
+	defer end()
+	return leaseLostOr(ctx, d.call(ctx, s.Timeout, f))
 }
 
 // call runs a handler with a timeout, containing panics. A handler that

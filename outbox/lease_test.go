@@ -173,3 +173,89 @@ func TestOutcomeWrittenAfterTheLeaseRanOutKeepsOneCopyInHand(t *testing.T) {
 		}
 	})
 }
+
+// A call whose lease may run out while it runs (no renewal succeeds: the
+// database unreachable) has its context cancelled before the lease ends,
+// so that it has returned when another instance takes the event over:
+// two calls of one event never run at once. Before, the call ran on to
+// its timeout (10 s here, past the 1 s lease), beside the other
+// instance's call (the simulation's seed 30827: two calls of one event
+// of an ordered key in flight on two instances, the first started with
+// 0.62 s of its lease left and a 1.38 s timeout).
+func TestCallEndsBeforeItsLeaseMayRunOut(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Handler", true: "Batch"}[batch], func(t *testing.T) {
+			testCallEndsBeforeItsLeaseMayRunOut(t, batch)
+		})
+	}
+}
+
+func testCallEndsBeforeItsLeaseMayRunOut(t *testing.T, batch bool) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := &renewalsDown{Store: outboxtest.NewStore()}
+		const lease = time.Second
+		var inFlight, overlaps, calls atomic.Int32
+		var cut atomic.Bool
+		handler := func(ctx context.Context) error {
+			if inFlight.Add(1) > 1 {
+				overlaps.Add(1)
+			}
+			defer inFlight.Add(-1)
+			if calls.Add(1) > 1 {
+				return nil // the other instance's call
+			}
+			<-ctx.Done() // the first call waits for its destination
+			cut.Store(true)
+			return ctx.Err()
+		}
+		start := func(name string) *outbox.Outbox {
+			ob, err := outbox.New(st, outbox.Config{InstanceID: name, Logger: slog.New(slog.DiscardHandler), Lease: lease,
+				PollInterval: 100 * time.Millisecond, PollMaxInterval: 100 * time.Millisecond, SkipRecent: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub := outbox.Subscription{Name: "ledger", Order: outbox.Ordered, Timeout: 10 * time.Second,
+				Handler: func(ctx context.Context, ev outbox.Event) error { return handler(ctx) }}
+			if batch {
+				sub.Handler, sub.Batch = nil, func(ctx context.Context, evs []outbox.Event) error { return handler(ctx) }
+			}
+			if err := ob.Subscribe(sub); err != nil {
+				t.Fatal(err)
+			}
+			if err := ob.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ob.Close(ctx) })
+			return ob
+		}
+		a := start("a")
+		tx := st.Begin(ctx)
+		id, err := a.PublishTx(ctx, tx, outbox.Envelope{Type: "Booked", AggregateType: "acct", AggregateID: "1", JSON: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.down.Store(true) // no renewal of a's lease succeeds from now on
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // a's call waits
+		start("b")
+		time.Sleep(5 * lease)
+		st.down.Store(false)
+		time.Sleep(5 * lease)
+		if !cut.Load() {
+			t.Error("the first call was not cancelled")
+		}
+		if n := overlaps.Load(); n != 0 {
+			t.Errorf("%d call(s) of the event began while another was still running; want none (the first call ran past its lease)", n)
+		}
+		rec, err := st.Inspect(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != outbox.StatusDone {
+			t.Errorf("event %v after %d calls; want DONE", rec.Status, calls.Load())
+		}
+	})
+}

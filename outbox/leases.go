@@ -53,6 +53,11 @@ func (k *leaseKeeper) lost(id string) { k.held.lost(id) }
 // longer held (inflightSet.expired).
 func (k *leaseKeeper) expired(id string, now time.Time) bool { return k.held.expired(id, now) }
 
+// until returns when id's lease surely ends by this instance's clock (see
+// inflightSet), and false if that is not known (it holds id with no known
+// end); a zero time with true if it does not hold id.
+func (k *leaseKeeper) until(id string) (time.Time, bool) { return k.held.leaseUntil(id) }
+
 // holds reports whether this instance holds id.
 func (k *leaseKeeper) holds(id string) bool { return k.held.has(id) }
 
@@ -222,6 +227,16 @@ func (s *inflightSet) expired(id string, now time.Time) bool {
 	defer s.mu.Unlock()
 	cur, ok := s.m[id]
 	return !ok || (!cur.until.IsZero() && now.After(cur.until))
+}
+
+func (s *inflightSet) leaseUntil(id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.m[id]
+	if !ok {
+		return time.Time{}, true
+	}
+	return cur.until, !cur.until.IsZero()
 }
 
 func (s *inflightSet) empty() bool {

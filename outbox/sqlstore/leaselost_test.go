@@ -207,3 +207,70 @@ func TestOutcomeWrittenAfterTheLeaseRanOutKeepsOneCopyInHand(t *testing.T) {
 		})
 	}
 }
+
+// A call whose lease may run out while it runs (no renewal succeeds) is
+// cancelled before the lease ends, so that it has returned when another
+// instance takes the event over: the two calls never run at once (the
+// simulation's seed 30827; outbox's TestCallEndsBeforeItsLeaseMayRunOut).
+// Before, the first call ran on to its 10 s timeout beside the second.
+func TestCallEndsBeforeItsLeaseMayRunOut(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			base := testdb.Store(t, testdb.Open(t, name))
+			st := &renewalsDown{Store: base}
+			ctx := context.Background()
+			const lease = time.Second
+			var inFlight, overlaps, calls atomic.Int32
+			var cut atomic.Bool
+			start := func(inst string) *outbox.Outbox {
+				cfg := outbox.Config{InstanceID: inst, Lease: lease, PollInterval: 50 * time.Millisecond, PollMaxInterval: 50 * time.Millisecond, SkipRecent: -1}
+				cfg.Logger = slog.New(slog.DiscardHandler)
+				ob, err := outbox.New(st, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Subscribe(outbox.Subscription{Name: "ledger", Order: outbox.Ordered, Timeout: 10 * time.Second,
+					Handler: func(ctx context.Context, ev outbox.Event) error {
+						if inFlight.Add(1) > 1 {
+							overlaps.Add(1)
+						}
+						defer inFlight.Add(-1)
+						if calls.Add(1) > 1 {
+							return nil // the other instance's call
+						}
+						<-ctx.Done() // the first call waits for its destination
+						cut.Store(true)
+						return ctx.Err()
+					}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ob.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { ob.Close(ctx) })
+				return ob
+			}
+			a := start("a")
+			tx, err := outbox.BeginTx(ctx, base.DB().DB, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, err := a.PublishTx(ctx, tx, outbox.Envelope{Type: "Booked", AggregateType: "acct", AggregateID: "1", JSON: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.down.Store(true) // no renewal of a's lease succeeds from now on
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			start("b")
+			waitStatus(t, base, id, outbox.StatusDone)
+			if !cut.Load() {
+				t.Error("the first call was not cancelled")
+			}
+			if n := overlaps.Load(); n != 0 {
+				t.Errorf("%d call(s) of the event began while another was still running; want none (the first call ran past its lease)", n)
+			}
+		})
+	}
+}
