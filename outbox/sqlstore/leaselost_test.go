@@ -44,8 +44,7 @@ func TestEventWhoseLeaseRanOutInTheQueueIsNotDeliveredThere(t *testing.T) {
 			first, second := outbox.NewID(), outbox.NewID()
 			var mu sync.Mutex
 			calls := map[string][]string{}
-			hold := make(chan struct{})
-			defer close(hold)
+			hold := make(chan struct{}) // closed: every call of a that waits on it returns
 			start := func(inst string) *outbox.Outbox {
 				cfg := outbox.Config{InstanceID: inst, Lease: lease, PollInterval: 50 * time.Millisecond, Workers: 1, SkipRecent: -1}
 				cfg.Logger = slog.New(slog.DiscardHandler)
@@ -90,7 +89,12 @@ func TestEventWhoseLeaseRanOutInTheQueueIsNotDeliveredThere(t *testing.T) {
 			start("b")          // takes the second over once its lease ran out, and delivers it
 			waitStatus(t, base, second, outbox.StatusDone)
 			st.down.Store(false)
-			hold <- struct{}{} // a's worker comes to the second event now
+			// a's worker comes to the second event now. (Since calls end
+			// before their lease may run out, a's call of the first event
+			// was abandoned at its lease's end, and a may have claimed and
+			// called it again: close releases every such call, so that
+			// Close, which waits for abandoned calls, returns.)
+			close(hold)
 			waitStatus(t, base, first, outbox.StatusDone)
 			a.Close(ctx) // every worker of a is done
 			mu.Lock()
