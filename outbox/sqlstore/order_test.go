@@ -672,7 +672,10 @@ func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			db := testdb.Open(t, name)
 			st := testdb.Store(t, db)
-			lease := 300 * time.Millisecond
+			// A lease long enough that renewals (every Lease/3) keep up on a
+			// loaded machine: a call whose lease may run out is cancelled
+			// (leaseBound), and its event delivered again.
+			lease := time.Second
 			log := newKeyLog(t, 3)
 			var calls sync.Map // id → number of handler calls
 			entered, gate := make(chan struct{}), make(chan struct{})
@@ -687,7 +690,7 @@ func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
 					once.Do(func() { close(entered) })
 					<-gate
 				} else {
-					time.Sleep(lease / 2) // slow work: a lapsed lease would let "other" take the next event meanwhile
+					time.Sleep(lease / 4) // slow work: a lapsed lease would let "other" take the next event meanwhile
 				}
 				return nil
 			}
@@ -704,7 +707,7 @@ func TestOrderedWaitingEventKeepsItsLease(t *testing.T) {
 			want := []string{publishInTx(t, here, st, first)}
 			<-entered
 			want = append(want, publishInTx(t, here, st, env), publishInTx(t, here, st, env))
-			time.Sleep(4 * lease) // time passing: without renewal the leases would have run out three times over
+			time.Sleep(3 * lease) // time passing: without renewal the leases would have run out twice over
 			close(gate)
 			log.wait(t, 20*time.Second)
 			log.wantKey(t, "Order:A", want)
