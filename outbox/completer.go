@@ -27,7 +27,6 @@ type completer struct {
 	m         Metrics
 	sig       *signals
 	ostore    driver.OrderedStore // nil: the store orders nothing
-	keys      *keyTable           // the dispatcher's
 	reg       *registrar          // learned again when a DONE is refused for a stale registry
 	// refused takes back the events whose completing write the store
 	// refused for a stale registry and could not be made anew (see
@@ -89,7 +88,7 @@ func (c *completer) add(it *item) {
 		}
 	}
 	if recordsKey(it) {
-		c.pending.done(it.env.OrderingKey, false)
+		c.pending.done(it.env.OrderingKey, false, 0)
 	}
 	c.log.Warn("delivered after Close stopped waiting: the event will be delivered again once its lease runs out", slog.String("event_id", it.env.ID))
 }
@@ -163,8 +162,11 @@ func (c *completer) run() {
 func (c *completer) written(it *item, refused bool, later map[string]bool) {
 	if refused {
 		// Not written: given back by the caller, its key named now.
-		if recordsKey(it) && c.pending.done(it.env.OrderingKey, false) {
-			c.sig.name(it.env.OrderingKey)
+		if !recordsKey(it) {
+			return
+		}
+		if past, ok := c.pending.done(it.env.OrderingKey, false, 0); ok {
+			c.sig.namePast(it.env.OrderingKey, past)
 		}
 		return
 	}
@@ -176,9 +178,12 @@ func (c *completer) written(it *item, refused bool, later map[string]bool) {
 	// Asked again: the next event may have come since. Recorded with the
 	// DONE; a later event of the key waits in the table (or may): its
 	// claim, once no other DONE of the key is still to be written here.
+	// The sequencer skips the claim if this instance holds the key past
+	// the event by then (keyTable.holdsAfter).
 	k := it.env.OrderingKey
-	if c.pending.done(k, !it.handedOn && (later == nil || later[k]) && !c.keys.holdsAfter(k, it.env.seq)) {
-		c.sig.name(k)
+	name := !it.handedOn && (later == nil || later[k])
+	if past, ok := c.pending.done(k, name, it.env.seq); ok {
+		c.sig.namePast(k, past)
 	}
 }
 
@@ -429,32 +434,39 @@ func (c *completer) markDone(ids []string, done []driver.KeyDone, registry int64
 type keyCompletions struct {
 	mu      sync.Mutex
 	pending map[string]int
-	owed    map[string]bool // a naming held back
+	owed    map[string]int64 // a naming held back: the highest number that named it
 }
 
 func (k *keyCompletions) add(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.pending == nil {
-		k.pending, k.owed = map[string]int{}, map[string]bool{}
+		k.pending, k.owed = map[string]int{}, map[string]int64{}
 	}
 	k.pending[key]++
 }
 
-// done counts one event of key as written, name saying whether its key is
-// to be named; it reports whether to name the key now: it is (or was, for
-// an event written before) and no other event of the key is pending.
-func (k *keyCompletions) done(key string, name bool) bool {
+// done counts one event of key, numbered seq, as written, name saying
+// whether its key is to be named; it reports whether to name the key now (it is,
+// or was for an event written before, and no other event of the key is
+// pending), and the highest number of those that named it (0 if one of
+// them has none): whoever holds the key past that one names it again.
+func (k *keyCompletions) done(key string, name bool, seq int64) (int64, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if name {
-		k.owed[key] = true
+	if past, ok := k.owed[key]; name {
+		switch {
+		case seq <= 0 || (ok && past <= 0):
+			k.owed[key] = 0 // a number unknown: named whatever is held
+		case !ok || seq > past:
+			k.owed[key] = seq
+		}
 	}
 	if k.pending[key]--; k.pending[key] > 0 {
-		return false
+		return 0, false
 	}
-	owed := k.owed[key]
+	owed, ok := k.owed[key]
 	delete(k.pending, key)
 	delete(k.owed, key)
-	return owed
+	return owed, ok
 }

@@ -164,6 +164,10 @@ type named struct {
 	// ordered, and none is due again before quiet: nothing of the key can
 	// be claimed until then (see run).
 	quiet time.Time
+	// past: a DONE of the key numbered past was written; if this
+	// instance holds the key past it (keyTable.holdsAfter), whoever
+	// finishes that one names the key, and a claim now is wasted.
+	past int64
 }
 
 func newSequencer(d *deps) *sequencer {
@@ -194,7 +198,7 @@ func (s *sequencer) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case n := <-s.keys:
-			q.add(n)
+			s.take(q, n)
 		case <-q.wake.C:
 			if q.fired(time.Now()); len(q.batch) == 0 {
 				continue
@@ -204,7 +208,7 @@ func (s *sequencer) run(ctx context.Context) {
 		for len(q.batch) < 100 {
 			select {
 			case n := <-s.keys:
-				q.add(n)
+				s.take(q, n)
 			default:
 				break more
 			}
@@ -219,6 +223,15 @@ func (s *sequencer) run(ctx context.Context) {
 		q.done = q.done[:0]
 		s.claim(ctx, keys)
 	}
+}
+
+// take adds n to q unless it names a key this instance holds past the
+// event that named it.
+func (s *sequencer) take(q *namings, n named) {
+	if n.past > 0 && s.disp.keys.holdsAfter(n.key, n.past) {
+		return
+	}
+	q.add(n)
 }
 
 // namings is what the sequencer's run collects between claims: the keys

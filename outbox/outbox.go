@@ -143,7 +143,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	sig := &signals{reg: o.reg, ordered: o.seq.ostore != nil, nudge: o.poller.nudge, retryDue: o.poller.retryDue, dropped: o.poller.dropped, keys: o.seq.keys}
 	o.seq.disp, o.seq.comp, o.seq.sig, o.seq.reg = o.disp, o.comp, sig, o.reg
 	o.poller.seq = o.seq
-	o.comp.sig, o.comp.ostore, o.comp.keys, o.comp.reg = sig, o.seq.ostore, o.disp.keys, o.reg
+	o.comp.sig, o.comp.ostore, o.comp.reg = sig, o.seq.ostore, o.reg
 	o.comp.refused, o.comp.dispatcherDone = o.disp.refused, o.disp.chainsDone
 	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.sig = o.reg, o.comp, o.leases, sig
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases

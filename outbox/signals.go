@@ -54,6 +54,10 @@ func (s *signals) drop(id string) bool {
 // name asks for the head of key to be claimed. It never blocks.
 func (s *signals) name(key string) { s.send(named{key: key}) }
 
+// namePast names key, whose event numbered seq was just written DONE:
+// the sequencer claims it unless this instance holds it past seq by then.
+func (s *signals) namePast(key string, seq int64) { s.send(named{key: key, past: seq}) }
+
 func (s *signals) send(n named) {
 	if !s.ordered || n.key == "" || len(s.reg.load().local) == 0 {
 		// An instance with no subscription (one that only publishes)
