@@ -94,6 +94,7 @@ type result struct {
 	delay    time.Duration
 	attempts int
 	err      string
+	cause    error // what the handler returned (a failure hook gets it)
 }
 
 func (it *item) add(r result) {
@@ -283,7 +284,7 @@ func (d *dispatcher) outcome(ctx context.Context, s *subscription, it *item, pro
 		d.circuitClosed(s)
 	}
 	r.attempts = it.attempts + 1
-	r.err = errorText(err.Error())
+	r.err, r.cause = errorText(err.Error()), err
 	if s.Classify(err) == DecisionDead || r.attempts >= s.MaxAttempts {
 		r.kind = resDead
 		s.circuit.forget(it.env.ID)
@@ -484,7 +485,24 @@ func (d *dispatcher) recordFailures(it *item) {
 	if err == nil && held && wake >= 0 {
 		d.sig.scheduleRetryWake(time.Now().Add(wake))
 	}
+	if err == nil && held {
+		d.failureHooks(it)
+	}
 	d.sig.next(it) // the key's next event may go now (a failure here holds it back only if an ordered subscription failed)
+}
+
+// failureHooks queues the failure hooks of it's retries and dead
+// deliveries, whose write has committed.
+func (d *dispatcher) failureHooks(it *item) {
+	reg := d.reg.load()
+	for _, r := range it.results {
+		if r.kind != resRetry && r.kind != resDead {
+			continue
+		}
+		if s := reg.byName[r.sub]; s != nil && (s.OnRetry != nil || s.OnDead != nil) {
+			d.hooks.failed(s, it, r)
+		}
+	}
 }
 
 // writeFailures writes the failure writes of it (a Split of an event, or

@@ -25,6 +25,7 @@ type dispatcher struct {
 	leases *leaseKeeper
 	sig    *signals // to the poller and the sequencer, which feed it
 	keys   *keyTable
+	hooks  *hooks // the failure hooks, called once a failure is written
 
 	hot, cold chan *item
 	coldSpace chan struct{} // a worker took a cold item; capacity 1

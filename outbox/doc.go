@@ -83,7 +83,10 @@
 // max attempts, or at once for errors wrapped with [Permanent]. Panics are
 // recovered and count as failures; each call is bounded by the
 // subscription's timeout. An error text the database could not store
-// (invalid UTF-8, NUL) is cleaned before it is written.
+// (invalid UTF-8, NUL) is cleaned before it is written. A subscription's
+// failure hooks ([Subscription].OnRetry, OnDead) are called once that
+// write has committed, on a goroutine of their own that never holds up
+// delivery.
 //
 // A handler that returns [Unavailable] reports an outage of its
 // destination, not a problem of the event: no attempt is counted, and

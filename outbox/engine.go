@@ -193,6 +193,7 @@ func (o *Outbox) Close(ctx context.Context) error {
 	// a full queue) would stay leased to this instance, and their keys
 	// stalled, until the lease ran out: release them now.
 	o.poller.releaseDropped()
+	stop("failure hooks", o.hooks.stop(ctx, o.patience))
 	stop("completer", o.comp.stop(o.patience))
 	stop("lease keeper", o.leases.stop(o.patience))
 	stop("registrar", o.reg.stop(o.patience))

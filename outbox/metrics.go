@@ -85,6 +85,10 @@ type Metrics interface {
 	// "split", "fail_delivery", "extend_leases", "release"): the rows it
 	// returned or changed, and how long it took.
 	Statement(name string, rows int, took time.Duration)
+	// HookDropped counts a failure hook call not made
+	// (Subscription.OnRetry, OnDead): its subscription's queue of calls
+	// was full, or Close came first.
+	HookDropped(subscription string)
 }
 
 // NopMetrics discards every measurement.
@@ -106,5 +110,6 @@ func (NopMetrics) Circuit(string, CircuitState)                       {}
 func (NopMetrics) Delivered(string, Outcome, time.Duration)           {}
 func (NopMetrics) SubscriptionLag([]Lag)                              {}
 func (NopMetrics) Statement(string, int, time.Duration)               {}
+func (NopMetrics) HookDropped(string)                                 {}
 
 var _ Metrics = NopMetrics{}

@@ -55,6 +55,7 @@ type Outbox struct {
 	disp    *dispatcher
 	poller  *poller
 	comp    *completer
+	hooks   *hooks
 	leases  *leaseKeeper
 	sampler *sampler
 	cleaner *cleaner
@@ -134,6 +135,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o := &Outbox{deps: d, closeDone: make(chan struct{})}
 	o.reg = newRegistrar(d)
 	o.disp = newDispatcher(d)
+	o.hooks = newHooks(o.log, o.m)
 	o.poller = newPoller(d)
 	o.leases = newLeaseKeeper(d)
 	o.comp = newCompleter(d, o.leases)
@@ -145,7 +147,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.poller.seq = o.seq
 	o.comp.sig, o.comp.ostore, o.comp.reg = sig, o.seq.ostore, o.reg
 	o.comp.refused, o.comp.dispatcherDone = o.disp.refused, o.disp.chainsDone
-	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.sig = o.reg, o.comp, o.leases, sig
+	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.sig, o.disp.hooks = o.reg, o.comp, o.leases, sig, o.hooks
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil
 }

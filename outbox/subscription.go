@@ -134,6 +134,23 @@ type Subscription struct {
 	CircuitProbe time.Duration
 	// CircuitMaxProbe caps the wait between probes. Defaults to 30s.
 	CircuitMaxProbe time.Duration
+
+	// OnRetry is called after a failed attempt was recorded with another
+	// to come, and OnDead after the last one was recorded (the delivery
+	// is dead): for alerts, compensations and tickets. Each is called
+	// after the write that records the outcome committed, never for a
+	// success or for an attempt not spent (Unavailable with the circuit
+	// open, a lease lost, Close); at most once per failure (a crash
+	// between the write and the call, or a full queue, skips it:
+	// Outbox.Dead is the complete list). Calls run on a goroutine of the
+	// subscription's own, one at a time, and never hold up delivery: a
+	// call that finds 1,024 calls of the subscription waiting is dropped,
+	// logged and counted (Metrics.HookDropped). Each gets the
+	// subscription's Timeout (Config.ListenerTimeout if it has none); a
+	// panic is contained and logged. Close lets the queued calls run
+	// while its context lasts.
+	OnRetry FailureHook
+	OnDead  FailureHook
 }
 
 // Defaults of the subscription options that do not come from Config.

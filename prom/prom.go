@@ -146,6 +146,7 @@ type Metrics struct {
 	noListener       *prometheus.CounterVec
 	unknownStatus    prometheus.Gauge
 	circuitOpen      *prometheus.GaugeVec
+	hookDropped      *prometheus.CounterVec
 	subCalls         *prometheus.CounterVec
 	subDuration      *prometheus.HistogramVec
 	subLag           *prometheus.GaugeVec
@@ -226,6 +227,8 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Help: "Events this instance had no listener for, by event type: handed back to the table (no attempt spent) for an instance that has one."}, []string{"event_type"}),
 		circuitOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "circuit_open", ConstLabels: cl,
 			Help: "1 while a subscription's circuit is open on this instance (its destination is unavailable: events wait without spending attempts), else 0."}, []string{"subscription"}),
+		hookDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hook_dropped_total", ConstLabels: cl,
+			Help: "Failure hook calls (Subscription.OnRetry, OnDead) not made, by subscription: the subscription's queue of calls was full (the hook is slower than the failures come), or Close came first."}, []string{"subscription"}),
 		subCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "subscription_deliveries_total", ConstLabels: cl,
 			Help: "Outcomes of each subscription's deliveries: done, retry (failed, another attempt scheduled), dead (failed for the last time), deferred (paused, circuit open, destination unavailable or owed elsewhere: no attempt spent)."},
 			[]string{"subscription", "outcome"}),
@@ -269,7 +272,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 	m.hotDepth = m.queueDepth.WithLabelValues(string(outbox.PathHot))
 	m.coldDepth = m.queueDepth.WithLabelValues(string(outbox.PathCold))
 	m.all = []prometheus.Collector{m.published, m.hotEnqueued, m.hotDropped, m.coldEnqueued, m.dispatched, m.failures,
-		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus, m.circuitOpen,
+		m.dispatchDuration, m.latency, m.queueDepth, m.queueCapacity, m.pending, m.oldestPending, m.dead, m.leasesReclaimed, m.cleaned, m.noListener, m.unknownStatus, m.circuitOpen, m.hookDropped,
 		m.subCalls, m.subDuration, m.subLag, m.subBlocked, m.subOldest, m.statements, m.statementRows, m.statementTime}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -397,6 +400,9 @@ func (m *Metrics) Statement(name string, rows int, took time.Duration) {
 	m.statementRows.WithLabelValues(name).Add(float64(rows))
 	m.statementTime.WithLabelValues(name).Observe(took.Seconds())
 }
+
+// HookDropped implements outbox.Metrics.
+func (m *Metrics) HookDropped(sub string) { m.hookDropped.WithLabelValues(sub).Inc() }
 
 // typeLabels caps the event_type label: the first max types seen keep
 // their name, the rest are OtherEventType. A known type costs one
