@@ -187,6 +187,50 @@ func (o *Outbox) PublishTx(ctx context.Context, tx txctx.Tx, env Envelope) (stri
 	return env.ID, nil
 }
 
+// PublishOnce is Publish for an event whose ID the caller chose as its
+// idempotency key: if an event with that id exists already (committed
+// before, or by a transaction that commits while this one waits for it),
+// nothing is written, existed is true, and the transaction is as it was
+// and still usable (so a retried request publishes its event once). The
+// dedupe holds while the event's row is kept (Config.Retention, or
+// DeleteDelivered: until it is delivered). An empty ID is a
+// *ValidationError. The store must implement driver.OnceInserter
+// (sqlstore does, but not on a partitioned MySQL table, whose primary key
+// cannot refuse a reused id; outboxtest does).
+func (o *Outbox) PublishOnce(ctx context.Context, env Envelope) (existed bool, err error) {
+	tx, ok := txctx.From(ctx)
+	if !ok {
+		return false, noTxError(ctx)
+	}
+	return o.PublishOnceTx(ctx, tx, env)
+}
+
+// PublishOnceTx is PublishOnce with the transaction given explicitly.
+func (o *Outbox) PublishOnceTx(ctx context.Context, tx txctx.Tx, env Envelope) (existed bool, err error) {
+	if tx == nil {
+		return false, ErrNoTx
+	}
+	env = o.interceptPublish(ctx, env)
+	if env.ID == "" {
+		return false, invalid("ID", "PublishOnce needs the event's ID: it is the idempotency key a second publish is refused by (Publish makes one)")
+	}
+	oi, ok := o.store.(driver.OnceInserter)
+	if !ok {
+		return false, fmt.Errorf("outbox: PublishOnce: the store (%T) does not implement driver.OnceInserter", o.store)
+	}
+	row, env, err := encode(env, time.Now())
+	if err != nil {
+		return false, err
+	}
+	err = o.writeVia(ctx, tx, []driver.Row{row}, []Envelope{env}, func(insert func() error) error {
+		return oi.InsertOnce(ctx, tx, env.ID, insert)
+	})
+	if errors.Is(err, driver.ErrDuplicateID) {
+		return true, nil
+	}
+	return false, err
+}
+
 // PublishAll writes envs through the transaction carried by ctx, in one
 // statement per few hundred events when the store is a BatchInserter, and
 // hands them to the dispatcher once that transaction commits. It returns
@@ -235,6 +279,12 @@ func (o *Outbox) PublishAllTx(ctx context.Context, tx txctx.Tx, envs ...Envelope
 // through a closed outbox, is written free, so that any instance's poller
 // can take it at once.
 func (o *Outbox) write(ctx context.Context, tx txctx.Tx, rows []driver.Row, envs []Envelope) error {
+	return o.writeVia(ctx, tx, rows, envs, func(insert func() error) error { return insert() })
+}
+
+// writeVia is write with the inserts run by via (once: in a savepoint
+// that undoes them if the event's id exists).
+func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, envs []Envelope, via func(insert func() error) error) error {
 	tx, err := txctx.Begun(tx) // the store writes through the transaction itself
 	if err != nil {
 		return err
@@ -263,13 +313,19 @@ func (o *Outbox) write(ctx context.Context, tx txctx.Tx, rows []driver.Row, envs
 		}
 	}
 	written := time.Now() // before the INSERT: never later than the lease's start
-	if err := o.insert(ctx, tx, mineRows, o.cfg.InstanceID, o.cfg.Lease); err != nil {
+	var mineOrdered []leasedOrdered
+	var named []string
+	err = via(func() error {
+		if err := o.insert(ctx, tx, mineRows, o.cfg.InstanceID, o.cfg.Lease); err != nil {
+			return err
+		}
+		if err := o.insert(ctx, tx, freeRows, "", 0); err != nil {
+			return err
+		}
+		var err error
+		mineOrdered, named, err = o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered)
 		return err
-	}
-	if err := o.insert(ctx, tx, freeRows, "", 0); err != nil {
-		return err
-	}
-	mineOrdered, named, err := o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered)
+	})
 	if err != nil {
 		return err
 	}
@@ -426,6 +482,16 @@ func Publish(ctx context.Context, env Envelope) (string, error) {
 		return "", ErrNoOutbox
 	}
 	return o.Publish(ctx, env)
+}
+
+// PublishOnce is Publish for an event whose ID is its idempotency key
+// (see Outbox.PublishOnce), with the outbox found the same way.
+func PublishOnce(ctx context.Context, env Envelope) (existed bool, err error) {
+	o := FromContext(ctx)
+	if o == nil {
+		return false, ErrNoOutbox
+	}
+	return o.PublishOnce(ctx, env)
 }
 
 // PublishAll is Publish for several events at once (see Outbox.PublishAll),

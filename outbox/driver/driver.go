@@ -353,6 +353,23 @@ type DeadLetterStore interface {
 	Replay(ctx context.Context, ids []string) (int, error)
 }
 
+// OnceInserter is implemented by stores that can write an event only if
+// no event with its id exists (Outbox.PublishOnce).
+type OnceInserter interface {
+	// InsertOnce runs insert, the engine's writes of the event id through
+	// exec, the caller's transaction (Insert, or
+	// OrderedStore.InsertOrdered), so that if an event with that id
+	// exists (committed before, or by a concurrent transaction that
+	// commits meanwhile) it returns ErrDuplicateID with nothing insert
+	// wrote left and exec's transaction still usable. Another error of
+	// insert is returned as it is, with nothing left of it either.
+	InsertOnce(ctx context.Context, exec Execer, id string, insert func() error) error
+}
+
+// ErrDuplicateID is returned by OnceInserter.InsertOnce when an event
+// with the id exists.
+var ErrDuplicateID = errors.New("outbox: an event with this id exists")
+
 // BatchInserter is implemented by stores that write several rows in one
 // statement. PublishAll uses it; without it, it inserts row by row.
 type BatchInserter interface {

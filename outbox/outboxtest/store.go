@@ -318,6 +318,38 @@ func (s *Store) InsertBatch(ctx context.Context, exec driver.Execer, rows []driv
 	return nil
 }
 
+// InsertOnce implements driver.OnceInserter: an id committed or staged in
+// exec already is driver.ErrDuplicateID, and nothing is staged; what
+// insert staged before it failed is taken back. (Two transactions staging
+// one id at once are not held against each other.)
+func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, insert func() error) error {
+	tx, err := s.txOf(exec)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	_, dup := s.events[id]
+	s.mu.Unlock()
+	tx.mu.Lock()
+	staged := len(tx.rows)
+	for _, e := range tx.rows {
+		dup = dup || e.row.ID == id
+	}
+	tx.mu.Unlock()
+	if dup {
+		return driver.ErrDuplicateID
+	}
+	if err := insert(); err != nil {
+		tx.mu.Lock()
+		if len(tx.rows) > staged {
+			tx.rows = tx.rows[:staged]
+		}
+		tx.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
 // --- claims and outcomes of whole events ---
 
 // Claim implements driver.Store.

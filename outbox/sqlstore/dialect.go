@@ -35,6 +35,9 @@ type Dialect struct {
 	retryable func(error) bool
 	// missingTable reports an error saying the table does not exist.
 	missingTable func(error) bool
+	// duplicateID reports an INSERT refused by the outbox table's primary
+	// key (an event with the id exists).
+	duplicateID func(error) bool
 	// checkConn, if set, checks at Migrate that the connection is set up
 	// for concurrent use.
 	checkConn func(ctx context.Context, conn *sql.Conn) error
@@ -132,6 +135,7 @@ var (
 		bind:            sqlx.QUESTION,
 		retryable:       func(err error) bool { return mysqlErr(err, 1213, 1205) }, // deadlock, lock wait timeout
 		missingTable:    func(err error) bool { return mysqlErr(err, 1146) },
+		duplicateID:     func(err error) bool { return mysqlErr(err, 1062) && strings.Contains(err.Error(), "'PRIMARY'") },
 		timeArg:         func(t time.Time) any { return t.UTC() },
 		readCommitted:   true,
 		writeTx:         true,
@@ -155,6 +159,7 @@ var (
 		bind:            sqlx.DOLLAR,
 		retryable:       func(err error) bool { return sqlState(err, "40001", "40P01", "55P03") },
 		missingTable:    func(err error) bool { return sqlState(err, "42P01") },
+		duplicateID:     func(err error) bool { return sqlState(err, "23505") && strings.Contains(err.Error(), `_pkey"`) },
 		timeArg:         func(t time.Time) any { return t.UTC() },
 		readCommitted:   true,
 		migrationLock:   "SELECT pg_advisory_lock(hashtext(?))",
@@ -178,6 +183,10 @@ var (
 			return ok && (c == 5 || c == 6) // SQLITE_BUSY, SQLITE_LOCKED
 		},
 		missingTable: func(err error) bool { return err != nil && strings.Contains(err.Error(), "no such table") },
+		duplicateID: func(err error) bool {
+			var se interface{ Code() int }
+			return errors.As(err, &se) && se.Code() == 1555 // SQLITE_CONSTRAINT_PRIMARYKEY
+		},
 		checkConn:    checkSQLite,
 		timeArg:      func(t time.Time) any { return t.UnixMicro() },
 	}

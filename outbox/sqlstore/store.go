@@ -593,3 +593,50 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 	}
 	return err
 }
+
+// ErrOnceOnPartitioned is returned by InsertOnce (Outbox.PublishOnce) on
+// a partitioned MySQL table.
+var ErrOnceOnPartitioned = errors.New("sqlstore: PublishOnce: the outbox table is partitioned, and its primary key (id, created_at) does not refuse a reused id (MySQL wants the partitioning column in every unique key): publish with Publish and de-duplicate on the event id downstream (package inbox), or keep the table unpartitioned and use Config.Retention")
+
+// onceSavepoint is the savepoint InsertOnce writes in.
+const onceSavepoint = "txoutbox_once"
+
+// InsertOnce implements driver.OnceInserter: insert runs in a savepoint
+// of exec's transaction, rolled back if it fails, so that the transaction
+// stays usable (PostgreSQL aborts a transaction on any error otherwise);
+// a failure of the table's primary key is driver.ErrDuplicateID. A
+// concurrent transaction that wrote the id first makes the INSERT wait
+// for its outcome (the primary key's lock): refused if it commits,
+// written if it rolls back. On a partitioned MySQL table it returns
+// ErrOnceOnPartitioned and writes nothing.
+func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, insert func() error) error {
+	if s.d == MySQL {
+		parts, err := s.Partitions(ctx)
+		if err != nil {
+			return err
+		}
+		if len(parts) > 0 {
+			return ErrOnceOnPartitioned
+		}
+	}
+	if _, err := exec.ExecContext(ctx, "SAVEPOINT "+onceSavepoint); err != nil {
+		return fmt.Errorf("sqlstore: insert event %s once: savepoint: %w", id, err)
+	}
+	err := insert()
+	if err == nil {
+		if _, err := exec.ExecContext(ctx, "RELEASE SAVEPOINT "+onceSavepoint); err != nil {
+			return fmt.Errorf("sqlstore: insert event %s once: release savepoint: %w", id, err)
+		}
+		return nil
+	}
+	if _, rerr := exec.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+onceSavepoint); rerr != nil {
+		return errors.Join(err, fmt.Errorf("sqlstore: insert event %s once: roll back to savepoint: %w", id, rerr))
+	}
+	if _, rerr := exec.ExecContext(ctx, "RELEASE SAVEPOINT "+onceSavepoint); rerr != nil {
+		return errors.Join(err, fmt.Errorf("sqlstore: insert event %s once: release savepoint: %w", id, rerr))
+	}
+	if s.d.duplicateID(err) {
+		return driver.ErrDuplicateID
+	}
+	return err
+}
