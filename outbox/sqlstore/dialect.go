@@ -187,8 +187,8 @@ var (
 			var se interface{ Code() int }
 			return errors.As(err, &se) && se.Code() == 1555 // SQLITE_CONSTRAINT_PRIMARYKEY
 		},
-		checkConn:    checkSQLite,
-		timeArg:      func(t time.Time) any { return t.UnixMicro() },
+		checkConn: checkSQLite,
+		timeArg:   func(t time.Time) any { return t.UnixMicro() },
 	}
 )
 
