@@ -23,6 +23,7 @@ var (
 	_ driver.DeadLetterStore = (*Store)(nil)
 	_ driver.Cleaner         = (*Store)(nil)
 	_ driver.BatchInserter   = (*Store)(nil)
+	_ driver.OnceInserter    = (*Store)(nil)
 	_ driver.OrderedStore    = (*Store)(nil)
 	_ txctx.Tx               = (*Tx)(nil)
 )

@@ -57,6 +57,7 @@ func TestConformance(t *testing.T) {
 				return st, func(ctx context.Context) (storetest.Tx, error) { return outbox.BeginTx(ctx, db.DB, nil) }
 			},
 			ConcurrentWriters: true,
+			RefusesOnce:       true, // its primary key (id, created_at) cannot refuse a reused id
 		})
 	})
 }

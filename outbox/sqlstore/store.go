@@ -78,6 +78,7 @@ var (
 	_ driver.DeadLetterStore = (*Store)(nil)
 	_ driver.Cleaner         = (*Store)(nil)
 	_ driver.BatchInserter   = (*Store)(nil)
+	_ driver.OnceInserter    = (*Store)(nil)
 	_ driver.Inspector       = (*Store)(nil)
 )
 

@@ -63,6 +63,10 @@ type Harness struct {
 	// reports every key). The engine is correct on such a store, only
 	// slower; the cases that check the hints are skipped.
 	IgnoresHints bool
+	// RefusesOnce reports a store that implements driver.OnceInserter but
+	// refuses it on this table (sqlstore on a partitioned MySQL table):
+	// the case checks that it says so and writes nothing.
+	RefusesOnce bool
 }
 
 // Run runs the suite. The cases are subtests named Method/<method>/<case>
@@ -113,6 +117,8 @@ func cases() []testCase {
 		// driver.Store
 		{name: "Method/Claim/Types", fn: testMethodClaimTypes},
 		{name: "Method/EventWrites/ZombieWriteChangesNothing", fn: testZombie, alone: true}, // a 1 s lease must outlast the next claim
+		// driver.OnceInserter
+		{name: "Method/InsertOnce/Duplicate", fn: testMethodInsertOnce},
 		// driver.DeliveryStore
 		{name: "Method/SyncSubscriptions/SetPaused", fn: testMethodSubscriptions},
 		{name: "Method/SyncSubscriptions/RegistryFence", fn: testMethodRegistryFence},
