@@ -41,6 +41,12 @@ const (
 	MaxErrorChars = 4000
 	// MaxIDLen is the longest event id accepted.
 	MaxIDLen = 64
+	// MaxDelay is how far ahead Envelope.NotBefore may be.
+	MaxDelay = 365 * 24 * time.Hour
+	// MaxClockSkew is how far in the past Envelope.NotBefore may be: a
+	// time computed a moment ago, or on a clock a little behind; it is
+	// then delivered at once. Further back it is refused, as a mistake.
+	MaxClockSkew = time.Minute
 	// MaxTypeLen is the longest event type accepted.
 	MaxTypeLen = 128
 	// MaxAggregateTypeLen is the longest aggregate type accepted.
@@ -95,11 +101,24 @@ type Envelope struct {
 	JSON json.RawMessage
 	// Bytes is the payload as opaque bytes, for events that are not JSON.
 	Bytes []byte
+	// NotBefore delays the event: no subscription receives it before
+	// then. The wait runs on the database's clock, as leases do, from the
+	// delay NotBefore makes on this instance's clock at Publish. Zero, or
+	// a time already passed (by at most MaxClockSkew): at once. At most
+	// MaxDelay ahead. A delayed event skips the hot path: the poller takes
+	// it once due, woken then on the instance that published it (within
+	// a few milliseconds while it runs, else at the next poll). An
+	// ordered event that waits holds back the later events of its key.
+	// The store must implement driver.Scheduler (sqlstore and outboxtest
+	// do). NotBefore is not stored: a handler's Event has it zero.
+	NotBefore time.Time
 
 	// ordered is set on an event delivered in order of its key; seq is
 	// its number in the key's sequence, if known.
 	ordered bool
 	seq     int64
+	// delay is how long after its insert the event is due (NotBefore).
+	delay time.Duration
 }
 
 // Payload returns the payload, whichever of JSON and Bytes carries it.
@@ -319,9 +338,15 @@ func encode(env Envelope, now time.Time) (driver.Row, Envelope, error) {
 	if err := env.validate(); err != nil {
 		return driver.Row{}, Envelope{}, err
 	}
+	if err := checkNotBefore(env.NotBefore, now); err != nil {
+		return driver.Row{}, Envelope{}, err
+	}
 	env = env.clone()
 	if env.ID == "" {
 		env.ID = NewID()
+	}
+	if d := env.NotBefore.Sub(now); !env.NotBefore.IsZero() && d > 0 {
+		env.delay = d
 	}
 	if env.OccurredAt.IsZero() {
 		env.OccurredAt = now
@@ -349,6 +374,20 @@ func encode(env Envelope, now time.Time) (driver.Row, Envelope, error) {
 		row.Headers = h
 	}
 	return row, env, nil
+}
+
+// checkNotBefore refuses a NotBefore more than MaxDelay ahead of now or
+// more than MaxClockSkew behind it.
+func checkNotBefore(t, now time.Time) error {
+	switch {
+	case t.IsZero():
+		return nil
+	case t.Sub(now) > MaxDelay:
+		return invalid("NotBefore", "%s is %v ahead, more than MaxDelay (%v): schedule it nearer, or keep the plan in your own table and publish when it is near", t.UTC().Format(time.RFC3339), t.Sub(now).Round(time.Second), MaxDelay)
+	case now.Sub(t) > MaxClockSkew:
+		return invalid("NotBefore", "%s is %v in the past, more than MaxClockSkew (%v): leave it zero to deliver at once", t.UTC().Format(time.RFC3339), now.Sub(t).Round(time.Second), MaxClockSkew)
+	}
+	return nil
 }
 
 // DecodeError reports a stored row that cannot be turned back into an

@@ -294,6 +294,10 @@ func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, e
 	o.mu.RUnlock()
 	hot := !o.cfg.DisableHotPath && !closed
 	reg := o.reg.load()
+	delayed, err := o.delayed(envs)
+	if err != nil {
+		return err
+	}
 	var mine []Envelope
 	var mineRows, freeRows []driver.Row
 	var ordered []int
@@ -305,7 +309,7 @@ func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, e
 				continue
 			}
 		}
-		if hot && reg.has(env.Type) {
+		if hot && reg.has(env.Type) && env.delay == 0 {
 			mine = append(mine, env)
 			mineRows = append(mineRows, rows[i])
 		} else {
@@ -323,8 +327,10 @@ func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, e
 			return err
 		}
 		var err error
-		mineOrdered, named, err = o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered)
-		return err
+		if mineOrdered, named, err = o.insertOrdered(ctx, tx, reg, hot, rows, envs, ordered); err != nil {
+			return err
+		}
+		return o.schedule(ctx, tx, envs, delayed)
 	})
 	if err != nil {
 		return err
@@ -344,7 +350,38 @@ func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, e
 		for _, k := range named {
 			o.disp.sig.name(k)
 		}
+		for _, i := range delayed {
+			if reg.has(envs[i].Type) {
+				o.disp.sig.scheduleRetryWake(envs[i].NotBefore) // the poll that takes it
+			}
+		}
 	})
+	return nil
+}
+
+// delayed returns the indexes of the envelopes of envs with a NotBefore
+// ahead, or an error if there are some and the store cannot delay them.
+func (o *Outbox) delayed(envs []Envelope) ([]int, error) {
+	var out []int
+	for i := range envs {
+		if envs[i].delay > 0 {
+			out = append(out, i)
+		}
+	}
+	if _, ok := o.store.(driver.Scheduler); len(out) > 0 && !ok {
+		return nil, fmt.Errorf("outbox: event %s has a NotBefore, and the store (%T) cannot delay events: it does not implement driver.Scheduler", envs[out[0]].ID, o.store)
+	}
+	return out, nil
+}
+
+// schedule makes the delayed events (indexes into envs), just inserted
+// free, due at their NotBefore.
+func (o *Outbox) schedule(ctx context.Context, tx txctx.Tx, envs []Envelope, delayed []int) error {
+	for _, i := range delayed {
+		if err := o.store.(driver.Scheduler).Schedule(ctx, tx, envs[i].ID, envs[i].delay); err != nil {
+			return fmt.Errorf("outbox: delay event %s until %s: %w", envs[i].ID, envs[i].NotBefore.UTC().Format(time.RFC3339Nano), err)
+		}
+	}
 	return nil
 }
 
@@ -373,7 +410,7 @@ func (o *Outbox) insertOrdered(ctx context.Context, tx txctx.Tx, reg *registry, 
 	var named []string
 	for _, i := range ordered {
 		owner := ""
-		if hot && reg.has(envs[i].Type) {
+		if hot && reg.has(envs[i].Type) && envs[i].delay == 0 {
 			owner = o.cfg.InstanceID
 			rows[i].KeyAfter = o.disp.keyAfter(rows[i].OrderingKey)
 		}

@@ -145,6 +145,7 @@ func (p *poller) run(ctx context.Context) {
 	wakes := newRetryWakes()
 	defer wakes.timer.Stop()
 	for {
+		woken := false // by a due time: a retry, or a delayed event (NotBefore)
 		select {
 		case <-ctx.Done():
 			return
@@ -156,6 +157,7 @@ func (p *poller) run(ctx context.Context) {
 			continue
 		case <-wakes.timer.C:
 			wakes.fired(time.Now())
+			woken = true
 		}
 		released, ok := p.waitForRoom(ctx)
 		if !ok {
@@ -171,8 +173,10 @@ func (p *poller) run(ctx context.Context) {
 		if released > 0 {
 			p.overflowUntil = time.Now().Add(p.cfg.SkipRecent)
 		}
+		// So is a delayed event at its due time: its row is old, but its
+		// due time (available_at, which SkipRecent counts from) is now.
 		skip := p.cfg.SkipRecent
-		if time.Now().Before(p.overflowUntil) {
+		if woken || time.Now().Before(p.overflowUntil) {
 			skip = -1
 		}
 		n, limit, err := p.poll(ctx, p.cfg.PollBatchSize, skip)

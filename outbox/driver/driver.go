@@ -353,6 +353,17 @@ type DeadLetterStore interface {
 	Replay(ctx context.Context, ids []string) (int, error)
 }
 
+// Scheduler is implemented by stores that can delay an event
+// (Envelope.NotBefore).
+type Scheduler interface {
+	// Schedule makes event id, inserted free (no owner) through exec, the
+	// caller's transaction, due delay after the database's current time,
+	// and not before: no Claim, ClaimHeads or DueKeys takes it until
+	// then, and an ordered one holds back the later events of its key
+	// meanwhile, as any head not due does.
+	Schedule(ctx context.Context, exec Execer, id string, delay time.Duration) error
+}
+
 // OnceInserter is implemented by stores that can write an event only if
 // no event with its id exists (Outbox.PublishOnce).
 type OnceInserter interface {

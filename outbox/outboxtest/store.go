@@ -24,6 +24,7 @@ var (
 	_ driver.Cleaner         = (*Store)(nil)
 	_ driver.BatchInserter   = (*Store)(nil)
 	_ driver.OnceInserter    = (*Store)(nil)
+	_ driver.Scheduler       = (*Store)(nil)
 	_ driver.OrderedStore    = (*Store)(nil)
 	_ txctx.Tx               = (*Tx)(nil)
 )
@@ -349,6 +350,25 @@ func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, i
 		return err
 	}
 	return nil
+}
+
+// Schedule implements driver.Scheduler: the event, staged free in exec,
+// is due delay after now.
+func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, delay time.Duration) error {
+	tx, err := s.txOf(exec)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	for _, e := range tx.rows {
+		if e.row.ID == id && e.owner == "" {
+			e.availableAt = now.Add(delay)
+			return nil
+		}
+	}
+	return fmt.Errorf("outboxtest: schedule event %s: not staged free in this transaction", id)
 }
 
 // --- claims and outcomes of whole events ---

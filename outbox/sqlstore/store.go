@@ -79,6 +79,7 @@ var (
 	_ driver.Cleaner         = (*Store)(nil)
 	_ driver.BatchInserter   = (*Store)(nil)
 	_ driver.OnceInserter    = (*Store)(nil)
+	_ driver.Scheduler       = (*Store)(nil)
 	_ driver.Inspector       = (*Store)(nil)
 )
 
@@ -640,4 +641,18 @@ func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, i
 		return driver.ErrDuplicateID
 	}
 	return err
+}
+
+// Schedule implements driver.Scheduler: one UPDATE of the row just
+// inserted, through exec (the caller's transaction), on the database's
+// clock.
+func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, delay time.Duration) error {
+	res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET available_at = `+s.d.nowPlus+` WHERE id = ? AND status = 0 AND locked_by IS NULL`), delay.Microseconds(), id)
+	if err != nil {
+		return s.explain(err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n != 1 {
+		return fmt.Errorf("sqlstore: schedule event %s: %d rows are it, free and new; want 1 (it must be inserted free in this transaction first)", id, n)
+	}
+	return nil
 }
