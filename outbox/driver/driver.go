@@ -360,7 +360,9 @@ type Scheduler interface {
 	// caller's transaction, due delay after the database's current time,
 	// and not before: no Claim, ClaimHeads or DueKeys takes it until
 	// then, and an ordered one holds back the later events of its key
-	// meanwhile, as any head not due does.
+	// meanwhile, as any head not due does. Its CreatedAt becomes that
+	// time too: the age of a pending event (Stats.OldestPending) counts
+	// from when it is due.
 	Schedule(ctx context.Context, exec Execer, id string, delay time.Duration) error
 }
 

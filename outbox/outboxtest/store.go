@@ -365,6 +365,7 @@ func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, del
 	for _, e := range tx.rows {
 		if e.row.ID == id && e.owner == "" {
 			e.availableAt = now.Add(delay)
+			e.row.CreatedAt = e.availableAt
 			return nil
 		}
 	}

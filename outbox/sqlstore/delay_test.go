@@ -65,6 +65,17 @@ func TestDelayedEventIsDeliveredAtItsTime(t *testing.T) {
 			if err := leaving.Close(context.Background()); err != nil {
 				t.Fatal(err)
 			}
+			// An event that waits on purpose does not look stuck: its age
+			// counts from its due time.
+			types, err := st.StatsByType(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ts := range types {
+				if ts.Type == "Remind" && ts.Oldest > 0 {
+					t.Errorf("oldest pending Remind event %v old while every one waits for its NotBefore; want 0", ts.Oldest)
+				}
+			}
 			startOrdered(t, st, outbox.Config{InstanceID: "poller", PollInterval: 100 * time.Millisecond, PollMaxInterval: 100 * time.Millisecond, SkipRecent: 10 * time.Millisecond}, subs...)
 			waitUntil(t, 30*time.Second, "the delayed events delivered", func() bool {
 				for _, id := range []string{woken, first, second, orphan} {

@@ -645,9 +645,11 @@ func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, i
 
 // Schedule implements driver.Scheduler: one UPDATE of the row just
 // inserted, through exec (the caller's transaction), on the database's
-// clock.
+// clock. The row's created_at becomes its due time too, so that the age
+// of a pending event (Stats.OldestPending, StatsByType) counts from when
+// it was due, not from its publish.
 func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, delay time.Duration) error {
-	res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET available_at = `+s.d.nowPlus+` WHERE id = ? AND status = 0 AND locked_by IS NULL`), delay.Microseconds(), id)
+	res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET available_at = `+s.d.nowPlus+`, created_at = `+s.d.nowPlus+` WHERE id = ? AND status = 0 AND locked_by IS NULL`), delay.Microseconds(), delay.Microseconds(), id)
 	if err != nil {
 		return s.explain(err)
 	}
