@@ -82,8 +82,9 @@ func (p *poller) backoff(wait time.Duration) time.Duration {
 // available_at.
 const retryWakeMargin = 2 * time.Millisecond
 
-// maxRetryWakes bounds the due times the poller keeps; past it, retries
-// wait for the regular poll.
+// maxRetryWakes bounds the due times the poller keeps (retries, delayed
+// events): it keeps the earliest; the later ones wait for a regular
+// poll.
 const maxRetryWakes = 10000
 
 // timeHeap is a min-heap of due times.
@@ -248,9 +249,22 @@ func newRetryWakes() *retryWakes {
 
 func (w *retryWakes) add(due time.Time) {
 	if len(w.dues) >= maxRetryWakes {
-		return
+		// Full: keep the earliest, giving up the latest if due is
+		// before it (a leaf of the min-heap; scanned only when full).
+		last := len(w.dues) / 2
+		for i := last + 1; i < len(w.dues); i++ {
+			if w.dues[i].After(w.dues[last]) {
+				last = i
+			}
+		}
+		if !due.Before(w.dues[last]) {
+			return
+		}
+		w.dues[last] = due
+		heap.Fix(&w.dues, last)
+	} else {
+		heap.Push(&w.dues, due)
 	}
-	heap.Push(&w.dues, due)
 	if w.dues[0].Equal(due) {
 		w.timer.Reset(time.Until(due) + retryWakeMargin)
 	}

@@ -129,3 +129,28 @@ func TestRetriesRunOnTime(t *testing.T) {
 		}
 	})
 }
+
+// Full, the wake-ups keep the earliest due times: an earlier one takes
+// the place of the latest, a later one is left to the poll.
+func TestRetryWakesKeepTheEarliestWhenFull(t *testing.T) {
+	w := newRetryWakes()
+	defer w.timer.Stop()
+	base := time.Now().Add(time.Hour)
+	for i := range maxRetryWakes {
+		w.add(base.Add(time.Duration(i+1) * time.Second))
+	}
+	w.add(base.Add(time.Duration(maxRetryWakes+5) * time.Second)) // later than all: left
+	w.add(base)                                                   // earlier than all: kept
+	if len(w.dues) != maxRetryWakes {
+		t.Fatalf("%d due times kept; want %d", len(w.dues), maxRetryWakes)
+	}
+	latest := w.dues[0]
+	for _, d := range w.dues {
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	if !w.dues[0].Equal(base) || !latest.Equal(base.Add(time.Duration(maxRetryWakes-1)*time.Second)) {
+		t.Errorf("kept %v … %v; want %v … %v (the earliest %d)", w.dues[0], latest, base, base.Add(time.Duration(maxRetryWakes-1)*time.Second), maxRetryWakes)
+	}
+}
