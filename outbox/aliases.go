@@ -26,6 +26,8 @@ type (
 	DeadFilter = driver.DeadFilter
 	// Status is the state of an event or of one delivery (Record.Status).
 	Status = driver.Status
+	// ScheduledEvent is an event not due yet (Outbox.Scheduled).
+	ScheduledEvent = driver.ScheduledEvent
 )
 
 // The statuses of an event and of a delivery.
@@ -37,5 +39,9 @@ const (
 	StatusSplit = driver.StatusSplit
 )
 
-// ErrNotFound is returned by Inspect for an id the store does not hold.
+// ErrNotFound is returned by Inspect and Cancel for an id the store does
+// not hold.
 var ErrNotFound = driver.ErrNotFound
+
+// ErrOrderedNotCancellable is returned by Cancel for an ordered event.
+var ErrOrderedNotCancellable = driver.ErrOrderedNotCancellable

@@ -71,6 +71,30 @@ func (o *Outbox) Inspect(ctx context.Context, id string) (Record, error) {
 	return in.Inspect(ctx, id)
 }
 
+// Scheduled lists up to limit events that are not due yet (delayed by
+// Envelope.NotBefore, or given back for a while), earliest due first;
+// after, zero for the first page, is the last event of the previous page.
+func (o *Outbox) Scheduled(ctx context.Context, after ScheduledEvent, limit int) ([]ScheduledEvent, error) {
+	sc, ok := o.store.(driver.Scheduler)
+	if !ok {
+		return nil, fmt.Errorf("outbox: Scheduled: the store (%T) does not implement driver.Scheduler", o.store)
+	}
+	return sc.Scheduled(ctx, after.Due, after.ID, limit)
+}
+
+// Cancel takes back event id before it is due (Envelope.NotBefore): it is
+// marked DONE and never delivered. It reports false if the event is due
+// already, being delivered, or done; ErrNotFound for an unknown id;
+// ErrOrderedNotCancellable for an ordered event (the later events of its
+// key wait behind it).
+func (o *Outbox) Cancel(ctx context.Context, id string) (bool, error) {
+	sc, ok := o.store.(driver.Scheduler)
+	if !ok {
+		return false, fmt.Errorf("outbox: Cancel: the store (%T) does not implement driver.Scheduler", o.store)
+	}
+	return sc.Cancel(ctx, id)
+}
+
 // Stats counts the events in the table by status, with the age of the
 // oldest undelivered one.
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {

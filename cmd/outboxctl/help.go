@@ -24,6 +24,8 @@ var commands = map[string][2]string{
 	"blocked-keys":        {"blocked-keys [-ordered SUB,...] [-skip-dead SUB,...] [-after KEY] [-limit 100]", "Ordering keys blocked for an Ordered subscription by a dead event. The\nordered subscriptions are those the table records (instances register\nthem at start), or those named."},
 	"skip":                {"skip ID... [-yes]", "Give up on dead events for good (done, last error kept) so that the keys\nthey block go on. Without -yes it only counts them and exits 3."},
 	"partitions status":   {"partitions status", "MySQL/MariaDB: the table's day partitions."},
+	"scheduled list":      {"scheduled list [-limit 100]", "Events not due yet (Envelope.NotBefore, or given back for a while),\nearliest first, with their due times on the database's clock."},
+	"scheduled cancel":    {"scheduled cancel ID... [-yes]", "Take events back before they are due: they are marked done and never\ndelivered. An ordered event cannot be (its key waits behind it). Without\n-yes it only names them and exits 3."},
 	"partitions maintain": {"partitions maintain [-create] [-ahead 7] [-retention 168h -yes] [-dead]", "Add the days ahead; with -retention (and -yes), drop the days past it that\nhold nothing undelivered. -create partitions a table that is not yet."},
 }
 

@@ -54,6 +54,11 @@ Commands:
   dead purge [ID...|filters] [-yes]
                              delete dead letters; without -yes it only
                              counts them and exits 3
+  scheduled list [-limit 100] events not due yet (Envelope.NotBefore),
+                             earliest first, with their due times
+  scheduled cancel ID... [-yes]
+                             take events back before they are due; without
+                             -yes it only names them and exits 3
   inbox list [-consumer C] [-limit 100]
                              parked inbox messages (package inbox), never
                              payloads
@@ -243,6 +248,7 @@ func (c *cli) groups() map[string]group {
 		"migrate":    {map[string]func([]string) error{"up": c.migrateUp, "status": c.migrateStatus}, "up or status"},
 		"dead":       {map[string]func([]string) error{"list": c.deadList, "show": c.deadShow, "replay": c.deadReplay, "purge": c.deadPurge}, "list, show, replay or purge"},
 		"partitions": {map[string]func([]string) error{"status": c.partitionsStatus, "maintain": c.partitionsMaintain}, "status or maintain"},
+		"scheduled":  {map[string]func([]string) error{"list": c.scheduledList, "cancel": c.scheduledCancel}, "list or cancel"},
 	}
 }
 

@@ -364,7 +364,34 @@ type Scheduler interface {
 	// time too: the age of a pending event (Stats.OldestPending) counts
 	// from when it is due.
 	Schedule(ctx context.Context, exec Execer, id string, delay time.Duration) error
+	// Scheduled returns up to limit NEW events that are not due yet and
+	// not leased, earliest due first (then by id), those due after
+	// (dueAfter, idAfter) when idAfter is set: the events Schedule
+	// delayed, and events given back for a while (no subscription took
+	// them).
+	Scheduled(ctx context.Context, dueAfter time.Time, idAfter string, limit int) ([]ScheduledEvent, error)
+	// Cancel marks event id DONE if it is NEW, not due yet, not leased and
+	// not ordered (an ordered event's key waits behind it: it cannot be
+	// taken out of the key's sequence); it reports whether it did.
+	// ErrNotFound for an unknown id; ErrOrderedNotCancellable for an
+	// ordered event.
+	Cancel(ctx context.Context, id string) (bool, error)
 }
+
+// ScheduledEvent is an event not due yet (Scheduler.Scheduled).
+type ScheduledEvent struct {
+	ID            string
+	Type          string
+	AggregateType string
+	AggregateID   string
+	OrderingKey   string
+	// Due is when it falls due, on the database's clock.
+	Due time.Time
+}
+
+// ErrOrderedNotCancellable is returned by Scheduler.Cancel for an
+// ordered event.
+var ErrOrderedNotCancellable = errors.New("outbox: an ordered event cannot be cancelled: the later events of its key wait behind it (publish a compensating event instead)")
 
 // OnceInserter is implemented by stores that can write an event only if
 // no event with its id exists (Outbox.PublishOnce).

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -370,6 +371,47 @@ func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, del
 		}
 	}
 	return fmt.Errorf("outboxtest: schedule event %s: not staged free in this transaction", id)
+}
+
+// Scheduled implements driver.Scheduler.
+func (s *Store) Scheduled(ctx context.Context, dueAfter time.Time, idAfter string, limit int) ([]driver.ScheduledEvent, error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []driver.ScheduledEvent
+	for _, e := range s.events {
+		if e.row.Status != outbox.StatusNew || !e.availableAt.After(now) || !free(e.lockedUntil, now) {
+			continue
+		}
+		if idAfter != "" && (e.availableAt.Before(dueAfter) || (e.availableAt.Equal(dueAfter) && e.row.ID <= idAfter)) {
+			continue
+		}
+		out = append(out, driver.ScheduledEvent{ID: e.row.ID, Type: e.row.Type, AggregateType: e.row.AggregateType,
+			AggregateID: e.row.AggregateID, OrderingKey: e.row.OrderingKey, Due: e.availableAt})
+	}
+	slices.SortFunc(out, func(a, b driver.ScheduledEvent) int {
+		return cmp.Or(a.Due.Compare(b.Due), strings.Compare(a.ID, b.ID))
+	})
+	return out[:min(len(out), max(0, limit))], nil
+}
+
+// Cancel implements driver.Scheduler.
+func (s *Store) Cancel(ctx context.Context, id string) (bool, error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.events[id]
+	switch {
+	case e == nil:
+		return false, driver.ErrNotFound
+	case e.row.KeySeq != 0:
+		return false, driver.ErrOrderedNotCancellable
+	case e.row.Status != outbox.StatusNew || !e.availableAt.After(now) || !free(e.lockedUntil, now):
+		return false, nil
+	}
+	e.row.Status, e.doneAt, e.availableAt, e.lastError = outbox.StatusDone, now, now, "cancelled before it was due"
+	s.touch()
+	return true, nil
 }
 
 // --- claims and outcomes of whole events ---

@@ -660,19 +660,3 @@ WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND 
 	}
 	return n > 0, nil
 }
-
-// Schedule implements driver.Scheduler: one UPDATE of the row just
-// inserted, through exec (the caller's transaction), on the database's
-// clock. The row's created_at becomes its due time too, so that the age
-// of a pending event (Stats.OldestPending, StatsByType) counts from when
-// it was due, not from its publish.
-func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, delay time.Duration) error {
-	res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET available_at = `+s.d.nowPlus+`, created_at = `+s.d.nowPlus+` WHERE id = ? AND status = 0 AND locked_by IS NULL`), delay.Microseconds(), delay.Microseconds(), id)
-	if err != nil {
-		return s.explain(err)
-	}
-	if n, err := res.RowsAffected(); err == nil && n != 1 {
-		return fmt.Errorf("sqlstore: schedule event %s: %d rows are it, free and new; want 1 (it must be inserted free in this transaction first)", id, n)
-	}
-	return nil
-}

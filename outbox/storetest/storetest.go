@@ -119,6 +119,8 @@ func cases() []testCase {
 		{name: "Method/EventWrites/ZombieWriteChangesNothing", fn: testZombie, alone: true}, // a 1 s lease must outlast the next claim
 		// driver.OnceInserter
 		{name: "Method/InsertOnce/Duplicate", fn: testMethodInsertOnce},
+		// driver.Scheduler
+		{name: "Method/Schedule/ScheduledAndCancel", fn: testMethodSchedule},
 		// driver.DeliveryStore
 		{name: "Method/SyncSubscriptions/SetPaused", fn: testMethodSubscriptions},
 		{name: "Method/SyncSubscriptions/RegistryFence", fn: testMethodRegistryFence},

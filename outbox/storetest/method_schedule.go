@@ -1,0 +1,101 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
+)
+
+// Cases of driver.Scheduler (Envelope.NotBefore, Outbox.Scheduled,
+// Outbox.Cancel), an optional interface: skipped for a store without it.
+
+// A scheduled row is not claimed before its time, is listed with its due
+// time (earliest first, in pages), and can be cancelled once, before it
+// is due; a due row cannot.
+func testMethodSchedule(t *testing.T, e *env) {
+	sc, ok := e.store.(driver.Scheduler)
+	if !ok {
+		t.Skip("storetest: the store does not implement driver.Scheduler")
+	}
+	ctx := context.Background()
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]time.Duration{outbox.NewID(): 2 * time.Hour, outbox.NewID(): time.Hour, outbox.NewID(): 0}
+	var later, sooner, now string
+	for id, delay := range ids {
+		r := driver.Row{ID: id, Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
+		if err := e.store.Insert(ctx, tx, &r, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		switch delay {
+		case 0:
+			now = id
+			continue
+		case time.Hour:
+			sooner = id
+		default:
+			later = id
+		}
+		if err := sc.Schedule(ctx, tx, id, delay); err != nil {
+			t.Fatalf("Schedule %s: %v", id, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.store.Claim(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute, SkipRecent: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].ID != now {
+		t.Errorf("Claim took %v; want only %s (the others are not due)", rowIDs(rows), now)
+	}
+	got, err := sc.Scheduled(ctx, time.Time{}, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].ID != sooner || got[1].ID != later {
+		t.Fatalf("Scheduled: %+v; want %s then %s", got, sooner, later)
+	}
+	if d := time.Until(got[0].Due); d < 59*time.Minute || d > 61*time.Minute {
+		t.Errorf("%s is due in %v; want an hour", sooner, d)
+	}
+	if rec := e.inspect(t, sooner); !rec.CreatedAt.Equal(got[0].Due) {
+		t.Errorf("%s was created at %v; want its due time %v (its age counts from then)", sooner, rec.CreatedAt, got[0].Due)
+	}
+	if page, err := sc.Scheduled(ctx, got[0].Due, got[0].ID, 10); err != nil || len(page) != 1 || page[0].ID != later {
+		t.Errorf("Scheduled after %s: %+v (%v); want %s", sooner, page, err, later)
+	}
+	if ok, err := sc.Cancel(ctx, sooner); err != nil || !ok {
+		t.Fatalf("Cancel %s: %v, %v; want it cancelled", sooner, ok, err)
+	}
+	if rec := e.inspect(t, sooner); rec.Status != outbox.StatusDone {
+		t.Errorf("a cancelled event is %v; want DONE", rec.Status)
+	}
+	if ok, err := sc.Cancel(ctx, sooner); err != nil || ok {
+		t.Errorf("Cancel %s again: %v, %v; want false", sooner, ok, err)
+	}
+	if ok, err := sc.Cancel(ctx, now); err != nil || ok {
+		t.Errorf("Cancel of a due, leased event: %v, %v; want false", ok, err)
+	}
+	if _, err := sc.Cancel(ctx, outbox.NewID()); !errors.Is(err, driver.ErrNotFound) {
+		t.Errorf("Cancel of an unknown id: %v; want ErrNotFound", err)
+	}
+	if left, err := sc.Scheduled(ctx, time.Time{}, "", 10); err != nil || len(left) != 1 || left[0].ID != later {
+		t.Errorf("Scheduled after the cancel: %+v (%v); want %s", left, err, later)
+	}
+}
+
+func rowIDs(rows []driver.Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
