@@ -279,6 +279,10 @@ var routes = []struct{ method, path string }{
 	{"POST", "/admin/blocked/skip?id=x"},
 	{"GET", "/admin/api/blocked"},
 	{"POST", "/admin/api/dead/skip?id=x"},
+	{"GET", "/admin/scheduled"},
+	{"POST", "/admin/scheduled/cancel?id=x"},
+	{"GET", "/admin/api/scheduled"},
+	{"POST", "/admin/api/scheduled/cancel?id=x"},
 	{"GET", "/admin/api/inbox"},
 	{"POST", "/admin/api/inbox/replay?consumer=c&id=x"},
 	{"POST", "/admin/api/inbox/purge?consumer=c&id=x"},
@@ -714,6 +718,7 @@ func TestOnMariaDBAndPostgreSQL(t *testing.T) {
 			t.Run("DeadFilters", TestDeadFilters)
 			t.Run("CSRF", TestCSRF)
 			t.Run("BlockedKeysAndSkip", TestBlockedKeysAndSkip)
+			t.Run("ScheduledAndCancel", TestScheduledAndCancel)
 			t.Run("StatsCountDeadDeliveries", TestStatsCountDeadDeliveries)
 			t.Run("BulkWithoutFilterNeedsAll", TestBulkWithoutFilterNeedsAll)
 			t.Run("LinksEscapePathSegments", TestLinksEscapePathSegments)
