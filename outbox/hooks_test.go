@@ -91,16 +91,7 @@ func TestFailureHooksRunAfterTheOutcomeIsRecorded(t *testing.T) {
 // its own.
 func publishOneTo(t *testing.T, ob *outbox.Outbox, st *outboxtest.Store) string {
 	t.Helper()
-	ctx := context.Background()
-	tx := st.Begin(ctx)
-	id, err := ob.PublishTx(ctx, tx, outbox.Envelope{Type: "Changed", JSON: []byte(`{}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return publishEnv(t, ob, st, outbox.Envelope{Type: "Changed", JSON: []byte(`{}`)})
 }
 
 // hookDrops counts Metrics.HookDropped.
