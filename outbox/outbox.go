@@ -335,28 +335,33 @@ func (o *Outbox) writeVia(ctx context.Context, tx txctx.Tx, rows []driver.Row, e
 	if err != nil {
 		return err
 	}
-	// Counted once committed: a rolled-back transaction makes no metric
-	// (nor, in prom, a label value).
-	tx.AfterCommit(func() {
-		for _, env := range envs {
-			o.m.Published(env.Type)
-		}
-		for _, env := range mine {
-			o.enqueueHot(env, written)
-		}
-		for _, p := range mineOrdered {
-			o.enqueueOrdered(p, written)
-		}
-		for _, k := range named {
-			o.disp.sig.name(k)
-		}
-		for _, i := range delayed {
-			if reg.has(envs[i].Type) {
-				o.disp.sig.scheduleRetryWake(envs[i].due) // the poll that takes it
-			}
-		}
-	})
+	tx.AfterCommit(func() { o.committed(reg, envs, mine, mineOrdered, named, delayed, written) })
 	return nil
+}
+
+// committed is what write leaves for after its transaction committed:
+// the metrics (a rolled-back transaction makes none, nor, in prom, a
+// label value), the hot path of the events leased here, the keys of the
+// ordered ones written free for the sequencer, and the wake-ups of the
+// delayed ones.
+func (o *Outbox) committed(reg *registry, envs, mine []Envelope, mineOrdered []leasedOrdered, named []string, delayed []int, written time.Time) {
+	for _, env := range envs {
+		o.m.Published(env.Type)
+	}
+	for _, env := range mine {
+		o.enqueueHot(env, written)
+	}
+	for _, p := range mineOrdered {
+		o.enqueueOrdered(p, written)
+	}
+	for _, k := range named {
+		o.disp.sig.name(k)
+	}
+	for _, i := range delayed {
+		if reg.has(envs[i].Type) {
+			o.disp.sig.scheduleRetryWake(envs[i].due) // the poll that takes it
+		}
+	}
 }
 
 // delayed returns the indexes of the envelopes of envs with a NotBefore
