@@ -15,7 +15,15 @@ import (
 // of a pending event (Stats.OldestPending, StatsByType) counts from when
 // it was due, not from its publish.
 func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, delay time.Duration) error {
-	res, err := exec.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET available_at = `+s.d.nowPlus+`, created_at = `+s.d.nowPlus+` WHERE id = ? AND status = 0 AND locked_by IS NULL`), delay.Microseconds(), delay.Microseconds(), id)
+	// One due time for both columns: the clock is read once (PostgreSQL's
+	// clock_timestamp() moves within a statement).
+	q := `UPDATE ` + s.table + ` SET available_at = d.due, created_at = d.due FROM (SELECT ` + s.d.nowPlus + ` AS due) d WHERE id = ? AND status = 0 AND locked_by IS NULL`
+	if s.d == MySQL {
+		// MySQL has no UPDATE … FROM, and assigns left to right: the
+		// second column takes the first's new value.
+		q = `UPDATE ` + s.table + ` SET available_at = ` + s.d.nowPlus + `, created_at = available_at WHERE id = ? AND status = 0 AND locked_by IS NULL`
+	}
+	res, err := exec.ExecContext(ctx, s.rebind(q), delay.Microseconds(), id)
 	if err != nil {
 		return s.explain(err)
 	}
