@@ -22,33 +22,8 @@ func testMethodSchedule(t *testing.T, e *env) {
 		t.Skip("storetest: the store does not implement driver.Scheduler")
 	}
 	ctx := context.Background()
-	tx, err := e.begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := map[string]time.Duration{outbox.NewID(): 2 * time.Hour, outbox.NewID(): time.Hour, outbox.NewID(): 0}
-	var later, sooner, now string
-	for id, delay := range ids {
-		r := driver.Row{ID: id, Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
-		if err := e.store.Insert(ctx, tx, &r, "", 0); err != nil {
-			t.Fatal(err)
-		}
-		switch delay {
-		case 0:
-			now = id
-			continue
-		case time.Hour:
-			sooner = id
-		default:
-			later = id
-		}
-		if err := sc.Schedule(ctx, tx, id, delay); err != nil {
-			t.Fatalf("Schedule %s: %v", id, err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	ids := e.insertScheduled(t, sc, 2*time.Hour, time.Hour, 0)
+	later, sooner, now := ids[0], ids[1], ids[2]
 	rows, err := e.store.Claim(ctx, driver.ClaimRequest{Owner: "me", Limit: 10, Lease: time.Minute, SkipRecent: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -72,23 +47,61 @@ func testMethodSchedule(t *testing.T, e *env) {
 	if page, err := sc.Scheduled(ctx, got[0].Due, got[0].ID, 10); err != nil || len(page) != 1 || page[0].ID != later {
 		t.Errorf("Scheduled after %s: %+v (%v); want %s", sooner, page, err, later)
 	}
-	if ok, err := sc.Cancel(ctx, sooner); err != nil || !ok {
-		t.Fatalf("Cancel %s: %v, %v; want it cancelled", sooner, ok, err)
+	e.checkCancel(t, sc, sooner, now)
+	if left, err := sc.Scheduled(ctx, time.Time{}, "", 10); err != nil || len(left) != 1 || left[0].ID != later {
+		t.Errorf("Scheduled after the cancel: %+v (%v); want %s", left, err, later)
 	}
-	if rec := e.inspect(t, sooner); rec.Status != outbox.StatusDone {
+}
+
+// insertScheduled writes one free row per delay in one transaction, each
+// with a delay scheduled, and returns their ids in order.
+func (e *env) insertScheduled(t *testing.T, sc driver.Scheduler, delays ...time.Duration) []string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(delays))
+	for i, delay := range delays {
+		ids[i] = outbox.NewID()
+		r := driver.Row{ID: ids[i], Type: string(typeA), Payload: []byte(payload), PayloadJSON: true, OccurredAt: time.Now()}
+		if err := e.store.Insert(ctx, tx, &r, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if delay == 0 {
+			continue
+		}
+		if err := sc.Schedule(ctx, tx, ids[i], delay); err != nil {
+			t.Fatalf("Schedule %s: %v", ids[i], err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// checkCancel cancels pending, not due yet, once (then DONE; a second
+// Cancel is false), and finds that taken, due and leased, and an unknown
+// id cannot be.
+func (e *env) checkCancel(t *testing.T, sc driver.Scheduler, pending, taken string) {
+	t.Helper()
+	ctx := context.Background()
+	if ok, err := sc.Cancel(ctx, pending); err != nil || !ok {
+		t.Fatalf("Cancel %s: %v, %v; want it cancelled", pending, ok, err)
+	}
+	if rec := e.inspect(t, pending); rec.Status != outbox.StatusDone {
 		t.Errorf("a cancelled event is %v; want DONE", rec.Status)
 	}
-	if ok, err := sc.Cancel(ctx, sooner); err != nil || ok {
-		t.Errorf("Cancel %s again: %v, %v; want false", sooner, ok, err)
+	if ok, err := sc.Cancel(ctx, pending); err != nil || ok {
+		t.Errorf("Cancel %s again: %v, %v; want false", pending, ok, err)
 	}
-	if ok, err := sc.Cancel(ctx, now); err != nil || ok {
+	if ok, err := sc.Cancel(ctx, taken); err != nil || ok {
 		t.Errorf("Cancel of a due, leased event: %v, %v; want false", ok, err)
 	}
 	if _, err := sc.Cancel(ctx, outbox.NewID()); !errors.Is(err, driver.ErrNotFound) {
 		t.Errorf("Cancel of an unknown id: %v; want ErrNotFound", err)
-	}
-	if left, err := sc.Scheduled(ctx, time.Time{}, "", 10); err != nil || len(left) != 1 || left[0].ID != later {
-		t.Errorf("Scheduled after the cancel: %+v (%v); want %s", left, err, later)
 	}
 }
 
