@@ -117,6 +117,14 @@ func (c *cli) notMigrated(err error) error {
 }
 
 // none prints the line of an empty result.
+// aggregate names an event's aggregate as type/id, or "-" without one.
+func aggregate(typ, id string) string {
+	if typ == "" && id == "" {
+		return "-"
+	}
+	return typ + "/" + id
+}
+
 func none(w *tabwriter.Writer, what string) { fmt.Fprintf(w, "%s: none\n", what) }
 
 func exactly(n int) func(int) bool { return func(k int) bool { return k == n } }
@@ -499,11 +507,7 @@ func (c *cli) deadList(args []string) error {
 			}
 			fmt.Fprintln(w, "ID\tSUBSCRIPTION\tTYPE\tAGGREGATE\tATTEMPTS\tCREATED\tERROR")
 			for _, d := range all {
-				agg := "-"
-				if d.AggregateType != "" || d.AggregateID != "" {
-					agg = d.AggregateType + "/" + d.AggregateID
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", esc(d.ID), esc(orDash(d.Subscription)), esc(d.Type), esc(agg), d.Attempts,
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", esc(d.ID), esc(orDash(d.Subscription)), esc(d.Type), esc(aggregate(d.AggregateType, d.AggregateID)), d.Attempts,
 					d.CreatedAt.UTC().Format(time.RFC3339), esc(oneLine(d.LastError, 60)))
 			}
 		})

@@ -52,11 +52,7 @@ func (c *cli) scheduledList(args []string) error {
 			}
 			fmt.Fprintln(w, "ID\tTYPE\tAGGREGATE\tKEY\tDUE\tIN")
 			for _, e := range all {
-				agg := "-"
-				if e.AggregateType != "" || e.AggregateID != "" {
-					agg = e.AggregateType + "/" + e.AggregateID
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", esc(e.ID), esc(e.Type), esc(agg), esc(orDash(e.OrderingKey)),
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", esc(e.ID), esc(e.Type), esc(aggregate(e.AggregateType, e.AggregateID)), esc(orDash(e.OrderingKey)),
 					e.Due.Format(time.RFC3339), time.Until(e.Due).Round(time.Second))
 			}
 		})
