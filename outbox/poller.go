@@ -174,8 +174,9 @@ func (p *poller) run(ctx context.Context) {
 		if released > 0 {
 			p.overflowUntil = time.Now().Add(p.cfg.SkipRecent)
 		}
-		// So is a delayed event at its due time: its row is old, but its
-		// due time (available_at, which SkipRecent counts from) is now.
+		// So is a delayed event when its due time wakes the poller: its
+		// available_at, which SkipRecent counts from, is that time, just
+		// passed.
 		skip := p.cfg.SkipRecent
 		if woken || time.Now().Before(p.overflowUntil) {
 			skip = -1
