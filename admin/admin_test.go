@@ -834,3 +834,22 @@ func TestBlockedKeysAndSkip(t *testing.T) {
 		t.Fatalf("second skip: %d %s", resp.StatusCode, body)
 	}
 }
+
+// A subscription's rate limit shows on the list and in the API; the
+// others have none.
+func TestSubscriptionRateShown(t *testing.T) {
+	f := newFixture(t, admin.Config{}, func(*fixture) outbox.Subscription {
+		return outbox.Subscription{Name: "partner", Rate: 250, Handler: func(context.Context, outbox.Event) error { return nil }}
+	})
+	_, page := f.do(req{method: "GET", path: "/admin/"})
+	if !strings.Contains(page, `<span class="rate">at most 250/s</span>`) || strings.Count(page, `class="rate"`) != 1 {
+		t.Errorf("the list does not show partner's rate, or shows one for another subscription:\n%s", page)
+	}
+	var subs struct{ Subscriptions []admin.Subscription }
+	f.getJSON("/admin/api/subscriptions", &subs)
+	for _, s := range subs.Subscriptions {
+		if want := map[string]float64{"partner": 250}[s.Name]; s.Rate != want {
+			t.Errorf("API: %s has rate %v; want %v", s.Name, s.Rate, want)
+		}
+	}
+}

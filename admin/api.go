@@ -81,6 +81,9 @@ type Subscription struct {
 	// Circuit is the state of its circuit on this instance ("" for the
 	// others' subscriptions).
 	Circuit string `json:"circuit,omitempty"`
+	// Rate is its rate limit on this instance, in events a second (0:
+	// none, or another instance's subscription).
+	Rate float64 `json:"rate,omitempty"`
 	// Lag is what it has not delivered yet; nil if the store cannot tell.
 	Lag *Lag `json:"lag,omitempty"`
 	// Unregistered: no instance registers it (retired, or unknown), yet
@@ -109,7 +112,7 @@ func (h *handler) subscriptions(r *http.Request) (subs []Subscription, lagErr er
 		lags[l.Subscription] = l
 	}
 	for _, s := range h.ob.Subscriptions() {
-		v := Subscription{Name: s.Name, Local: s.Local, Paused: s.Paused, Circuit: string(s.Circuit)}
+		v := Subscription{Name: s.Name, Local: s.Local, Paused: s.Paused, Circuit: string(s.Circuit), Rate: s.Rate}
 		for _, t := range s.Types {
 			v.Types = append(v.Types, string(t))
 		}

@@ -33,7 +33,6 @@ func safeCall(ctx context.Context, f func(context.Context) error) (err error) {
 	return f(ctx)
 }
 
-// callOne runs a Handler within the subscription's concurrency limit.
 // errLeaseLost is returned by callOne and callTx when the lease of the
 // item (key in the in-flight set) may have run out: while the call
 // waited for a slot of the subscription's Concurrency (the handler is not
@@ -57,11 +56,23 @@ func (d *dispatcher) acquire(ctx context.Context, key string, s *subscription) e
 	return nil
 }
 
-func (d *dispatcher) callOne(ctx context.Context, key string, s *subscription, ev Event) error {
-	if err := d.acquire(ctx, key, s); err != nil {
-		return err
+// callHeld calls s, a Handler or Tx subscription, with ev, and adds its
+// result to it. The caller holds a slot of s's Concurrency.
+func (d *dispatcher) callHeld(ctx context.Context, it *item, s *subscription, ev Event, probe bool) {
+	start := time.Now()
+	var err error
+	if s.Tx != nil {
+		err = d.callTx(ctx, it, s, ev)
+	} else {
+		err = d.callOne(ctx, it.key(), s, ev)
 	}
-	defer func() { <-s.sem }()
+	r := d.outcome(ctx, s, it, probe, err, time.Since(start))
+	r.recorded = s.Tx != nil && err == nil
+	it.add(r)
+}
+
+// callOne runs a Handler; the caller holds a slot of s's Concurrency.
+func (d *dispatcher) callOne(ctx context.Context, key string, s *subscription, ev Event) error {
 	f := func(ctx context.Context) error { return s.Handler(ctx, ev) }
 	if len(d.cfg.Interceptors) > 0 {
 		f = d.interceptDeliver(s.Name, []Event{ev}, f)
@@ -151,12 +162,9 @@ func leaseLostOr(ctx context.Context, err error) error {
 // in the item's turn with it (driver.TxTurn): a call whose turn ended
 // meanwhile (it outlived its lease or its timeout, and its outcome was
 // written) records nothing, and its lease is taken as lost.
+// The caller holds a slot of s's Concurrency.
 func (d *dispatcher) callTx(ctx context.Context, it *item, s *subscription, ev Event) error {
 	key := it.key()
-	if err := d.acquire(ctx, key, s); err != nil {
-		return err
-	}
-	defer func() { <-s.sem }()
 	ts := d.store.(driver.TxDeliveryStore) // checked by Subscribe
 	turn := driver.TxTurn{Whole: it.sub == nil, Attempts: it.attempts}
 	f := func(ctx context.Context) error {

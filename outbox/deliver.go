@@ -162,6 +162,11 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			it.add(result{sub: s.Name, kind: resDefer, delay: wait, attempts: it.attempts})
 			continue
 		}
+		if s.gate != nil {
+			ev.Subscription = s.Name
+			d.gated(s, task{it: it, ev: ev, probe: probe})
+			continue
+		}
 		if s.batch != nil {
 			it.mu.Lock()
 			it.pending++
@@ -174,16 +179,12 @@ func (d *dispatcher) process(ctx context.Context, it *item) {
 			continue
 		}
 		ev.Subscription = s.Name
-		start := time.Now()
-		if s.Tx != nil {
-			err := d.callTx(ctx, it, s, ev)
-			r := d.outcome(ctx, s, it, probe, err, time.Since(start))
-			r.recorded = err == nil
-			it.add(r)
+		if err := d.acquire(ctx, it.key(), s); err != nil {
+			it.add(d.outcome(ctx, s, it, probe, err, 0))
 			continue
 		}
-		err := d.callOne(ctx, it.key(), s, ev)
-		it.add(d.outcome(ctx, s, it, probe, err, time.Since(start)))
+		d.callHeld(ctx, it, s, ev, probe)
+		<-s.sem
 	}
 	for _, name := range owed {
 		it.add(result{sub: name, kind: resDefer, attempts: it.attempts})

@@ -42,6 +42,7 @@ type dispatcher struct {
 	cancel     context.CancelFunc // cancels the handlers' contexts
 	workers    sync.WaitGroup
 	batchers   sync.WaitGroup
+	gates      sync.WaitGroup // the gates of subscriptions with a Rate
 	stragglers sync.WaitGroup // handler calls, including those abandoned after their timeout
 	running    atomic.Int64   // handler calls not yet returned
 }
@@ -65,13 +66,18 @@ func (d *dispatcher) idle() bool {
 	return len(d.hot) == 0 && len(d.cold) == 0 && d.leases.holdsNone()
 }
 
-// start launches the workers and one batcher per Batch subscription.
+// start launches the workers, one batcher per Batch subscription and one
+// gate per subscription with a Rate.
 func (d *dispatcher) start(ctx context.Context, subs []*subscription) {
 	ctx, d.cancel = context.WithCancel(ctx)
 	for _, s := range subs {
 		if s.Batch != nil {
 			s.batch = newBatcher(d, s)
 			d.batchers.Go(func() { s.batch.run(ctx) })
+		}
+		if s.Rate > 0 {
+			s.gate = newGate(d, s)
+			d.gates.Go(func() { s.gate.run(ctx) })
 		}
 	}
 	for range d.cfg.Workers {
@@ -94,6 +100,18 @@ func (d *dispatcher) drain(ctx context.Context, subs []*subscription) (stuck []s
 	close(d.draining)
 	if !d.wait(ctx, &d.workers) {
 		stuck = append(stuck, "workers")
+	}
+	// Limited subscriptions get nothing new now: their gates postpone
+	// what they hold (it waited for a token, not for a handler) and wait
+	// for the calls they started; before the batchers close, since a gate
+	// passes its events to its subscription's batcher.
+	for _, s := range subs {
+		if s.gate != nil {
+			s.gate.close()
+		}
+	}
+	if !d.wait(ctx, &d.gates) {
+		stuck = append(stuck, "gates")
 	}
 	// Batch subscriptions get nothing new now: flush what they hold. An
 	// outcome cut by the cancellation puts its item back in a queue,

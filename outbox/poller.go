@@ -389,7 +389,16 @@ func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, no
 		}
 		ds = append(ds, got...)
 	}
+	closed, limited := reg.gated(closed)
 	claim(room, closed)
+	for _, s := range limited {
+		// No more than its gate can take: the rest would be deferred again.
+		n, most := len(ds), min(s.gate.room(), room-len(ds))
+		claim(most, []string{s.Name})
+		if most > 0 && len(ds)-n == most {
+			s.gate.owed.Store(true) // more may wait: the gate asks again when half empty
+		}
+	}
 	for _, name := range probing {
 		claim(min(1, room-len(ds)), []string{name})
 	}

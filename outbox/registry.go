@@ -152,6 +152,20 @@ func (r *registry) claimable() (closed, probing []string) {
 	return closed, probing
 }
 
+// gated splits names into the subscriptions without a rate limit and
+// those with one (whose deliveries are claimed by their gates' room).
+func (r *registry) gated(names []string) (free []string, limited []*subscription) {
+	free = names[:0:0]
+	for _, n := range names {
+		if s := r.byName[n]; s != nil && s.gate != nil {
+			limited = append(limited, s)
+		} else {
+			free = append(free, n)
+		}
+	}
+	return free, limited
+}
+
 // Pause stops the delivery of a subscription on every instance sharing
 // the table (each obeys within its PollInterval; this one at once): its
 // events wait, attempts unchanged, while the other subscriptions go on.
@@ -190,6 +204,9 @@ type SubscriptionStatus struct {
 	Paused bool
 	// Circuit is the state of its circuit here (local ones only).
 	Circuit CircuitState
+	// Rate is its rate limit here, in events a second (local ones only;
+	// 0: none).
+	Rate float64
 }
 
 // Subscriptions returns the subscriptions this instance knows, its own
@@ -198,7 +215,7 @@ func (o *Outbox) Subscriptions() []SubscriptionStatus {
 	reg := o.reg.load()
 	var out []SubscriptionStatus
 	for _, s := range reg.local {
-		out = append(out, SubscriptionStatus{Name: s.Name, Types: slices.Clone(s.Types), Local: true, Paused: reg.paused[s.Name], Circuit: s.circuit.state()})
+		out = append(out, SubscriptionStatus{Name: s.Name, Types: slices.Clone(s.Types), Local: true, Paused: reg.paused[s.Name], Circuit: s.circuit.state(), Rate: s.Rate})
 	}
 	slices.SortFunc(out, func(a, b SubscriptionStatus) int { return strings.Compare(a.Name, b.Name) })
 	var remote []SubscriptionStatus

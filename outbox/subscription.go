@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -135,6 +136,20 @@ type Subscription struct {
 	// CircuitMaxProbe caps the wait between probes. Defaults to 30s.
 	CircuitMaxProbe time.Duration
 
+	// Rate limits the events delivered to the subscription on this
+	// instance, in events a second (a fraction for fewer than one a
+	// second); 0 means no limit. It holds for every path (the hot path,
+	// the poller, retries) and counts each event of a Batch call. A
+	// limited subscription never holds a worker while it waits for its
+	// turn, so the subscriptions beside it are not slowed: a second's
+	// worth of its events waits in memory, the rest in the table
+	// (deferred, attempts unchanged). The limit is per instance: N
+	// instances deliver up to N × Rate. See docs/subscriptions.md.
+	Rate float64
+	// Burst is how many events may go at once after a quiet spell, above
+	// Rate. It needs Rate. Defaults to Rate's events of 10ms, at least 1.
+	Burst int
+
 	// OnRetry is called after a failed attempt was recorded with another
 	// to come, and OnDead after the last one was recorded (the delivery
 	// is dead): for alerts, compensations and tickets. Each is called
@@ -160,6 +175,8 @@ const (
 	DefaultCircuitThreshold = 5
 	DefaultCircuitProbe     = time.Second
 	DefaultCircuitMaxProbe  = 30 * time.Second
+	// defaultBurstSpan is the default Burst's worth of Rate.
+	defaultBurstSpan = 10 * time.Millisecond
 	// MaxSubscriptionNameLen is the longest subscription name accepted.
 	MaxSubscriptionNameLen = 100
 )
@@ -256,10 +273,31 @@ func (s *Subscription) validate() error {
 			errs = append(errs, fmt.Errorf("outbox: subscription %q: %s is %d; it must be positive, or 0 for the default", s.Name, f.name, f.v))
 		}
 	}
+	if err := s.validateRate(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.CircuitProbe < 0 || s.CircuitMaxProbe < 0 {
 		errs = append(errs, fmt.Errorf("outbox: subscription %q: CircuitProbe and CircuitMaxProbe must be positive, or 0 for the default", s.Name))
 	}
 	return errors.Join(errs...)
+}
+
+// MaxRate is the highest Subscription.Rate accepted, in events a second.
+const MaxRate = 1e6
+
+// validateRate checks Rate and Burst.
+func (s *Subscription) validateRate() error {
+	switch {
+	case math.IsNaN(s.Rate) || s.Rate < 0 || s.Rate > MaxRate:
+		return fmt.Errorf("outbox: subscription %q: Rate is %v; it must be between 0 (no limit) and %v events a second", s.Name, s.Rate, float64(MaxRate))
+	case s.Burst < 0:
+		return fmt.Errorf("outbox: subscription %q: Burst is %d; it must be positive, or 0 for the default", s.Name, s.Burst)
+	case s.Burst > 0 && s.Rate == 0:
+		return fmt.Errorf("outbox: subscription %q: Burst is %d but Rate is 0 (no limit); set Rate, or leave Burst 0", s.Name, s.Burst)
+	case s.Burst > maxGateHold:
+		return fmt.Errorf("outbox: subscription %q: Burst is %d; it must be at most %d", s.Name, s.Burst, maxGateHold)
+	}
+	return nil
 }
 
 // subscription is a Subscription with its defaults and its runtime state
@@ -270,6 +308,7 @@ type subscription struct {
 	sem     chan struct{}
 	circuit circuit
 	batch   *batcher // nil for a Handler
+	gate    *gate    // nil without a Rate
 }
 
 func newSubscription(s Subscription, cfg Config) *subscription {
@@ -286,6 +325,9 @@ func newSubscription(s Subscription, cfg Config) *subscription {
 		s.Concurrency = cmpOrInt(s.Concurrency, 1)
 	} else {
 		s.Concurrency = cmpOrInt(s.Concurrency, cfg.Workers)
+	}
+	if s.Rate > 0 {
+		s.Burst = cmpOrInt(s.Burst, max(1, int(s.Rate*defaultBurstSpan.Seconds())))
 	}
 	s.BatchSize = cmpOrInt(s.BatchSize, DefaultBatchSize)
 	s.BatchLinger = cmpOrDur(s.BatchLinger, DefaultBatchLinger)
