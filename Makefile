@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -65,6 +65,10 @@ bench-instances:
 ## bench-stats: only the statistics rows (a drain of 200,000 events, default Config, on a table whose statistics were gathered before the backlog built up vs gathered after it; MariaDB and PostgreSQL, 3 repeats; ~10 min); replaces the section "Backlog drain and table statistics" of BENCHMARKS.md (make bench includes the rows).
 bench-stats:
 	cd bench && $(GO) run ./cmd/outboxbench -only-stats -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-rate: only the rate-limit rows (a subscription limited to 500 events/s with a backlog present; a 50,000-event drain beside it, on other events and on the same events, against the same drain alone; MariaDB and PostgreSQL, 3 repeats; ~5 min); replaces the section "Rate limit" of BENCHMARKS.md (make bench includes the rows).
+bench-rate:
+	cd bench && $(GO) run ./cmd/outboxbench -only-rate -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes docs/bench/load.md.
 bench-load:

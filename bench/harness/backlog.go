@@ -49,6 +49,11 @@ type MemSample struct {
 // txoutbox table with multi-row INSERTs, as a backlog left by an outage:
 // written a minute ago, not leased.
 func prefillOutbox(ctx context.Context, db *sqlx.DB, table string, first, n int64) error {
+	return prefillTyped(ctx, db, table, OrderPlaced, first, n)
+}
+
+// prefillTyped is prefillOutbox with events of type typ.
+func prefillTyped(ctx context.Context, db *sqlx.DB, table string, typ outbox.EventType, first, n int64) error {
 	const batch = 1000
 	ago := dialectOf(db).Ago
 	g, ctx := errgroup.WithContext(ctx)
@@ -67,8 +72,8 @@ func prefillOutbox(ctx context.Context, db *sqlx.DB, table string, first, n int6
 				if i > lo {
 					sb.WriteString(",")
 				}
-				sb.WriteString(`(?, 'OrderPlaced', 'order', ?, '', NULL, ?, TRUE, ` + ago + `, 0, 0, ` + ago + `, ` + ago + `)`)
-				args = append(args, ids[i-lo], strconv.FormatInt(i, 10), Payload(i))
+				sb.WriteString(`(?, ?, 'order', ?, '', NULL, ?, TRUE, ` + ago + `, 0, 0, ` + ago + `, ` + ago + `)`)
+				args = append(args, ids[i-lo], string(typ), strconv.FormatInt(i, 10), Payload(i))
 			}
 			_, err := db.ExecContext(ctx, db.Rebind(sb.String()), args...)
 			return err

@@ -29,6 +29,8 @@ type Report struct {
 	Inbox *InboxReport `json:",omitempty"`
 	// Stats are the statistics rows (issue 34).
 	Stats []StatsResult `json:",omitempty"`
+	// Rate are the rate-limit rows (issue 35).
+	Rate []RateResult `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -524,6 +526,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if len(r.Stats) > 0 {
 		p("")
 		WriteStatsDrains(w, r.Stats, "")
+	}
+	if len(r.Rate) > 0 {
+		p("")
+		WriteRateLimit(w, r.Rate, "")
 	}
 	if len(r.Load) > 0 {
 		p("")

@@ -102,6 +102,10 @@ func main() {
 		statsOn     = flag.Bool("stats", true, "run the statistics rows: a drain of -stats-events on a table whose statistics were gathered before the backlog built up, against one with fresh statistics (see -only-stats)")
 		onlyStats   = flag.Bool("only-stats", false, "run the statistics rows only (-db, -repeats apply) and replace the section \"Backlog drain and table statistics\" of -out with them (make bench-stats)")
 		statsN      = flag.Int64("stats-events", 200_000, "events of each drain of the statistics rows")
+		rateOn      = flag.Bool("rate", true, "run the rate-limit rows: a subscription limited to 500 events/s with a backlog, and a drain beside it against the same drain alone (see -only-rate)")
+		onlyRate    = flag.Bool("only-rate", false, "run the rate-limit rows only (-db, -repeats apply) and replace the section \"Rate limit\" of -out with them (make bench-rate)")
+		rateDrain   = flag.Int64("rate-drain", 50_000, "backlog of the unlimited subscription in the rate-limit rows")
+		rateWindow  = flag.Duration("rate-window", 20*time.Second, "how long the limited subscription's rate is measured in the rate-limit rows")
 		instOn      = flag.Bool("instances", true, "run the many-instances rows: -instances-n engines on one table under a steady load, at each poll interval of -instances-polls, then Close with 5 s (see -only-instances)")
 		onlyInst    = flag.Bool("only-instances", false, "run the many-instances rows only (-db, -instances-* apply) and replace the section \"Many instances\" of -out with them (make bench-instances)")
 		instN       = flag.Int("instances-n", 50, "engines of the many-instances rows")
@@ -207,7 +211,7 @@ func main() {
 		fatal("-backlog: %v", err)
 	}
 	if *onlyLoad {
-		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn, *statsOn = nil, nil, nil, 0, false, false, false, false
+		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn, *statsOn, *rateOn = nil, nil, nil, 0, false, false, false, false, false
 	}
 	harness.OrderedPollInterval = *orderedPoll
 	harness.OrderedKeys = *orderedKeys
@@ -220,6 +224,11 @@ func main() {
 		N: *inboxN, Concurrency: *inboxConc, Repeats: *repeats, Dups: *inboxDups, Log: logf}
 	if *onlyInbox {
 		onlyInboxRun(ctx, dialects, open, *out, inboxOpts)
+		return
+	}
+	rateOpts := harness.RateOptions{Drain: *rateDrain, Window: *rateWindow, Log: logf}
+	if *onlyRate {
+		onlyRateRun(ctx, dialects, open, *out, *repeats, rateOpts)
 		return
 	}
 	if *onlyStats {
@@ -260,6 +269,9 @@ func main() {
 	}
 	if *inboxOn {
 		est += time.Duration(len(dialects)**repeats) * time.Minute
+	}
+	if *rateOn {
+		est += time.Duration(len(dialects)**repeats) * 3 * (*rateWindow + 10*time.Second)
 	}
 	if *orderedOn {
 		est += orderedEstimate(len(dialects), *repeats, *duration, *orderedRaw, *orderedInst)
@@ -303,6 +315,10 @@ func main() {
 	}
 	if *statsOn && len(dialects) > 0 {
 		rep.Stats = runStats(ctx, dialects, open, *statsN, *repeats)
+	}
+
+	if *rateOn && len(dialects) > 0 {
+		rep.Rate = runRate(ctx, dialects, open, *repeats, rateOpts)
 	}
 
 	if *inboxOn && len(dialects) > 0 {
