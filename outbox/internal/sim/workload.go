@@ -31,6 +31,7 @@ type spec struct {
 	kind  kind
 	order outbox.Order
 	types []outbox.EventType // nil: every type
+	rate  float64            // Subscription.Rate (Burst 2); 0: none
 }
 
 // circuitMaxProbe is every subscription's CircuitMaxProbe.
@@ -47,6 +48,10 @@ var pool = []spec{
 	{name: "ord", kind: plain, order: outbox.Ordered, types: []outbox.EventType{"A", "B"}},
 	{name: "ordskip", kind: plain, order: outbox.OrderedSkipDead, types: []outbox.EventType{"A", "C"}},
 	{name: "ordtx", kind: txKind, order: outbox.Ordered, types: []outbox.EventType{"C"}},
+	// Slow enough that their gates fill and defer events to the table.
+	{name: "limited", kind: plain, types: []outbox.EventType{"A", "B", "D"}, rate: 5},
+	{name: "ordlimited", kind: txKind, order: outbox.Ordered, types: []outbox.EventType{"B", "D"}, rate: 5},
+	{name: "batchlimited", kind: batch, types: []outbox.EventType{"C", "D"}, rate: 5},
 }
 
 // extras are the subscriptions a rolling deploy adds.
@@ -126,6 +131,9 @@ func (nd *node) newID() string {
 func (nd *node) subscription(sp spec) outbox.Subscription {
 	s := outbox.Subscription{Name: sp.name, Types: sp.types, Order: sp.order,
 		CircuitThreshold: 2, CircuitProbe: 100 * time.Millisecond, CircuitMaxProbe: circuitMaxProbe}
+	if sp.rate > 0 {
+		s.Rate, s.Burst = sp.rate, 2
+	}
 	switch sp.kind {
 	case plain:
 		s.Handler = func(ctx context.Context, ev outbox.Event) error {
