@@ -36,6 +36,11 @@ func ByIDStatements(s *Store, ids []string) []ByIDStatement {
 	return out
 }
 
+// ScheduleStatement is Schedule's UPDATE of id, 1 ms ahead.
+func ScheduleStatement(s *Store, id string) ByIDStatement {
+	return ByIDStatement{"schedule", s.scheduleSQL(), []any{int64(1000), id}}
+}
+
 // SplitStatements splits a migration's SQL as Migrate does.
 func SplitStatements(src string) []string { return splitStatements(src) }
 

@@ -15,15 +15,7 @@ import (
 // of a pending event (Stats.OldestPending, StatsByType) counts from when
 // it was due, not from its publish.
 func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, delay time.Duration) error {
-	// One due time for both columns: the clock is read once (PostgreSQL's
-	// clock_timestamp() moves within a statement).
-	q := `UPDATE ` + s.table + ` SET available_at = d.due, created_at = d.due FROM (SELECT ` + s.d.nowPlus + ` AS due) d WHERE id = ? AND status = 0 AND locked_by IS NULL`
-	if s.d == MySQL {
-		// MySQL has no UPDATE … FROM, and assigns left to right: the
-		// second column takes the first's new value.
-		q = `UPDATE ` + s.table + ` SET available_at = ` + s.d.nowPlus + `, created_at = available_at WHERE id = ? AND status = 0 AND locked_by IS NULL`
-	}
-	res, err := exec.ExecContext(ctx, s.rebind(q), delay.Microseconds(), id)
+	res, err := exec.ExecContext(ctx, s.scheduleSQL(), delay.Microseconds(), id)
 	if err != nil {
 		return s.explain(err)
 	}
@@ -31,6 +23,23 @@ func (s *Store) Schedule(ctx context.Context, exec driver.Execer, id string, del
 		return fmt.Errorf("sqlstore: schedule event %s: %d rows are it, free and new; want 1 (it must be inserted free in this transaction first)", id, n)
 	}
 	return nil
+}
+
+// scheduleSQL is Schedule's UPDATE; its parameters are the delay in
+// microseconds and the id. By primary key only (statusByID): PostgreSQL's
+// generic plan of it, made while few rows were pending, read every
+// pending row of the (status, available_at) index per call (2–3 ms with
+// 20,000 events scheduled, and growing).
+func (s *Store) scheduleSQL() string {
+	// One due time for both columns: the clock is read once (PostgreSQL's
+	// clock_timestamp() moves within a statement).
+	q := `UPDATE ` + s.table + ` SET available_at = d.due, created_at = d.due FROM (SELECT ` + s.d.nowPlus + ` AS due) d WHERE id = ? AND ` + s.d.statusByID() + ` = 0 AND locked_by IS NULL`
+	if s.d == MySQL {
+		// MySQL has no UPDATE … FROM, and assigns left to right: the
+		// second column takes the first's new value.
+		q = `UPDATE ` + s.table + s.d.byID + ` SET available_at = ` + s.d.nowPlus + `, created_at = available_at WHERE id = ? AND status = 0 AND locked_by IS NULL`
+	}
+	return s.rebind(q)
 }
 
 // Scheduled implements driver.Scheduler, on the (status, available_at)
