@@ -231,11 +231,11 @@ func sorts(name, plan string) bool {
 }
 
 // Schedule's UPDATE of one row looks it up by primary key in PostgreSQL's
-// generic plan, also when the statistics were gathered on an empty table
-// while nearly every row was delivered, and many events have been
-// scheduled since: a plan on the (status,
-// available_at) index read every scheduled row per call (a bench found
-// 2–3 ms per Publish with 20,000 scheduled, growing with them).
+// generic plan, also when the statistics were gathered while every row
+// was delivered and many events have been scheduled since: a plan on the
+// (status, available_at) index read every scheduled row per call (a
+// bench found 2–3 ms per Publish with 20,000 scheduled, growing with
+// them).
 func TestScheduleUsesPrimaryKeyInGenericPlans(t *testing.T) {
 	db := testdb.Postgres(t)
 	st := testdb.Store(t, db)
