@@ -169,3 +169,59 @@ func TestNotBeforeIsCheckedAtPublish(t *testing.T) {
 		}
 	})
 }
+
+// More delayed events than the poller keeps due times for
+// (maxRetryWakes): each is still delivered within 100 ms of its
+// NotBefore, not at a regular poll (an hour away here); the poller asks
+// the store for the due times it gave up.
+func TestManyDelayedEventsEachOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const events = 12_000 // more than the 10,000 due times kept
+		st := outboxtest.NewStore()
+		var a arrivals
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Hour, PollMaxInterval: time.Hour},
+			outbox.Subscription{Name: "mail", Handler: a.handle})
+		settle(time.Second)
+		start := time.Now().Add(time.Second)
+		due := map[string]time.Time{}
+		ctx := context.Background()
+		for i := 0; i < events; i += 100 {
+			tx := st.Begin(ctx)
+			envs := make([]outbox.Envelope, 100)
+			for j := range envs {
+				envs[j] = outbox.Envelope{Type: "Remind", JSON: []byte(`{}`), NotBefore: start.Add(time.Duration(i+j) * 5 * time.Millisecond)}
+			}
+			ids, err := ob.PublishAllTx(ctx, tx, envs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			for j, id := range ids {
+				due[id] = envs[j].NotBefore
+			}
+		}
+		settle(time.Duration(events)*5*time.Millisecond + 2*time.Second)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		late := 0
+		var worst time.Duration
+		for id, d := range due {
+			at, ok := a.at[id]
+			if !ok {
+				t.Fatalf("event due at %v not delivered", d.Sub(start))
+			}
+			if at.Before(d) {
+				t.Fatalf("event delivered %v before its NotBefore", d.Sub(at))
+			}
+			if l := at.Sub(d); l > 100*time.Millisecond {
+				late++
+				worst = max(worst, l)
+			}
+		}
+		if late > 0 {
+			t.Errorf("%d of %d delayed events delivered more than 100 ms late (worst %v)", late, events, worst)
+		}
+	})
+}

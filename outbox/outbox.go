@@ -142,7 +142,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.sampler = &sampler{deps: d, disp: o.disp, lag: o.Lag}
 	o.cleaner = &cleaner{deps: d}
 	o.seq = newSequencer(d)
-	sig := &signals{reg: o.reg, ordered: o.seq.ostore != nil, nudge: o.poller.nudge, retryDue: o.poller.retryDue, dropped: o.poller.dropped, keys: o.seq.keys}
+	sig := &signals{reg: o.reg, ordered: o.seq.ostore != nil, nudge: o.poller.nudge, retryDue: o.poller.retryDue, missed: o.poller.missed, dropped: o.poller.dropped, keys: o.seq.keys}
 	o.seq.disp, o.seq.comp, o.seq.sig, o.seq.reg = o.disp, o.comp, sig, o.reg
 	o.poller.seq = o.seq
 	o.comp.sig, o.comp.ostore, o.comp.reg = sig, o.seq.ostore, o.reg

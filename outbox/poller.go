@@ -27,6 +27,9 @@ type poller struct {
 
 	nudge    chan struct{}  // wakes the poller; capacity 1
 	retryDue chan time.Time // due times of retries scheduled here
+	// missed: a due time was lost to a full retryDue (capacity 1); the
+	// poller then asks the store for the next (Scheduler.NextDue).
+	missed chan struct{}
 	dropped  chan string    // ids dropped from a full hot queue, to release
 	// overflowUntil: until then, claims ignore SkipRecent (set when
 	// dropped events were released; owned by run's goroutine).
@@ -42,6 +45,7 @@ func newPoller(d *deps) *poller {
 		deps:     d,
 		nudge:    make(chan struct{}, 1),
 		retryDue: make(chan time.Time, 1024),
+		missed:   make(chan struct{}, 1),
 		dropped:  make(chan string, max(10*d.cfg.HotQueueSize, 10000)),
 		jitter:   randomUpTo(d.cfg.InstanceID),
 	}
@@ -83,9 +87,15 @@ func (p *poller) backoff(wait time.Duration) time.Duration {
 const retryWakeMargin = 2 * time.Millisecond
 
 // maxRetryWakes bounds the due times the poller keeps (retries, delayed
-// events): it keeps the earliest; the later ones wait for a regular
-// poll.
+// events): it keeps the earliest. Once it gave one up (or one was lost
+// on its way), the poller asks the store for the next due time after
+// every poll, until there is none (tableWake).
 const maxRetryWakes = 10000
+
+// tableWakeGap is the least time between two polls woken by the store's
+// next due time (tableWake): when events fall due every millisecond, a
+// poll takes those of tableWakeGap at once.
+const tableWakeGap = 25 * time.Millisecond
 
 // timeHeap is a min-heap of due times.
 type timeHeap []time.Time
@@ -145,6 +155,7 @@ func (p *poller) run(ctx context.Context) {
 	defer timer.Stop()
 	wakes := newRetryWakes()
 	defer wakes.timer.Stop()
+	cut := false // due times were given up or lost: ask the store (tableWake)
 	for {
 		woken := false // by a due time: a retry, or a delayed event (NotBefore)
 		select {
@@ -154,7 +165,12 @@ func (p *poller) run(ctx context.Context) {
 		case <-p.nudge:
 			wait = 0
 		case due := <-p.retryDue:
-			wakes.add(due)
+			if !wakes.add(due) && !cut {
+				cut = p.tableWake(ctx, wakes)
+			}
+			continue
+		case <-p.missed:
+			cut = p.tableWake(ctx, wakes)
 			continue
 		case <-wakes.timer.C:
 			wakes.fired(time.Now())
@@ -189,7 +205,32 @@ func (p *poller) run(ctx context.Context) {
 		}
 		wait = p.nextWait(wait, n, limit, released, err)
 		timer.Reset(wait)
+		if cut {
+			cut = p.tableWake(ctx, wakes)
+		}
 	}
+}
+
+// tableWake sets a wake-up for the store's next due time (a delayed event
+// this instance gave up or lost the due time of), at least tableWakeGap
+// from now, and reports whether there was one (or the store could not
+// say: it asks again after the next poll).
+func (p *poller) tableWake(ctx context.Context, wakes *retryWakes) bool {
+	sch, ok := p.store.(driver.Scheduler)
+	if !ok {
+		return false
+	}
+	ctx, cancel := p.storeCtx()
+	defer cancel()
+	wait, any, err := sch.NextDue(ctx)
+	if err != nil {
+		p.log.Warn("read when the next delayed event falls due; a regular poll takes it", slog.Any("error", err))
+		return true
+	}
+	if any {
+		wakes.add(time.Now().Add(max(wait, tableWakeGap)))
+	}
+	return any
 }
 
 // waitForRoom waits while the cold queue is (nearly) full, skipping
@@ -248,10 +289,14 @@ func newRetryWakes() *retryWakes {
 	return w
 }
 
-func (w *retryWakes) add(due time.Time) {
+// add keeps due, and reports false if it gave up a due time for it (or
+// due itself) because it keeps maxRetryWakes already.
+func (w *retryWakes) add(due time.Time) bool {
+	kept := true
 	if len(w.dues) >= maxRetryWakes {
 		// Full: keep the earliest, giving up the latest if due is
 		// before it (a leaf of the min-heap; scanned only when full).
+		kept = false
 		last := len(w.dues) / 2
 		for i := last + 1; i < len(w.dues); i++ {
 			if w.dues[i].After(w.dues[last]) {
@@ -259,7 +304,7 @@ func (w *retryWakes) add(due time.Time) {
 			}
 		}
 		if !due.Before(w.dues[last]) {
-			return
+			return false
 		}
 		w.dues[last] = due
 		heap.Fix(&w.dues, last)
@@ -269,6 +314,7 @@ func (w *retryWakes) add(due time.Time) {
 	if w.dues[0].Equal(due) {
 		w.timer.Reset(time.Until(due) + retryWakeMargin)
 	}
+	return kept
 }
 
 // fired drops the due times passed by now and sets the timer for the
@@ -289,6 +335,10 @@ func (p *poller) scheduleRetryWake(due time.Time) {
 	select {
 	case p.retryDue <- due:
 	default:
+		select {
+		case p.missed <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ type signals struct {
 	ordered  bool             // the store orders events (driver.OrderedStore)
 	nudge    chan<- struct{}  // wakes the poller (capacity 1)
 	retryDue chan<- time.Time // due times of retries scheduled here, for the poller
+	missed   chan<- struct{}  // a due time was lost to a full retryDue (capacity 1)
 	dropped  chan<- string    // events dropped from a full hot queue, for the poller to release
 	keys     chan<- named     // keys whose next events may be due, for the sequencer
 }
@@ -30,12 +31,17 @@ func (s *signals) wakePoll() {
 	}
 }
 
-// scheduleRetryWake asks the poller to poll when a retry falls due. If the
-// poller is behind, the retry waits for a regular poll.
+// scheduleRetryWake asks the poller to poll when a retry or a delayed
+// event falls due. If the poller is behind, it says so (missed): the
+// poller then asks the store for the due times it missed.
 func (s *signals) scheduleRetryWake(due time.Time) {
 	select {
 	case s.retryDue <- due:
 	default:
+		select {
+		case s.missed <- struct{}{}:
+		default:
+		}
 	}
 }
 

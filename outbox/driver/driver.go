@@ -376,6 +376,11 @@ type Scheduler interface {
 	// ErrNotFound for an unknown id; ErrOrderedNotCancellable for an
 	// ordered event.
 	Cancel(ctx context.Context, id string) (bool, error)
+	// NextDue returns how long until the earliest of the events Scheduled
+	// lists falls due, on the database's clock, and false if there is
+	// none. An engine that knows of more due times than it keeps in
+	// memory asks it after each poll, to wake on time for the rest.
+	NextDue(ctx context.Context) (time.Duration, bool, error)
 }
 
 // ScheduledEvent is an event not due yet (Scheduler.Scheduled).

@@ -395,6 +395,26 @@ func (s *Store) Scheduled(ctx context.Context, dueAfter time.Time, idAfter strin
 	return out[:min(len(out), max(0, limit))], nil
 }
 
+// NextDue implements driver.Scheduler.
+func (s *Store) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var next time.Time
+	for _, e := range s.events {
+		if e.row.Status != outbox.StatusNew || !e.availableAt.After(now) || !free(e.lockedUntil, now) {
+			continue
+		}
+		if next.IsZero() || e.availableAt.Before(next) {
+			next = e.availableAt
+		}
+	}
+	if next.IsZero() {
+		return 0, false, nil
+	}
+	return next.Sub(now), true, nil
+}
+
 // Cancel implements driver.Scheduler.
 func (s *Store) Cancel(ctx context.Context, id string) (bool, error) {
 	now := s.now()

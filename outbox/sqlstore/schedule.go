@@ -75,6 +75,20 @@ WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR lo
 	return out, rows.Err()
 }
 
+// NextDue implements driver.Scheduler: the first entry of the (status,
+// available_at) index past now, and now, both on the database's clock.
+func (s *Store) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	q := `SELECT (SELECT MIN(available_at) FROM ` + s.table + ` WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `)), ` + s.d.now
+	var next, now dbTime
+	if err := s.db.QueryRowContext(ctx, q).Scan(&next, &now); err != nil {
+		return 0, false, fmt.Errorf("sqlstore: next due: %w", s.explain(err))
+	}
+	if next.IsZero() {
+		return 0, false, nil
+	}
+	return max(0, next.Sub(now.Time)), true, nil
+}
+
 // Cancel implements driver.Scheduler: one guarded UPDATE to DONE (its
 // last_error says it was cancelled); if it changed nothing, a read says
 // why.

@@ -14,8 +14,8 @@ import (
 // Outbox.Cancel), an optional interface: skipped for a store without it.
 
 // A scheduled row is not claimed before its time, is listed with its due
-// time (earliest first, in pages), and can be cancelled once, before it
-// is due; a due row cannot.
+// time (earliest first, in pages), NextDue says when the first falls
+// due, and it can be cancelled once, before it is due; a due row cannot.
 func testMethodSchedule(t *testing.T, e *env) {
 	sc, ok := e.store.(driver.Scheduler)
 	if !ok {
@@ -44,12 +44,24 @@ func testMethodSchedule(t *testing.T, e *env) {
 	if rec := e.inspect(t, sooner); !rec.CreatedAt.Equal(got[0].Due) {
 		t.Errorf("%s was created at %v; want its due time %v (its age counts from then)", sooner, rec.CreatedAt, got[0].Due)
 	}
+	if wait, ok, err := sc.NextDue(ctx); err != nil || !ok || wait < 59*time.Minute || wait > 61*time.Minute {
+		t.Errorf("NextDue: %v, %v (%v); want about an hour, the sooner one's", wait, ok, err)
+	}
 	if page, err := sc.Scheduled(ctx, got[0].Due, got[0].ID, 10); err != nil || len(page) != 1 || page[0].ID != later {
 		t.Errorf("Scheduled after %s: %+v (%v); want %s", sooner, page, err, later)
 	}
 	e.checkCancel(t, sc, sooner, now)
 	if left, err := sc.Scheduled(ctx, time.Time{}, "", 10); err != nil || len(left) != 1 || left[0].ID != later {
 		t.Errorf("Scheduled after the cancel: %+v (%v); want %s", left, err, later)
+	}
+	if wait, ok, err := sc.NextDue(ctx); err != nil || !ok || wait < 119*time.Minute || wait > 121*time.Minute {
+		t.Errorf("NextDue after the cancel: %v, %v (%v); want about two hours, the later one's", wait, ok, err)
+	}
+	if _, err := sc.Cancel(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if wait, ok, err := sc.NextDue(ctx); err != nil || ok {
+		t.Errorf("NextDue with nothing scheduled: %v, %v (%v); want none", wait, ok, err)
 	}
 }
 
