@@ -29,8 +29,8 @@ type poller struct {
 	retryDue chan time.Time // due times of retries scheduled here
 	// missed: a due time was lost to a full retryDue (capacity 1); the
 	// poller then asks the store for the next (Scheduler.NextDue).
-	missed chan struct{}
-	dropped  chan string    // ids dropped from a full hot queue, to release
+	missed  chan struct{}
+	dropped chan string // ids dropped from a full hot queue, to release
 	// overflowUntil: until then, claims ignore SkipRecent (set when
 	// dropped events were released; owned by run's goroutine).
 	overflowUntil time.Time
