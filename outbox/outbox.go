@@ -117,6 +117,9 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	if _, ok := store.(driver.Cleaner); cfg.Retention > 0 && !ok {
 		return nil, fmt.Errorf("outbox: Config.Retention is set but the store (%T) cannot delete rows: it does not implement driver.Cleaner", store)
 	}
+	if _, ok := store.(driver.Archiver); cfg.ArchiveRetention > 0 && !ok {
+		return nil, fmt.Errorf("outbox: Config.ArchiveRetention is set but the store (%T) keeps no archive: it does not implement driver.Archiver (sqlstore does); unset ArchiveRetention", store)
+	}
 	ds, ok := store.(driver.DeliveryStore)
 	if !ok {
 		return nil, fmt.Errorf("outbox: New: the store (%T) keeps no per-subscription delivery state: it must implement driver.DeliveryStore (sqlstore and outboxtest do)", store)

@@ -413,3 +413,51 @@ func TestNewRefusesDeleteAndArchiveDelivered(t *testing.T) {
 		t.Fatalf("New with both = %v; want an error naming both options", err)
 	}
 }
+
+// cleanedSignal reports each cleanup batch's count.
+type cleanedSignal struct {
+	outbox.NopMetrics
+	ch chan int64
+}
+
+func (m cleanedSignal) Cleaned(n int64) { m.ch <- n }
+
+// Config.ArchiveRetention makes the engine's cleaner delete the archived
+// events delivered before it, in batches of CleanupBatchSize, at Start;
+// newer ones and the table's rows stay.
+func TestArchiveRetentionCleansTheArchiveAtStart(t *testing.T) {
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			db := testdb.Open(t, name)
+			st := testdb.StoreWith(t, db, sqlstore.Options{ArchiveDelivered: true})
+			old := archiveRows(t, st, make([]driver.Row, 5)...)
+			backdate(t, st, 3, old...)
+			recent := archiveRows(t, st, make([]driver.Row, 2)...)
+			m := cleanedSignal{ch: make(chan int64, 10)}
+			startOrdered(t, st, outbox.Config{ArchiveRetention: 48 * time.Hour, CleanupBatchSize: 2, Metrics: m, DisablePoller: true},
+				outbox.Subscription{Name: "any", Handler: func(context.Context, outbox.Event) error { return nil }})
+			var batches []int64
+			for n := int64(2); n == 2; {
+				select {
+				case n = <-m.ch:
+					batches = append(batches, n)
+				case <-time.After(30 * time.Second):
+					t.Fatalf("no cleanup batch in 30s (batches so far %v)", batches)
+				}
+			}
+			if fmt.Sprint(batches) != "[2 2 1]" {
+				t.Errorf("cleanup batches %v; want [2 2 1]", batches)
+			}
+			for _, id := range old {
+				if len(archived(t, st, id)) != 0 {
+					t.Errorf("archived event %s delivered 3 days ago kept past a 48h retention", id)
+				}
+			}
+			for _, id := range recent {
+				if len(archived(t, st, id)) != 1 {
+					t.Errorf("archived event %s delivered just now deleted", id)
+				}
+			}
+		})
+	}
+}
