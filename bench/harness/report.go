@@ -251,6 +251,19 @@ func (r *DBReport) Targets(hot, cold string) []Target {
 	if len(vsDel) > 0 {
 		add(info("commit tx/s through Publish in txmw with sqlstore's DeleteDelivered ÷ raw order + minimal outbox row, by producers", strings.Join(vsDel, "; ")))
 	}
+	// And with ArchiveDelivered (history moved to <table>_archive): its
+	// cost against the default and DeleteDelivered.
+	arch := (&Txoutbox{HotPath: true, ArchiveDelivered: true}).Name()
+	var vsArch []string
+	for _, conc := range r.Concurrency {
+		if cs := r.cellsOf(arch, conc); len(cs) > 0 {
+			vsArch = append(vsArch, fmt.Sprintf("%d: %s of default, %s of DeleteDelivered", conc,
+				r.ratios(cs, hot, commitTPS).f(ratio), r.ratios(cs, del, commitTPS).f(ratio)))
+		}
+	}
+	if len(vsArch) > 0 {
+		add(info("commit tx/s through Publish in txmw with sqlstore's ArchiveDelivered ÷ the default (DONE kept) and ÷ DeleteDelivered, by producers", strings.Join(vsArch, "; ")))
+	}
 
 	// The outbox keeps up: delivered/s ÷ committed/s of the same cell.
 	var keep []string
