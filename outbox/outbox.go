@@ -196,7 +196,8 @@ func (o *Outbox) PublishTx(ctx context.Context, tx txctx.Tx, env Envelope) (stri
 // nothing is written, existed is true, and the transaction is as it was
 // and still usable (so a retried request publishes its event once). The
 // dedupe holds while the event's row is kept (Config.Retention, or
-// DeleteDelivered: until it is delivered). An empty ID is a
+// sqlstore's DeleteDelivered or ArchiveDelivered: until it is
+// delivered). An empty ID is a
 // *ValidationError. The store must implement driver.OnceInserter
 // (sqlstore does, but not on a partitioned MySQL table, whose primary key
 // cannot refuse a reused id; outboxtest does).
