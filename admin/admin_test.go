@@ -66,10 +66,16 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg admin.Config, extra ...func(*fixture) outbox.Subscription) *fixture {
 	t.Helper()
+	return newFixtureWith(t, sqlstore.Options{}, cfg, extra...)
+}
+
+// newFixtureWith is newFixture on a store with opts.
+func newFixtureWith(t *testing.T, opts sqlstore.Options, cfg admin.Config, extra ...func(*fixture) outbox.Subscription) *fixture {
+	t.Helper()
 	f := &fixture{t: t, audit: &syncBuffer{}}
 	f.failing.Store(true)
 	db := testdb.Open(t, fixtureDB)
-	f.store = testdb.Store(t, db)
+	f.store = testdb.StoreWith(t, db, opts)
 	ob, err := outbox.New(f.store, outbox.Config{PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,7 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+b+"/api/dead/skip", h.apiSkip)
 	m.HandleFunc("GET "+b+"/api/blocked", h.apiBlocked)
 	m.HandleFunc("GET "+b+"/api/scheduled", h.apiScheduled)
+	m.HandleFunc("GET "+b+"/api/archive", h.apiArchive)
 	m.HandleFunc("POST "+b+"/api/scheduled/cancel", h.apiCancel)
 	m.HandleFunc("GET "+b+"/api/events/{id}", h.apiEvent)
 	m.HandleFunc("GET "+b+"/api/inbox", h.apiInbox)
@@ -50,6 +51,7 @@ func (h *handler) routes() {
 	m.HandleFunc("GET "+b+"/blocked", h.pageBlocked)
 	m.HandleFunc("POST "+b+"/blocked/skip", h.pageSkip)
 	m.HandleFunc("GET "+b+"/scheduled", h.pageScheduled)
+	m.HandleFunc("GET "+b+"/archive", h.pageArchive)
 	m.HandleFunc("POST "+b+"/scheduled/cancel", h.pageCancel)
 	m.HandleFunc("GET "+b+"/event", h.pageLookup)
 	m.HandleFunc("GET "+b+"/events/{id}", h.pageEvent)
@@ -395,6 +397,10 @@ type Event struct {
 	ReadError     string    `json:"read_error,omitempty"`
 	CreatedAt     time.Time `json:"created_at"`
 	OccurredAt    time.Time `json:"occurred_at"`
+	// DeliveredAt and DeliveredBy are set for an event found in the
+	// archive (sqlstore's Options.ArchiveDelivered).
+	DeliveredAt *time.Time `json:"delivered_at,omitempty"`
+	DeliveredBy string     `json:"delivered_by,omitempty"`
 	// Headers and Payload are present only when asked for (payload=1).
 	Headers json.RawMessage `json:"headers,omitempty"`
 	// Payload is the JSON payload as is, or a JSON string of the text
@@ -440,6 +446,10 @@ func event(rec outbox.Record, payload bool) Event {
 		Status: statusName(rec.Status), Attempts: rec.Attempts, Owner: rec.Owner, LastError: rec.LastError, CreatedAt: rec.CreatedAt, OccurredAt: rec.OccurredAt, Deliveries: []Delivery{}}
 	if rec.ReadError != nil {
 		ev.ReadError = rec.ReadError.Error()
+	}
+	if rec.Archived() {
+		at := rec.DeliveredAt
+		ev.DeliveredAt, ev.DeliveredBy = &at, rec.DeliveredBy
 	}
 	if payload {
 		if json.Valid(rec.Headers) {

@@ -21,7 +21,7 @@ import (
 //go:embed templates/*.html
 var templates embed.FS
 
-var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html", "blocked.html", "skip.html", "retire.html", "inbox.html", "inboxentry.html", "inboxconfirm.html", "scheduled.html", "cancel.html"}
+var pageNames = []string{"index.html", "dead.html", "confirm.html", "event.html", "error.html", "blocked.html", "skip.html", "retire.html", "inbox.html", "inboxentry.html", "inboxconfirm.html", "scheduled.html", "cancel.html", "archive.html"}
 
 var funcs = template.FuncMap{
 	// path escapes one path segment of a link: an id or a name with "/",

@@ -28,6 +28,11 @@ type (
 	Status = driver.Status
 	// ScheduledEvent is an event not due yet (Outbox.Scheduled).
 	ScheduledEvent = driver.ScheduledEvent
+	// ArchiveQuery selects archived events (Outbox.SearchArchive).
+	ArchiveQuery = driver.ArchiveQuery
+	// ArchivedEvent is one delivered event kept in the archive
+	// (Outbox.SearchArchive).
+	ArchivedEvent = driver.ArchivedEvent
 )
 
 // The statuses of an event and of a delivery.

@@ -17,8 +17,9 @@ type sampler struct {
 	runner
 }
 
-// cleaner deletes delivered rows older than Config.Retention, at start and
-// every CleanupInterval.
+// cleaner deletes delivered rows older than Config.Retention, and
+// archived ones older than Config.ArchiveRetention, at start and every
+// CleanupInterval.
 type cleaner struct {
 	*deps
 	runner
@@ -129,14 +130,25 @@ func (sm *sampler) run(ctx context.Context) {
 	}
 }
 
-// run deletes delivered rows older than Config.Retention at start
-// and then every CleanupInterval, until ctx ends.
+// run deletes delivered rows older than Config.Retention, and archived
+// ones older than Config.ArchiveRetention, at start and then every
+// CleanupInterval, until ctx ends.
 func (cl *cleaner) run(ctx context.Context) {
-	c := cl.store.(driver.Cleaner) // checked by New
 	t := time.NewTicker(cl.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
-		cl.cleanup(ctx, c)
+		if cl.cfg.Retention > 0 {
+			c := cl.store.(driver.Cleaner) // checked by New
+			cl.cleanup(ctx, "delivered events", func(ctx context.Context) (int64, error) {
+				return c.Cleanup(ctx, cl.cfg.Retention, cl.cfg.CleanupBatchSize, cl.cfg.CleanupDead)
+			}, slog.Duration("older_than", cl.cfg.Retention), slog.Bool("dead_too", cl.cfg.CleanupDead))
+		}
+		if cl.cfg.ArchiveRetention > 0 {
+			a := cl.store.(driver.Archiver) // checked by New
+			cl.cleanup(ctx, "the archive", func(ctx context.Context) (int64, error) {
+				return a.CleanupArchive(ctx, cl.cfg.ArchiveRetention, cl.cfg.CleanupBatchSize)
+			}, slog.Duration("older_than", cl.cfg.ArchiveRetention))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -145,16 +157,17 @@ func (cl *cleaner) run(ctx context.Context) {
 	}
 }
 
-// cleanup runs one cleanup: batches until fewer than a batch is left.
-func (cl *cleaner) cleanup(ctx context.Context, c driver.Cleaner) {
+// cleanup runs one cleanup of what: batches until fewer than a batch is
+// left.
+func (cl *cleaner) cleanup(ctx context.Context, what string, batch func(context.Context) (int64, error), attrs ...any) {
 	var total int64
 	for ctx.Err() == nil {
-		n, err := c.Cleanup(ctx, cl.cfg.Retention, cl.cfg.CleanupBatchSize, cl.cfg.CleanupDead)
+		n, err := batch(ctx)
 		total += n
 		cl.m.Cleaned(n)
 		if err != nil {
 			if ctx.Err() == nil {
-				cl.log.Error("cleanup of delivered events failed", slog.Int64("deleted", total), slog.Any("error", err))
+				cl.log.Error("cleanup of "+what+" failed", slog.Int64("deleted", total), slog.Any("error", err))
 			}
 			return
 		}
@@ -163,7 +176,6 @@ func (cl *cleaner) cleanup(ctx context.Context, c driver.Cleaner) {
 		}
 	}
 	if total > 0 {
-		cl.log.Info("cleanup deleted delivered events", slog.Int64("deleted", total),
-			slog.Duration("older_than", cl.cfg.Retention), slog.Bool("dead_too", cl.cfg.CleanupDead))
+		cl.log.Info("cleanup deleted "+what, append([]any{slog.Int64("deleted", total)}, attrs...)...)
 	}
 }

@@ -132,6 +132,16 @@ type Config struct {
 	// too. By default dead letters stay until they are replayed or deleted
 	// by hand.
 	CleanupDead bool
+	// ArchiveRetention turns on the cleanup of the archive (sqlstore's
+	// Options.ArchiveDelivered, which moves delivered events there): every
+	// instance deletes archived events delivered more than
+	// ArchiveRetention ago (on the database's clock) at Start and then
+	// every CleanupInterval, in batches of CleanupBatchSize rows. It is
+	// the archive's own, independent of Retention, which never touches the
+	// archive. The store must implement driver.Archiver. Zero (the
+	// default) keeps every archived event; the store's CleanupArchive can
+	// still be called by hand (outboxctl archive cleanup).
+	ArchiveRetention time.Duration
 	// CleanupInterval is the time between cleanups. Defaults to 1h.
 	CleanupInterval time.Duration
 	// CleanupBatchSize is the most rows one cleanup statement deletes;
@@ -242,6 +252,9 @@ func (c *Config) validate() error {
 	}
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("outbox: Config.Retention is %v; it must be positive, or 0 to keep every row", c.Retention))
+	}
+	if c.ArchiveRetention < 0 {
+		errs = append(errs, fmt.Errorf("outbox: Config.ArchiveRetention is %v; it must be positive, or 0 to keep every archived event", c.ArchiveRetention))
 	}
 	if c.CleanupDead && c.Retention == 0 {
 		errs = append(errs, errors.New("outbox: Config.CleanupDead is set but Config.Retention is 0; set the retention of dead letters"))

@@ -65,7 +65,7 @@ func (o *Outbox) Start(ctx context.Context) error {
 	o.comp.start()
 	o.leases.start(ctx, o.leases.run)
 	o.sampler.start(ctx, o.sampler.run)
-	if o.cfg.Retention > 0 {
+	if o.cfg.Retention > 0 || o.cfg.ArchiveRetention > 0 {
 		o.cleaner.start(ctx, o.cleaner.run)
 	}
 	if !o.cfg.DisablePoller {

@@ -213,6 +213,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{Config{InstanceID: strings.Repeat("x", 65)}, "Config.InstanceID"},
 		{Config{MaxAttempts: -1}, "Config.MaxAttempts"},
 		{Config{Retention: -time.Hour}, "Config.Retention"},
+		{Config{ArchiveRetention: -time.Hour}, "Config.ArchiveRetention"},
 		{Config{CleanupDead: true}, "Config.CleanupDead"},
 		{Config{Retention: time.Hour, CleanupInterval: -time.Minute}, "Config.CleanupInterval"},
 		{Config{Retention: time.Hour, CleanupBatchSize: -1}, "Config.CleanupBatchSize"},
@@ -228,6 +229,10 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	// A retention needs a store that can delete rows.
 	if _, err := New(&clockStore{}, Config{Retention: time.Hour}); err == nil || !strings.Contains(err.Error(), "driver.Cleaner") {
 		t.Errorf("New with Retention on a store without Cleanup = %v; want an error naming driver.Cleaner", err)
+	}
+	// An archive's retention needs a store that keeps one.
+	if _, err := New(&clockStore{}, Config{ArchiveRetention: time.Hour}); err == nil || !strings.Contains(err.Error(), "driver.Archiver") || !strings.Contains(err.Error(), "ArchiveRetention") {
+		t.Errorf("New with ArchiveRetention on a store without an archive = %v; want an error naming driver.Archiver and the field", err)
 	}
 }
 

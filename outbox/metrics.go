@@ -62,7 +62,8 @@ type Metrics interface {
 	// LeasesReclaimed counts events taken over from an instance whose lease
 	// had expired.
 	LeasesReclaimed(n int)
-	// Cleaned counts rows deleted by the cleanup (Config.Retention).
+	// Cleaned counts rows deleted by the cleanup (Config.Retention), and
+	// archived events deleted by the archive's (Config.ArchiveRetention).
 	Cleaned(n int64)
 	// NoListener counts an event this instance claimed or was handed but
 	// has no listener for: it went back to the table, attempts unchanged,

@@ -62,13 +62,28 @@ func (o *Outbox) countBlocked(ctx context.Context, lags []Lag) error {
 
 // Inspect returns what the store holds of the event id: its row, and each
 // subscription's delivery state with the history of its last attempts.
-// An unknown id gives ErrNotFound.
+// A delivered event that a store in archive mode moved out of its table
+// is looked up in the archive (Record.Archived). An unknown id gives
+// ErrNotFound.
 func (o *Outbox) Inspect(ctx context.Context, id string) (Record, error) {
 	in, ok := o.store.(driver.Inspector)
 	if !ok {
 		return Record{}, fmt.Errorf("outbox: Inspect: the store (%T) does not implement driver.Inspector", o.store)
 	}
 	return in.Inspect(ctx, id)
+}
+
+// SearchArchive lists the archived events that match q (by id, type or
+// aggregate), in id order, up to q.Limit: the delivered events a store in
+// archive mode (sqlstore's Options.ArchiveDelivered) moved out of its
+// table. Inspect shows one in full. The store must implement
+// driver.Archiver (sqlstore does).
+func (o *Outbox) SearchArchive(ctx context.Context, q ArchiveQuery) ([]ArchivedEvent, error) {
+	a, ok := o.store.(driver.Archiver)
+	if !ok {
+		return nil, fmt.Errorf("outbox: SearchArchive: the store (%T) keeps no archive: it does not implement driver.Archiver", o.store)
+	}
+	return a.SearchArchive(ctx, q)
 }
 
 // Scheduled lists up to limit events that are not due yet (delayed by

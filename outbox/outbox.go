@@ -117,6 +117,9 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	if _, ok := store.(driver.Cleaner); cfg.Retention > 0 && !ok {
 		return nil, fmt.Errorf("outbox: Config.Retention is set but the store (%T) cannot delete rows: it does not implement driver.Cleaner", store)
 	}
+	if _, ok := store.(driver.Archiver); cfg.ArchiveRetention > 0 && !ok {
+		return nil, fmt.Errorf("outbox: Config.ArchiveRetention is set but the store (%T) keeps no archive: it does not implement driver.Archiver (sqlstore does); unset ArchiveRetention", store)
+	}
 	ds, ok := store.(driver.DeliveryStore)
 	if !ok {
 		return nil, fmt.Errorf("outbox: New: the store (%T) keeps no per-subscription delivery state: it must implement driver.DeliveryStore (sqlstore and outboxtest do)", store)
@@ -193,7 +196,8 @@ func (o *Outbox) PublishTx(ctx context.Context, tx txctx.Tx, env Envelope) (stri
 // nothing is written, existed is true, and the transaction is as it was
 // and still usable (so a retried request publishes its event once). The
 // dedupe holds while the event's row is kept (Config.Retention, or
-// DeleteDelivered: until it is delivered). An empty ID is a
+// sqlstore's DeleteDelivered or ArchiveDelivered: until it is
+// delivered). An empty ID is a
 // *ValidationError. The store must implement driver.OnceInserter
 // (sqlstore does, but not on a partitioned MySQL table, whose primary key
 // cannot refuse a reused id; outboxtest does).

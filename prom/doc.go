@@ -32,7 +32,7 @@
 //	txoutbox_pending_events                          gauge     undelivered rows (NEW or RETRY), sampled
 //	txoutbox_pending_oldest_age_seconds              gauge     age of the oldest undelivered row, sampled
 //	txoutbox_leases_reclaimed_total                  counter   events taken over from an instance whose lease expired
-//	txoutbox_cleaned_rows_total                      counter   rows deleted by the retention cleanup
+//	txoutbox_cleaned_rows_total                      counter   rows deleted by the retention cleanups (table and archive)
 //	txoutbox_no_listener_total{event_type}           counter   events handed back because this instance has no listener for them
 //	txoutbox_unknown_status_events                   gauge     rows with a status the engine does not know, sampled
 //

@@ -222,7 +222,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		oldestPending:   gauge("pending_oldest_age_seconds", "Age of the oldest undelivered event in the outbox table, 0 if none; sampled every Config.StatsInterval."),
 		dead:            gauge("dead_events", "Dead letters in the outbox table (events dead as a whole and dead deliveries of split events), waiting to be replayed or cleaned up; sampled every Config.StatsInterval."),
 		leasesReclaimed: counter("leases_reclaimed_total", "Events taken over from an instance whose lease had expired."),
-		cleaned:         counter("cleaned_rows_total", "Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention."),
+		cleaned:         counter("cleaned_rows_total", "Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention, and archived events deleted by that of Config.ArchiveRetention."),
 		noListener: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "no_listener_total", ConstLabels: cl,
 			Help: "Events this instance had no listener for, by event type: handed back to the table (no attempt spent) for an instance that has one."}, []string{"event_type"}),
 		circuitOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "circuit_open", ConstLabels: cl,

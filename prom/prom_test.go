@@ -43,7 +43,7 @@ func TestCountersAndGaugesMapToTheirNames(t *testing.T) {
 	m.Cleaned(17)
 
 	want := `
-# HELP txoutbox_cleaned_rows_total Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention.
+# HELP txoutbox_cleaned_rows_total Delivered (and, with CleanupDead, dead) rows deleted by the cleanup of Config.Retention, and archived events deleted by that of Config.ArchiveRetention.
 # TYPE txoutbox_cleaned_rows_total counter
 txoutbox_cleaned_rows_total 1017
 # HELP txoutbox_cold_enqueued_total Events the poller claimed and queued on the cold queue.

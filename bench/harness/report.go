@@ -242,17 +242,7 @@ func (r *DBReport) Targets(hot, cold string) []Target {
 		vsStore = append(vsStore, fmt.Sprintf("%d: %s", conc, r.ratios(cs, RawSqlstoreName, commitTPS).f(ratio)))
 	}
 	add(info("commit tx/s through Publish in txmw ÷ raw order + sqlstore's outbox row (same INSERT as txoutbox), by producers", strings.Join(vsStore, "; ")))
-	// The same with sqlstore's DeleteDelivered (no DONE history).
-	del := (&Txoutbox{HotPath: true, DeleteDelivered: true}).Name()
-	var vsDel []string
-	for _, conc := range r.Concurrency {
-		if cs := r.cellsOf(del, conc); len(cs) > 0 {
-			vsDel = append(vsDel, fmt.Sprintf("%d: %s", conc, r.ratios(cs, RawLimitName, commitTPS).f(ratio)))
-		}
-	}
-	if len(vsDel) > 0 {
-		add(info("commit tx/s through Publish in txmw with sqlstore's DeleteDelivered ÷ raw order + minimal outbox row, by producers", strings.Join(vsDel, "; ")))
-	}
+	r.completionModes(add, hot)
 
 	// The outbox keeps up: delivered/s ÷ committed/s of the same cell.
 	var keep []string
@@ -794,4 +784,35 @@ func joinInts(v []int) string {
 		s[i] = fmt.Sprint(x)
 	}
 	return strings.Join(s, ", ")
+}
+
+// completionModes adds the informational rows of the completion modes:
+// sqlstore's DeleteDelivered against the raw reference, and
+// ArchiveDelivered against the default (hot, DONE kept) and
+// DeleteDelivered.
+func (r *DBReport) completionModes(add func(Target), hot string) {
+	// The same with sqlstore's DeleteDelivered (no DONE history).
+	del := (&Txoutbox{HotPath: true, DeleteDelivered: true}).Name()
+	var vsDel []string
+	for _, conc := range r.Concurrency {
+		if cs := r.cellsOf(del, conc); len(cs) > 0 {
+			vsDel = append(vsDel, fmt.Sprintf("%d: %s", conc, r.ratios(cs, RawLimitName, commitTPS).f(ratio)))
+		}
+	}
+	if len(vsDel) > 0 {
+		add(info("commit tx/s through Publish in txmw with sqlstore's DeleteDelivered ÷ raw order + minimal outbox row, by producers", strings.Join(vsDel, "; ")))
+	}
+	// And with ArchiveDelivered (history moved to <table>_archive): its
+	// cost against the default and DeleteDelivered.
+	arch := (&Txoutbox{HotPath: true, ArchiveDelivered: true}).Name()
+	var vsArch []string
+	for _, conc := range r.Concurrency {
+		if cs := r.cellsOf(arch, conc); len(cs) > 0 {
+			vsArch = append(vsArch, fmt.Sprintf("%d: %s of default, %s of DeleteDelivered", conc,
+				r.ratios(cs, hot, commitTPS).f(ratio), r.ratios(cs, del, commitTPS).f(ratio)))
+		}
+	}
+	if len(vsArch) > 0 {
+		add(info("commit tx/s through Publish in txmw with sqlstore's ArchiveDelivered ÷ the default (DONE kept) and ÷ DeleteDelivered, by producers", strings.Join(vsArch, "; ")))
+	}
 }

@@ -10,6 +10,7 @@ func Systems() []System {
 		&Watermill{Tuned: true},
 		&Txoutbox{HotPath: true},
 		&Txoutbox{HotPath: true, DeleteDelivered: true},
+		&Txoutbox{HotPath: true, ArchiveDelivered: true},
 		&Txoutbox{HotPath: false},
 		&HTTP{Baseline: true},
 		&HTTP{},

@@ -37,6 +37,9 @@ type Txoutbox struct {
 	// DeleteDelivered is sqlstore's Options.DeleteDelivered: delivered
 	// events are deleted instead of kept DONE.
 	DeleteDelivered bool
+	// ArchiveDelivered is sqlstore's Options.ArchiveDelivered: delivered
+	// events are moved into the archive table instead of kept DONE.
+	ArchiveDelivered bool
 
 	env   *Env
 	store *sqlstore.Store
@@ -66,6 +69,8 @@ func (s *Txoutbox) Name() string {
 	switch {
 	case s.DeleteDelivered:
 		name += ", DeleteDelivered"
+	case s.ArchiveDelivered:
+		name += ", ArchiveDelivered"
 	case s.SkipDone:
 		name += ", no MarkDone (experiment)"
 	case s.DoneDelay > 0:
@@ -122,7 +127,7 @@ func newStoreWith(ctx context.Context, db *sqlx.DB, opts sqlstore.Options) (*sql
 
 func (s *Txoutbox) Setup(ctx context.Context, env *Env) error {
 	s.env = env
-	st, err := newStoreWith(ctx, env.DB, sqlstore.Options{Table: env.Prefix + "_ob", DeleteDelivered: s.DeleteDelivered})
+	st, err := newStoreWith(ctx, env.DB, sqlstore.Options{Table: env.Prefix + "_ob", DeleteDelivered: s.DeleteDelivered, ArchiveDelivered: s.ArchiveDelivered})
 	if err != nil {
 		return err
 	}

@@ -538,6 +538,9 @@ type recordJSON struct {
 	Headers       json.RawMessage `json:"headers,omitempty"`
 	Deliveries    []deliveryJSON  `json:"deliveries"`
 	Payload       *string         `json:"payload,omitempty"`
+	// DeliveredAt and DeliveredBy are set for an archived event.
+	DeliveredAt *time.Time `json:"delivered_at,omitempty"`
+	DeliveredBy string     `json:"delivered_by,omitempty"`
 }
 
 func (c *cli) deadShow(args []string) error {
@@ -563,6 +566,10 @@ func recordView(r outbox.Record, withPayload bool) recordJSON {
 		Owner: r.Owner, LastError: r.LastError, Deliveries: []deliveryJSON{}}
 	if r.ReadError != nil {
 		v.ReadError = r.ReadError.Error()
+	}
+	if r.Archived() {
+		at := r.DeliveredAt.UTC()
+		v.DeliveredAt, v.DeliveredBy = &at, r.DeliveredBy
 	}
 	if len(r.Headers) > 0 && json.Valid(r.Headers) {
 		v.Headers = r.Headers
@@ -594,6 +601,9 @@ func (c *cli) printRecord(w *tabwriter.Writer, v recordJSON) {
 	fmt.Fprintf(w, "occurred\t%s\n", v.OccurredAt.Format(time.RFC3339))
 	fmt.Fprintf(w, "created\t%s\n", v.CreatedAt.Format(time.RFC3339))
 	fmt.Fprintf(w, "owner\t%s\n", esc(orDash(v.Owner)))
+	if v.DeliveredAt != nil {
+		fmt.Fprintf(w, "archived\tdelivered %s by %s\n", v.DeliveredAt.Format(time.RFC3339), esc(v.DeliveredBy))
+	}
 	fmt.Fprintf(w, "last error\t%s\n", esc(orDash(oneLine(v.LastError, 200))))
 	if v.ReadError != "" {
 		fmt.Fprintf(w, "read error\t%s\n", esc(v.ReadError))

@@ -26,6 +26,9 @@ var commands = map[string][2]string{
 	"partitions status":   {"partitions status", "MySQL/MariaDB: the table's day partitions."},
 	"scheduled list":      {"scheduled list [-limit 100]", "Events not due yet (Envelope.NotBefore, or given back for a while),\nearliest first, with their due times on the database's clock."},
 	"scheduled cancel":    {"scheduled cancel ID... [-yes]", "Take events back before they are due: they are marked done and never\ndelivered. An ordered event cannot be (its key waits behind it). Without\n-yes it only names them and exits 3."},
+	"archive search":      {"archive search [-id ID] [-type T] [-aggregate TYPE[/ID]] [-after ID] [-limit 100]", "Delivered events the store moved into its archive (sqlstore's\nOptions.ArchiveDelivered), by id, type or aggregate, in id order, with\nwhen and by which instance they were delivered. Never payloads: archive\nshow ID prints one."},
+	"archive show":        {"archive show ID [-payload]", "One event, from the table or the archive, with when and by whom it was\ndelivered; the payload only with -payload."},
+	"archive cleanup":     {"archive cleanup [-older 720h] [-limit 1000] [-yes]", "Delete archived events delivered more than -older ago, -limit rows per\nDELETE (what Config.ArchiveRetention does on every instance). Without\n-yes it only exits 3."},
 	"partitions maintain": {"partitions maintain [-create] [-ahead 7] [-retention 168h -yes] [-dead]", "Add the days ahead; with -retention (and -yes), drop the days past it that\nhold nothing undelivered. -create partitions a table that is not yet."},
 }
 

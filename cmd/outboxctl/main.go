@@ -59,6 +59,15 @@ Commands:
   scheduled cancel ID... [-yes]
                              take events back before they are due; without
                              -yes it only names them and exits 3
+  archive search [-id ID] [-type T] [-aggregate TYPE[/ID]] [-after ID] [-limit 100]
+                             delivered events kept in the archive
+                             (Options.ArchiveDelivered), in id order; never
+                             payloads
+  archive show ID [-payload] one event, archived or not, with when and by
+                             whom it was delivered
+  archive cleanup [-older 720h] [-limit 1000] [-yes]
+                             delete archived events delivered more than
+                             -older ago; without -yes it only exits 3
   inbox list [-consumer C] [-limit 100]
                              parked inbox messages (package inbox), never
                              payloads
@@ -249,6 +258,7 @@ func (c *cli) groups() map[string]group {
 		"dead":       {map[string]func([]string) error{"list": c.deadList, "show": c.deadShow, "replay": c.deadReplay, "purge": c.deadPurge}, "list, show, replay or purge"},
 		"partitions": {map[string]func([]string) error{"status": c.partitionsStatus, "maintain": c.partitionsMaintain}, "status or maintain"},
 		"scheduled":  {map[string]func([]string) error{"list": c.scheduledList, "cancel": c.scheduledCancel}, "list or cancel"},
+		"archive":    {map[string]func([]string) error{"search": c.archiveSearch, "show": c.archiveShow, "cleanup": c.archiveCleanup}, "search, show or cleanup"},
 	}
 }
 

@@ -252,7 +252,15 @@ type Record struct {
 	// the event at the first try (Status is then StatusSplit), in
 	// subscription name order.
 	Deliveries []DeliveryRecord
+	// DeliveredAt (on the database's clock) and DeliveredBy (the
+	// instance) are set when the event was found in the store's archive
+	// (Archiver): delivered and moved out of the event table.
+	DeliveredAt time.Time
+	DeliveredBy string
 }
+
+// Archived reports whether the record is of an archived event.
+func (r Record) Archived() bool { return !r.DeliveredAt.IsZero() }
 
 // DeliveryRecord is the stored state of one subscription's delivery of an
 // event.

@@ -44,6 +44,23 @@ func TestConformance(t *testing.T) {
 			})
 		})
 	}
+	// The same contract with delivered events archived: the table holds
+	// what is still owed, as with DeleteDelivered.
+	for _, name := range testdb.Names {
+		t.Run(name+"-archive-delivered", func(t *testing.T) {
+			testdb.Open(t, name)
+			storetest.Run(t, storetest.Harness{
+				NewStore: func(t *testing.T) (driver.Store, storetest.Beginner) {
+					db := testdb.Open(t, name)
+					st := testdb.StoreWith(t, db, sqlstore.Options{ArchiveDelivered: true})
+					return st, func(ctx context.Context) (storetest.Tx, error) { return outbox.BeginTx(ctx, db.DB, nil) }
+				},
+				ConcurrentWriters: name != "sqlite",
+				DeletesDelivered:  true,
+				ArchivesDelivered: true,
+			})
+		})
+	}
 	// The same contract on a MariaDB table partitioned by day.
 	t.Run("mysql-partitioned", func(t *testing.T) {
 		testdb.MySQL(t)

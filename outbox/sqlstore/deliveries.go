@@ -675,6 +675,9 @@ WHERE locked_by = ? AND status IN (0, 2) AND `+keysIn(len(keys))), keyArgs(keys,
 			return err
 		}
 		ids := eventIDs(keys)
+		if s.arch {
+			return s.archiveFinished(ctx, tx, owner, ids)
+		}
 		_, err = tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
 WHERE status = 4 AND id IN `+in(len(ids))+` AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id IN `+in(len(ids))+`)`),
 			append(stringArgs(ids), stringArgs(ids)...)...)
@@ -841,6 +844,12 @@ WHERE event_id = ? AND subscription = ? AND status IN (0, 2) AND locked_by = ? A
 		return s.txTurn(ctx, tx, owner, driver.TxTurn{Attempts: -1}, eventID, sub)
 	}
 	if at.Whole {
+		return false, nil
+	}
+	if s.arch {
+		if err := s.archiveFinished(ctx, tx, owner, []string{eventID}); err != nil {
+			return false, fmt.Errorf("sqlstore: deliver in a transaction: archive the event: %w", err)
+		}
 		return false, nil
 	}
 	if _, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`

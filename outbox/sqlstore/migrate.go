@@ -46,7 +46,7 @@ func (s *Store) Migrations() ([]Migration, error) {
 		}
 		sqlText := strings.NewReplacer("{{table}}", s.table, "{{name}}", s.name,
 			"{{subscriptions}}", s.SubscriptionsTable(), "{{deliveries}}", s.DeliveriesTable(), "{{attempts}}", s.AttemptsTable(), "{{keys}}", s.KeysTable(), "{{registry}}", s.RegistryTable(),
-			"{{inbox}}", s.InboxTable(), "{{inbox_failures}}", s.InboxFailuresTable()).Replace(string(b))
+			"{{inbox}}", s.InboxTable(), "{{inbox_failures}}", s.InboxFailuresTable(), "{{archive}}", s.ArchiveTable()).Replace(string(b))
 		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(base, ".sql"), SQL: sqlText})
 	}
 	return out, nil

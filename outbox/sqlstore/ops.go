@@ -19,7 +19,10 @@ func (s *Store) Inspect(ctx context.Context, id string) (outbox.Record, error) {
 	var rec outbox.Record
 	r, err := scanRow(s.db.QueryRowContext(ctx, s.q.inspect, id), &rec.LastError)
 	if errors.Is(err, sql.ErrNoRows) {
-		return rec, outbox.ErrNotFound
+		// Delivered and archived (ArchiveDelivered), or never there:
+		// one lookup by primary key more, only for an id the table does
+		// not hold.
+		return s.inspectArchived(ctx, id)
 	}
 	if err != nil {
 		return rec, fmt.Errorf("sqlstore: inspect %s: %w", id, err)

@@ -47,10 +47,10 @@ func (s *Store) KeysTable() string { return s.suffixed("_keys") }
 
 // Tables returns the quoted names of every table the store uses: the
 // outbox table, its schema versions, subscriptions, deliveries, attempts
-// and ordering keys, the registry, and the inbox's two tables.
+// and ordering keys, the registry, the inbox's two tables and the archive.
 func (s *Store) Tables() []string {
 	return []string{s.table, s.SchemaTable(), s.SubscriptionsTable(), s.DeliveriesTable(), s.AttemptsTable(), s.KeysTable(), s.RegistryTable(),
-		s.InboxTable(), s.InboxFailuresTable()}
+		s.InboxTable(), s.InboxFailuresTable(), s.ArchiveTable()}
 }
 
 // MaxOrderingKeyLen is the longest ordering key the table holds, in
@@ -197,14 +197,7 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 	var later []string
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		later = later[:0]
-		m, err := s.markDoneIn(ctx, func(ctx context.Context, q string, args ...any) (int, error) {
-			res, err := tx.ExecContext(ctx, q, args...)
-			if err != nil {
-				return 0, err
-			}
-			n, err := res.RowsAffected()
-			return int(n), err
-		}, owner, ids, registry)
+		m, err := s.markDoneTx(ctx, tx, owner, ids, registry)
 		if err != nil {
 			return err
 		}
@@ -225,6 +218,17 @@ func (s *Store) MarkDoneKeys(ctx context.Context, owner string, ids []string, ev
 	})
 	slices.Sort(later)
 	return n, later, s.explain(err)
+}
+
+// markDoneTx is markDoneIn through tx, or with ArchiveDelivered
+// archiveDone.
+func (s *Store) markDoneTx(ctx context.Context, tx *sqlx.Tx, owner string, ids []string, registry int64) (int, error) {
+	if s.arch {
+		return s.archiveDone(ctx, tx, owner, ids, registry)
+	}
+	return s.markDoneIn(ctx, func(ctx context.Context, q string, args ...any) (int, error) {
+		return execN(ctx, tx, q, args...)
+	}, owner, ids, registry)
 }
 
 // advanceKeys raises the done_seq of the keys in done that no transaction

@@ -38,6 +38,21 @@ type Options struct {
 	// retries and the per-subscription rows of events that failed somewhere
 	// are kept as before.
 	DeleteDelivered bool
+	// ArchiveDelivered moves an event, once it is delivered, into the
+	// archive table <table>_archive (Store.ArchiveTable), with when
+	// (delivered_at, on the database's clock) and by which instance
+	// (delivered_by) it was delivered, instead of marking it DONE: the
+	// copy and the removal commit together, in the transaction that
+	// completes the event. The table then holds only what is still owed,
+	// as with DeleteDelivered, and the archive keeps the history for
+	// audit: Inspect finds an archived event there, SearchArchive (outboxctl
+	// archive search, the admin's Archive page) finds events by id, type
+	// or aggregate, and Config.ArchiveRetention (CleanupArchive) deletes
+	// it in the end. Each completion costs an INSERT … SELECT more than
+	// DeleteDelivered (see BENCHMARKS.md). Events that are DONE without
+	// being delivered (Cancel, SkipDead) stay DONE in the table. Not with
+	// DeleteDelivered.
+	ArchiveDelivered bool
 	// AllowUnsupportedServer lets Migrate go on where CheckServer refuses
 	// the server (TiDB, Vitess, MariaDB before 10.6, …; see CheckServer
 	// and docs/databases.md). The store does not work as documented
@@ -57,6 +72,7 @@ type Store struct {
 	schema string
 	q      queries
 	del    bool // Options.DeleteDelivered
+	arch   bool // Options.ArchiveDelivered
 
 	mu      sync.Mutex
 	cursors map[string]claimCursor // by claiming owner; see claimCursor
@@ -91,6 +107,9 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: New: db is nil")
 	}
+	if opts.DeleteDelivered && opts.ArchiveDelivered {
+		return nil, errors.New("sqlstore: New: Options.DeleteDelivered and Options.ArchiveDelivered are both set; a delivered event is either deleted or archived: set one of them")
+	}
 	d := opts.Dialect
 	if d == nil {
 		var err error
@@ -115,7 +134,7 @@ func New(db *sqlx.DB, opts Options) (*Store, error) {
 	for i, p := range parts {
 		quoted[i] = d.quote(p)
 	}
-	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered,
+	s := &Store{db: db, d: d, table: strings.Join(quoted, "."), name: parts[len(parts)-1], del: opts.DeleteDelivered, arch: opts.ArchiveDelivered,
 		cursors: make(map[string]claimCursor), claimSets: map[string]claimSet{}, anyServer: opts.AllowUnsupportedServer}
 	if len(parts) == 2 {
 		s.schema = parts[0]
@@ -490,12 +509,22 @@ func rollback(tx *sqlx.Tx) error {
 	return nil
 }
 
-// MarkDone implements driver.Store with one UPDATE per call.
+// MarkDone implements driver.Store with one UPDATE per call (with
+// ArchiveDelivered: the archive's statements in one transaction).
 func (s *Store) MarkDone(ctx context.Context, owner string, ids []string, registry int64) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := s.markDoneIn(ctx, s.execCount, owner, ids, registry)
+	var n int
+	var err error
+	if s.arch {
+		err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+			n, err = s.archiveDone(ctx, tx, owner, ids, registry)
+			return err
+		})
+	} else {
+		n, err = s.markDoneIn(ctx, s.execCount, owner, ids, registry)
+	}
 	if err == nil && n == 0 {
 		err = s.registryMoved(ctx, s.db, registry)
 	}

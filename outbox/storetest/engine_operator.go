@@ -273,7 +273,11 @@ func testRetention(t *testing.T, e *env) {
 	time.Sleep(5 * time.Millisecond) // let the rows age past the 1ms retention (no signal for elapsed time)
 	clean(false)
 	for _, id := range done {
-		if _, err := e.store.(driver.Inspector).Inspect(context.Background(), id); !errors.Is(err, outbox.ErrNotFound) {
+		r, err := e.store.(driver.Inspector).Inspect(context.Background(), id)
+		if e.h.ArchivesDelivered && err == nil && r.Archived() {
+			continue // the archive's retention is the archive's
+		}
+		if !errors.Is(err, outbox.ErrNotFound) {
 			t.Fatalf("DONE event %s after cleanup: %v; want it deleted", id, err)
 		}
 	}

@@ -50,6 +50,11 @@ type Harness struct {
 	// subscription has it (sqlstore's Options.DeleteDelivered): the suite
 	// then takes an event Inspect no longer finds for a delivered one.
 	DeletesDelivered bool
+	// ArchivesDelivered reports a store that moves a delivered event into
+	// an archive (sqlstore's Options.ArchiveDelivered; set
+	// DeletesDelivered too): Inspect finds it there (Record.Archived),
+	// and Config.Retention's cleanup leaves it to the archive's own.
+	ArchivesDelivered bool
 	// Serial runs every case alone, one after another. By default most
 	// cases run in parallel (see Run), each on a store of its own, so
 	// NewStore is called from several goroutines at once: set Serial if

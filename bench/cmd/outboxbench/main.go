@@ -727,7 +727,7 @@ func fresh(s harness.System) harness.System {
 	case *harness.Watermill:
 		return &harness.Watermill{Tuned: s.Tuned}
 	case *harness.Txoutbox:
-		return &harness.Txoutbox{HotPath: s.HotPath, Via: s.Via, DoneDelay: s.DoneDelay, SkipDone: s.SkipDone, DeleteDelivered: s.DeleteDelivered}
+		return &harness.Txoutbox{HotPath: s.HotPath, Via: s.Via, DoneDelay: s.DoneDelay, SkipDone: s.SkipDone, DeleteDelivered: s.DeleteDelivered, ArchiveDelivered: s.ArchiveDelivered}
 	case *harness.HTTP:
 		return &harness.HTTP{Baseline: s.Baseline}
 	}
