@@ -29,6 +29,8 @@ type Report struct {
 	Inbox *InboxReport `json:",omitempty"`
 	// Stats are the statistics rows (issue 34).
 	Stats []StatsResult `json:",omitempty"`
+	// Delayed are the delayed-events rows (issue 35).
+	Delayed []DelayedResult `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -444,6 +446,7 @@ func (r *Report) Targets(hot, cold string) []Target {
 		ts = append(ts, r.Inbox.Targets()...)
 	}
 	ts = append(ts, StatsTargets(r.Stats)...)
+	ts = append(ts, DelayedTargets(r.Delayed)...)
 	return append(ts, LoadTargets(r.Load)...)
 }
 
@@ -524,6 +527,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if len(r.Stats) > 0 {
 		p("")
 		WriteStatsDrains(w, r.Stats, "")
+	}
+	if len(r.Delayed) > 0 {
+		p("")
+		WriteDelayed(w, r.Delayed, "")
 	}
 	if len(r.Load) > 0 {
 		p("")
