@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,9 @@ type DelayedResult struct {
 	Delivered, Duplicates, Lost, Early int64
 	// Lateness of the first delivery of each event, receive − NotBefore.
 	LateP50, LateP99, LateMax time.Duration
+	// LateP99ByTenth is the lateness p99 of the events due in each tenth
+	// of the window, in order.
+	LateP99ByTenth []time.Duration
 	// Span is from the first NotBefore to the last first delivery; Rate
 	// is Delivered ÷ Span.
 	Span time.Duration
@@ -267,8 +271,12 @@ func (r *delayedRun) publishTx(ctx context.Context, envs []outbox.Envelope) erro
 // finish computes the lateness and the counts from the recorder.
 func (r *delayedRun) finish(res *DelayedResult) {
 	late := make([]time.Duration, 0, r.o.N)
+	var cuts []int // late[cuts[i]:cuts[i+1]] are the events due in tenth i
 	var last time.Duration
 	for seq := range r.o.N {
+		for len(cuts) <= int(seq*10/r.o.N) {
+			cuts = append(cuts, len(late))
+		}
 		at := time.Duration(r.rec.deliver[seq].Load())
 		if at == 0 {
 			continue
@@ -280,6 +288,7 @@ func (r *delayedRun) finish(res *DelayedResult) {
 		late = append(late, l)
 		last = max(last, at)
 	}
+	res.LateP99ByTenth = tenthsP99(late, append(cuts, len(late)))
 	slices.Sort(late)
 	res.Delivered, res.Duplicates = int64(len(late)), r.rec.dups.Load()
 	res.Lost = res.Published - res.Delivered
@@ -289,6 +298,26 @@ func (r *delayedRun) finish(res *DelayedResult) {
 	if res.Span = last - r.first; res.Span > 0 {
 		res.Rate = float64(res.Delivered) / res.Span.Seconds()
 	}
+}
+
+// tenthsP99 returns the p99 of each part late[cuts[i]:cuts[i+1]].
+func tenthsP99(late []time.Duration, cuts []int) []time.Duration {
+	var out []time.Duration
+	for i := 0; i+1 < len(cuts); i++ {
+		part := slices.Clone(late[cuts[i]:cuts[i+1]])
+		slices.Sort(part)
+		out = append(out, quantile(part, 0.99))
+	}
+	return out
+}
+
+// tenthsString renders the p99 of each tenth, in seconds.
+func tenthsString(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = strconv.FormatFloat(d.Seconds(), 'f', 2, 64)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // liveHeap returns the heap in use by reachable objects: HeapAlloc right
@@ -303,9 +332,9 @@ func liveHeap() uint64 {
 // String is the run in one line, for logs.
 func (r DelayedResult) String() string {
 	start, peak, end := r.WindowHeap()
-	return fmt.Sprintf("%s delayed %d over %v (lead %v): published in %v, delivered %d (lost %d, dups %d, early %d), lateness p50 %v p99 %v max %v, %.0f events/s over %v; paths hot %d poller %d, %d claims; live heap %s → %s → %s, heap in use at window start %s, max %s, end %s; load %s",
+	return fmt.Sprintf("%s delayed %d over %v (lead %v): published in %v, delivered %d (lost %d, dups %d, early %d), lateness p50 %v p99 %v max %v (p99 by tenth of the window, s: %s), %.0f events/s over %v; paths hot %d poller %d, %d claims; live heap %s → %s → %s, heap in use at window start %s, max %s, end %s; load %s",
 		r.DB, r.N, r.Window, r.Lead, r.Publish.Round(time.Millisecond), r.Delivered, r.Lost, r.Duplicates, r.Early,
-		r.LateP50.Round(time.Millisecond), r.LateP99.Round(time.Millisecond), r.LateMax.Round(time.Millisecond), r.Rate, r.Span.Round(time.Millisecond),
+		r.LateP50.Round(time.Millisecond), r.LateP99.Round(time.Millisecond), r.LateMax.Round(time.Millisecond), tenthsString(r.LateP99ByTenth), r.Rate, r.Span.Round(time.Millisecond),
 		r.Hot, r.Cold, r.Claims, mib(float64(r.LiveBefore)), mib(float64(r.LivePublished)), mib(float64(r.LiveEnd)),
 		mib(float64(start)), mib(float64(peak)), mib(float64(end)), r.Load)
 }
@@ -338,21 +367,21 @@ func WriteDelayed(w io.Writer, rs []DelayedResult, header string) {
 	}
 	if len(rs) > 0 {
 		r := rs[0]
-		p("%s events with `Envelope.NotBefore` spread evenly over %v, the first due %v after the publishing starts; %d producers in the bench process publish them in order of their due time, %d to a transaction (`PublishAllTx`), as fast as the database takes them, through the one engine (default Config, sqlstore) that delivers them to a plain `Handler` recording when it received each. **Lateness** = receive time − NotBefore, both on this machine's clock (the database only turns the delay into `available_at`); **early** = received before NotBefore (must be 0). **Delivered/s** = events delivered ÷ (last delivery − first NotBefore); the even spread is N ÷ window. **Live heap**: `HeapAlloc` right after `runtime.GC()`, before the publishing, once every event is scheduled, and once every event is delivered; it includes the harness's own record of 20 bytes an event, allocated before the first. **Heap in use**: `HeapInuse` sampled every second, at the first NotBefore, its maximum from then on, and at the end (garbage included). Paths: events queued by the hot path and by the poller (a delayed event never takes the hot path). Targets: lateness p99 ≤ %v with nothing lost; the live heap no more than %s above its level before the publishing (no memory per scheduled event).",
+		p("%s events with `Envelope.NotBefore` spread evenly over %v, the first due %v after the publishing starts; %d producers in the bench process publish them in order of their due time, %d to a transaction (`PublishAllTx`), as fast as the database takes them, through the one engine (default Config, sqlstore) that delivers them to a plain `Handler` recording when it received each. **Lateness** = receive time − NotBefore, both on this machine's clock (the database only turns the delay into `available_at`); **early** = received before NotBefore (must be 0). **Delivered/s** = events delivered ÷ (last delivery − first NotBefore); the even spread is N ÷ window. **Live heap**: `HeapAlloc` right after `runtime.GC()`, before the publishing, once every event is scheduled, and once every event is delivered; it includes the harness's own record of 20 bytes an event, allocated before the first measure. **Heap in use**: `HeapInuse` sampled every second, at the first NotBefore, its maximum from then on, and at the end (garbage included). Paths: events queued by the hot path and by the poller (a delayed event never takes the hot path). Targets: lateness p99 ≤ %v with nothing lost; the live heap no more than %s above its level before the publishing (no memory per scheduled event).",
 			num(float64(r.N)), r.Window, r.Lead, r.Producers, r.PerTx, DelayedLateP99, mib(DelayedHeapGrowth))
 		p("")
 	}
-	p("| database | events | window | publish (events/s) | before first due | delivered | lost | dups | early | lateness p50 | p99 | max | delivered/s (even spread) | paths hot / poller, claims | live heap | heap in use start / max / end | p99 ≤ %v | heap flat |", DelayedLateP99)
-	p("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
+	p("| database | events | window | publish (events/s) | before first due | delivered | lost | dups | early | lateness p50 | p99 | max | p99 by tenth of the window (s) | delivered/s (even spread) | paths hot / poller, claims | live heap | heap in use start / max / end | p99 ≤ %v | heap flat |", DelayedLateP99)
+	p("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | --- | --- | --- |")
 	for _, r := range rs {
 		start, peak, end := r.WindowHeap()
 		inTime := "yes"
 		if !r.PublishedInTime() {
 			inTime = fmt.Sprintf("**no** (%v after)", (r.Publish - r.Lead).Round(time.Second))
 		}
-		p("| %s | %s | %v | %s (%s) | %s | %s | %d | %d | %d | %s | %s | %s | %s (%s) | %d / %d, %d | %s | %s / %s / %s | %s | %s |",
+		p("| %s | %s | %v | %s (%s) | %s | %s | %d | %d | %d | %s | %s | %s | %s | %s (%s) | %d / %d, %d | %s | %s / %s / %s | %s | %s |",
 			r.DB, num(float64(r.N)), r.Window, dur(float64(r.Publish)), num(float64(r.Published)/r.Publish.Seconds()), inTime,
-			num(float64(r.Delivered)), r.Lost, r.Duplicates, r.Early, dur(float64(r.LateP50)), dur(float64(r.LateP99)), dur(float64(r.LateMax)),
+			num(float64(r.Delivered)), r.Lost, r.Duplicates, r.Early, dur(float64(r.LateP50)), dur(float64(r.LateP99)), dur(float64(r.LateMax)), tenthsString(r.LateP99ByTenth),
 			num(r.Rate), num(float64(r.N)/r.Window.Seconds()), r.Hot, r.Cold, r.Claims, heapGrowth(r),
 			mib(float64(start)), mib(float64(peak)), mib(float64(end)), metMark(r.LateP99 <= DelayedLateP99 && r.Lost == 0), metMark(r.HeapFlat()))
 	}
