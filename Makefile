@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-delayed bench-load bench-partitions bench-connectors run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -46,7 +46,7 @@ lint: vet
 fmt:
 	gofmt -w .
 
-## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys: raw SQL order + minimal outbox row without and with the key-row upsert, whose ratio is the raw floor, -ordered-raw=false skips them; then Unordered vs Ordered; -ordered=false skips them all), then the inbox rows (make bench-inbox; -inbox=false skips them), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~45 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
+## bench: on the local MariaDB and PostgreSQL (-db mariadb,postgres; -dsn, -pg-dsn): producer tables against the raw minimal-row and sqlstore-row limits and Watermill's forwarder, the HTTP rows (chi + txmw vs a hand-written handler), backlog drains and memory, the ordered-subscription rows (16 producers over 1,000 keys: raw SQL order + minimal outbox row without and with the key-row upsert, whose ratio is the raw floor, -ordered-raw=false skips them; then Unordered vs Ordered; -ordered=false skips them all), then the inbox rows (make bench-inbox; -inbox=false skips them), the delayed-events rows (make bench-delayed; -delayed=false skips them), then the connector table (NATS, RabbitMQ, Redis, Kafka on kfake; -connectors=false skips it) (~75 min on 2 cores; the load test is make bench-load); writes BENCHMARKS.md. BENCHFLAGS passes flags (see `go run ./cmd/outboxbench -h` in bench/).
 bench:
 	cd bench && $(GO) run ./cmd/outboxbench -out ../BENCHMARKS.md $(BENCHFLAGS)
 
@@ -69,6 +69,10 @@ bench-stats:
 ## bench-rate: only the rate-limit rows (a subscription limited to 500 events/s with a backlog present; a 50,000-event drain beside it, on other events and on the same events, against the same drain alone; MariaDB and PostgreSQL, 3 repeats; ~5 min); replaces the section "Rate limit" of BENCHMARKS.md (make bench includes the rows).
 bench-rate:
 	cd bench && $(GO) run ./cmd/outboxbench -only-rate -out ../BENCHMARKS.md $(BENCHFLAGS)
+
+## bench-delayed: only the delayed-events rows (issue 35; MariaDB and PostgreSQL; ~30 min): 1,000,000 events with NotBefore spread evenly over 10 minutes (-delayed-events, -delayed-window; the first due -delayed-lead after the publishing starts, by default 10 s + the events at 4,000/s), published by 8 producers 100 to a transaction, delivered by one engine (default Config); lateness (receive − NotBefore) p50/p99/max against p99 ≤ 1 s, delivered rate, and the live heap before the publishing, once all are scheduled and once all are delivered (flat: no memory per scheduled event); replaces the section "Delayed events" of BENCHMARKS.md (make bench includes the rows).
+bench-delayed:
+	cd bench && $(GO) run ./cmd/outboxbench -only-delayed -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-load: only the load test (64 HTTP clients, two instances, MariaDB; ~6 min); writes docs/bench/load.md.
 bench-load:

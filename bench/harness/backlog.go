@@ -357,6 +357,12 @@ func startSampling(on bool, rec *Recorder, out *[]MemSample) (stop func()) {
 	if !on {
 		return func() {}
 	}
+	return sampleEvery(250*time.Millisecond, rec, out)
+}
+
+// sampleEvery appends a memory sample to out now, every interval, and
+// when the returned stop is called.
+func sampleEvery(interval time.Duration, rec *Recorder, out *[]MemSample) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	take := func() {
@@ -367,7 +373,7 @@ func startSampling(on bool, rec *Recorder, out *[]MemSample) (stop func()) {
 	}
 	take()
 	wg.Go(func() {
-		t := time.NewTicker(250 * time.Millisecond)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {

@@ -31,6 +31,8 @@ type Report struct {
 	Stats []StatsResult `json:",omitempty"`
 	// Rate are the rate-limit rows (issue 35).
 	Rate []RateResult `json:",omitempty"`
+	// Delayed are the delayed-events rows (issue 35).
+	Delayed []DelayedResult `json:",omitempty"`
 }
 
 // DBReport is what one run measured on one database.
@@ -436,6 +438,7 @@ func (r *Report) Targets(hot, cold string) []Target {
 		ts = append(ts, r.Inbox.Targets()...)
 	}
 	ts = append(ts, StatsTargets(r.Stats)...)
+	ts = append(ts, DelayedTargets(r.Delayed)...)
 	return append(ts, LoadTargets(r.Load)...)
 }
 
@@ -520,6 +523,10 @@ func (r *Report) Write(w io.Writer, hot, cold string) {
 	if len(r.Rate) > 0 {
 		p("")
 		WriteRateLimit(w, r.Rate, "")
+	}
+	if len(r.Delayed) > 0 {
+		p("")
+		WriteDelayed(w, r.Delayed, "")
 	}
 	if len(r.Load) > 0 {
 		p("")

@@ -15,7 +15,10 @@
 // hand-written consume → BEGIN → dedupe INSERT → effect → COMMIT → ack
 // loop on NATS and Kafka, and the cost of a duplicate; -only-inbox runs
 // them alone and replaces their section of -out: `make bench-inbox`);
-// then the connector table.
+// the delayed-events rows of issue 35 (events with NotBefore spread over
+// a window: lateness, delivered rate and heap; -only-delayed runs them
+// alone and replaces their section of -out: `make bench-delayed`); then
+// the connector table.
 //
 //	go run ./cmd/outboxbench -out ../BENCHMARKS.md
 //
@@ -120,6 +123,13 @@ func main() {
 		inboxConc   = flag.Int("inbox-concurrency", 4, "messages (NATS) or partitions (Kafka) handled at once in the inbox rows")
 		inboxDups   = flag.Int("inbox-dups", 2000, "Handle calls per duplicate-cost cell of the inbox rows")
 		inboxBrk    = flag.String("inbox-brokers", "nats,kafka", "brokers of the inbox rows: nats, kafka (in-process kfake)")
+		delayedOn   = flag.Bool("delayed", true, "run the delayed-events rows: -delayed-events events with NotBefore spread evenly over -delayed-window, delivered by one engine; their lateness, delivered rate and heap (see -only-delayed)")
+		onlyDelayed = flag.Bool("only-delayed", false, "run the delayed-events rows only (-db, -delayed-* apply) and replace the section \"Delayed events\" of -out with them (make bench-delayed)")
+		delayedN    = flag.Int64("delayed-events", 1_000_000, "events of the delayed-events rows")
+		delayedWin  = flag.Duration("delayed-window", 10*time.Minute, "span of the delayed events' NotBefore times")
+		delayedLead = flag.Duration("delayed-lead", 0, "time from the start of the publishing to the first NotBefore; 0: 10 s + the events at 4,000/s (the publishing should end before the first is due)")
+		delayedProd = flag.Int("delayed-producers", 8, "producers of the delayed-events rows")
+		delayedTx   = flag.Int("delayed-per-tx", 100, "events per producer transaction (one PublishAll) of the delayed-events rows")
 		instHot     = flag.Int("instances-hot-every", 2, "diagnosis: every n-th transaction of the many-instances rows publishes through a subscribing engine (hot path), the others through one without subscriptions; -1: none")
 	)
 	flag.Parse()
@@ -211,7 +221,7 @@ func main() {
 		fatal("-backlog: %v", err)
 	}
 	if *onlyLoad {
-		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn, *statsOn, *rateOn = nil, nil, nil, 0, false, false, false, false, false
+		dialects, concs, sizes, *memN, *connOn, *orderedOn, *instOn, *statsOn, *rateOn, *delayedOn = nil, nil, nil, 0, false, false, false, false, false, false
 	}
 	harness.OrderedPollInterval = *orderedPoll
 	harness.OrderedKeys = *orderedKeys
@@ -229,6 +239,11 @@ func main() {
 	rateOpts := harness.RateOptions{Drain: *rateDrain, Window: *rateWindow, Log: logf}
 	if *onlyRate {
 		onlyRateRun(ctx, dialects, open, *out, *repeats, rateOpts)
+		return
+	}
+	delayedOpts := harness.DelayedOptions{N: *delayedN, Window: *delayedWin, Lead: *delayedLead, Producers: *delayedProd, PerTx: *delayedTx, Log: logf}
+	if *onlyDelayed {
+		onlyDelayedRun(ctx, dialects, open, *out, delayedOpts)
 		return
 	}
 	if *onlyStats {
@@ -267,6 +282,7 @@ func main() {
 	if *instOn {
 		est += time.Duration(len(dialects)*len(strings.Split(*instPolls, ","))**instReps) * (*instDur + 10*time.Second)
 	}
+	est += delayedEstimate(len(dialects), *delayedOn, delayedOpts)
 	if *inboxOn {
 		est += time.Duration(len(dialects)**repeats) * time.Minute
 	}
@@ -316,6 +332,7 @@ func main() {
 	if *statsOn && len(dialects) > 0 {
 		rep.Stats = runStats(ctx, dialects, open, *statsN, *repeats)
 	}
+	rep.Delayed = runDelayed(ctx, *delayedOn, dialects, open, delayedOpts)
 
 	if *rateOn && len(dialects) > 0 {
 		rep.Rate = runRate(ctx, dialects, open, *repeats, rateOpts)
