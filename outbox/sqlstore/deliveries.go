@@ -674,14 +674,7 @@ WHERE locked_by = ? AND status IN (0, 2) AND `+keysIn(len(keys))), keyArgs(keys,
 		if n, err = res.RowsAffected(); err != nil {
 			return err
 		}
-		ids := eventIDs(keys)
-		if s.arch {
-			return s.archiveFinished(ctx, tx, owner, ids)
-		}
-		_, err = tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
-WHERE status = 4 AND id IN `+in(len(ids))+` AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id IN `+in(len(ids))+`)`),
-			append(stringArgs(ids), stringArgs(ids)...)...)
-		return err
+		return s.finishSplit(ctx, tx, owner, eventIDs(keys))
 	})
 	if err != nil {
 		return 0, fmt.Errorf("sqlstore: complete deliveries: %w", err)
@@ -846,17 +839,52 @@ WHERE event_id = ? AND subscription = ? AND status IN (0, 2) AND locked_by = ? A
 	if at.Whole {
 		return false, nil
 	}
-	if s.arch {
-		if err := s.archiveFinished(ctx, tx, owner, []string{eventID}); err != nil {
-			return false, fmt.Errorf("sqlstore: deliver in a transaction: archive the event: %w", err)
-		}
-		return false, nil
-	}
-	if _, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
-WHERE status = 4 AND id = ? AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id = ?)`), eventID, eventID); err != nil {
+	if err := s.finishSplit(ctx, tx, owner, []string{eventID}); err != nil {
 		return false, fmt.Errorf("sqlstore: deliver in a transaction: complete the event: %w", err)
 	}
 	return false, nil
+}
+
+// finishSplit completes, through tx, those of the split events ids none
+// of whose deliveries is left to do (their last ones were just written
+// DONE in tx): DONE, or into the archive (Options.ArchiveDelivered) as
+// delivered by owner.
+//
+// It locks the events' rows first (lockEvents). Without that, two
+// transactions writing the last two deliveries of one event at once each
+// read the other's delivery as still to do (at READ COMMITTED a statement
+// sees what was committed when it began, and the other had not
+// committed), and neither completed the event: it stayed split for good.
+// Locked, the second waits for the first to commit, and its next
+// statement sees both deliveries done.
+func (s *Store) finishSplit(ctx context.Context, tx archiveExec, owner string, ids []string) error {
+	if err := s.lockEvents(ctx, tx, ids); err != nil {
+		return err
+	}
+	if s.arch {
+		return s.archiveFinished(ctx, tx, owner, ids)
+	}
+	_, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 1, done_at = `+s.d.now+`
+WHERE status = 4 AND id IN `+in(len(ids))+` AND id NOT IN (SELECT event_id FROM `+s.DeliveriesTable()+` WHERE status <> 1 AND event_id IN `+in(len(ids))+`)`),
+		append(stringArgs(ids), stringArgs(ids)...)...)
+	return err
+}
+
+// lockEvents locks the rows of the events ids in tx, in id order (so
+// that two transactions locking some of the same rows wait for each
+// other instead of deadlocking), on the dialects with row locks; SQLite's
+// write transaction holds the whole database already.
+func (s *Store) lockEvents(ctx context.Context, tx archiveExec, ids []string) error {
+	if s.d.rowLock == "" || len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.QueryContext(ctx, s.rebind(`SELECT id FROM `+s.table+s.d.byID+` WHERE id IN `+in(len(ids))+` ORDER BY id`+s.d.rowLock), stringArgs(ids)...)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+	}
+	return errors.Join(rows.Err(), rows.Close())
 }
 
 // DueNow implements driver.DeliveryStore.

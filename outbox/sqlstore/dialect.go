@@ -67,6 +67,10 @@ type Dialect struct {
 	// rows). PostgreSQL marks dead index entries on the first scan that
 	// meets them, so its claims stay flat without a cursor.
 	claimCursor bool
+	// rowLock follows a SELECT that locks the rows it reads until the
+	// transaction ends (lockEvents); empty where a write transaction
+	// holds the whole database (SQLite).
+	rowLock string
 	// byIDStatus is the status column in the WHERE of writes that name
 	// their rows by id. PostgreSQL's generic plan for such a prepared
 	// statement (pgx prepares every statement; the sixth run of one gets
@@ -131,6 +135,7 @@ var (
 		nowPlus:         "(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
 		nowMinus:        "(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
 		lock:            " FOR UPDATE SKIP LOCKED",
+		rowLock:         " FOR UPDATE",
 		quote:           func(s string) string { return "`" + s + "`" },
 		bind:            sqlx.QUESTION,
 		retryable:       func(err error) bool { return mysqlErr(err, 1213, 1205) }, // deadlock, lock wait timeout
@@ -155,6 +160,7 @@ var (
 		nowPlus:         "(clock_timestamp() + ? * INTERVAL '1 microsecond')",
 		nowMinus:        "(clock_timestamp() - ? * INTERVAL '1 microsecond')",
 		lock:            " FOR UPDATE SKIP LOCKED",
+		rowLock:         " FOR UPDATE",
 		quote:           func(s string) string { return `"` + s + `"` },
 		bind:            sqlx.DOLLAR,
 		retryable:       func(err error) bool { return sqlState(err, "40001", "40P01", "55P03") },

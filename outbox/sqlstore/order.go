@@ -1257,7 +1257,12 @@ func (s *Store) SkipDead(ctx context.Context, ids []string) (int, error) {
 		}
 		n, _ = res.RowsAffected()
 		total += int(n)
-		// A split event whose deliveries are now all done is done.
+		// A split event whose deliveries are now all done is done (DONE
+		// also in archive mode: what was skipped was never delivered).
+		// Locked first: see finishSplit.
+		if err := s.lockEvents(ctx, tx, ids); err != nil {
+			return err
+		}
 		_, err = tx.ExecContext(ctx, s.rebind(`UPDATE `+s.table+` SET status = 1, done_at = `+s.d.now+` WHERE status = 4 AND id IN `+in(len(ids))+`
   AND NOT EXISTS (SELECT 1 FROM `+s.DeliveriesTable()+` d WHERE d.event_id = `+s.table+`.id AND d.status <> 1)`), stringArgs(ids)...)
 		return err

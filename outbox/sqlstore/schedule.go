@@ -77,8 +77,11 @@ WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR lo
 
 // NextDue implements driver.Scheduler: the first entry of the (status,
 // available_at) index past now, and now, both on the database's clock.
+// ORDER BY … LIMIT 1, not MIN(): with a condition off the index (the
+// lease), MariaDB's MIN read every scheduled row (over a second per call
+// with 1,000,000 scheduled); the ordered read stops at the first.
 func (s *Store) NextDue(ctx context.Context) (time.Duration, bool, error) {
-	q := `SELECT (SELECT MIN(available_at) FROM ` + s.table + ` WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `)), ` + s.d.now
+	q := `SELECT (SELECT available_at FROM ` + s.table + ` WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `) ORDER BY status, available_at LIMIT 1), ` + s.d.now
 	var next, now dbTime
 	if err := s.db.QueryRowContext(ctx, q).Scan(&next, &now); err != nil {
 		return 0, false, fmt.Errorf("sqlstore: next due: %w", s.explain(err))
