@@ -140,7 +140,9 @@ type Config struct {
 	// the archive's own, independent of Retention, which never touches the
 	// archive. The store must implement driver.Archiver. Zero (the
 	// default) keeps every archived event; the store's CleanupArchive can
-	// still be called by hand (outboxctl archive cleanup).
+	// still be called by hand (outboxctl archive cleanup). On a
+	// partitioned MySQL/MariaDB archive, sqlstore's
+	// PartitionConfig.ArchiveRetention drops old days whole instead.
 	ArchiveRetention time.Duration
 	// CleanupInterval is the time between cleanups. Defaults to 1h.
 	CleanupInterval time.Duration

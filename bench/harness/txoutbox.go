@@ -209,6 +209,15 @@ type Counters struct {
 	hot, dropped, cold atomic.Int64
 	doneCalls, doneIDs atomic.Int64
 	claims             atomic.Int64
+	// doneMax is the longest MarkDone (ns); doneSlow counts those over
+	// 20 ms (a completion stalled: the diagnosis of the hot queue's
+	// overflows at 64 producers).
+	doneMax, doneSlow atomic.Int64
+}
+
+// SlowDone returns the longest MarkDone and how many took over 20 ms.
+func (c *Counters) SlowDone() (longest time.Duration, over20ms int64) {
+	return time.Duration(c.doneMax.Load()), c.doneSlow.Load()
 }
 
 // Statements returns how many MarkDone statements marked how many events,
@@ -245,7 +254,19 @@ func (e *countingStore) MarkDone(ctx context.Context, owner string, ids []string
 		return len(ids), nil
 	}
 	time.Sleep(e.delay)
-	return e.Store.MarkDone(ctx, owner, ids, registry)
+	start := time.Now()
+	n, err := e.Store.MarkDone(ctx, owner, ids, registry)
+	took := time.Since(start)
+	if took > 20*time.Millisecond {
+		e.m.doneSlow.Add(1)
+	}
+	for {
+		m := e.m.doneMax.Load()
+		if int64(took) <= m || e.m.doneMax.CompareAndSwap(m, int64(took)) {
+			break
+		}
+	}
+	return n, err
 }
 
 func (e *countingStore) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {

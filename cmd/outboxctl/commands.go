@@ -1010,13 +1010,18 @@ type partitionJSON struct {
 
 func (c *cli) partitionsStatus(args []string) error {
 	fs := c.flags("partitions status")
+	archive := fs.Bool("archive", false, "the archive's partitions (by the day its events were delivered)")
 	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
-		ps, err := s.Partitions(c.ctx)
+		list, table := s.Partitions, s.Table()
+		if *archive {
+			list, table = s.ArchivePartitions, s.ArchiveTable()
+		}
+		ps, err := list(c.ctx)
 		if err != nil {
 			return err
 		}
 		if len(ps) == 0 {
-			return fmt.Errorf("%s is not partitioned (outboxctl partitions maintain -create partitions it)", s.Table())
+			return fmt.Errorf("%s is not partitioned (outboxctl partitions maintain -create partitions it)", table)
 		}
 		out := make([]partitionJSON, len(ps))
 		for i, p := range ps {
@@ -1035,11 +1040,13 @@ func (c *cli) partitionsStatus(args []string) error {
 }
 
 type maintainJSON struct {
-	Created bool             `json:"created,omitempty"`
-	Busy    bool             `json:"busy,omitempty"`
-	Added   []string         `json:"added"`
-	Dropped []string         `json:"dropped"`
-	Kept    map[string]int64 `json:"kept_undelivered,omitempty"`
+	Created        bool             `json:"created,omitempty"`
+	Busy           bool             `json:"busy,omitempty"`
+	Added          []string         `json:"added"`
+	Dropped        []string         `json:"dropped"`
+	Kept           map[string]int64 `json:"kept_undelivered,omitempty"`
+	ArchiveAdded   []string         `json:"archive_added"`
+	ArchiveDropped []string         `json:"archive_dropped"`
 }
 
 func (c *cli) partitionsMaintain(args []string) error {
@@ -1048,36 +1055,35 @@ func (c *cli) partitionsMaintain(args []string) error {
 	ahead := fs.Int("ahead", 7, "days ahead that get their partition")
 	retention := fs.Duration("retention", 0, "drop day partitions that ended longer ago than this, when nothing in them is undelivered (0: drop none)")
 	dead := fs.Bool("dead", false, "drop partitions holding dead events too")
-	yes := fs.Bool("yes", false, "really drop partitions past -retention")
+	archiveRetention := fs.Duration("archive-retention", 0, "drop the archive's day partitions that ended longer ago than this, with their archived events (0: drop none)")
+	yes := fs.Bool("yes", false, "really drop partitions past -retention or -archive-retention")
 	return c.withStore(fs, args, exactly(0), func(s *sqlstore.Store, _ []string) error {
-		if *retention < 0 {
-			return usageErr("-retention %v: want ≥ 0", *retention)
+		for name, d := range map[string]time.Duration{"retention": *retention, "archive-retention": *archiveRetention} {
+			if d < 0 {
+				return usageErr("-%s %v: want ≥ 0", name, d)
+			}
+			if d > 0 && !*yes {
+				return usageErr("-%s %v drops the day partitions past it, with their rows: add -yes (partitions status [-archive] lists them)", name, d)
+			}
 		}
-		if *retention > 0 && !*yes {
-			return usageErr("-retention %v drops the day partitions past it, with their rows: add -yes (partitions status lists them)", *retention)
-		}
-		cfg := sqlstore.PartitionConfig{Ahead: *ahead, Retention: *retention, DropDead: *dead}
+		cfg := sqlstore.PartitionConfig{Ahead: *ahead, Retention: *retention, DropDead: *dead, ArchiveRetention: *archiveRetention}
 		var out maintainJSON
 		if *create {
-			ps, err := s.Partitions(c.ctx)
+			created, err := partitionIfNot(c.ctx, s, cfg)
 			if err != nil {
 				return err
 			}
-			if len(ps) == 0 {
-				if err := s.Partition(c.ctx, cfg); err != nil {
-					return err
-				}
-				out.Created = true
-			}
+			out.Created = created
 		}
 		res, err := s.MaintainPartitions(c.ctx, cfg)
 		if err != nil {
 			return err
 		}
 		out.Busy, out.Added, out.Dropped, out.Kept = res.Busy, append([]string{}, res.Added...), append([]string{}, res.Dropped...), res.Kept
+		out.ArchiveAdded, out.ArchiveDropped = append([]string{}, res.ArchiveAdded...), append([]string{}, res.ArchiveDropped...)
 		return c.out(out, func(w *tabwriter.Writer) {
 			if out.Created {
-				fmt.Fprintf(w, "partitioned %s by day\n", s.Table())
+				fmt.Fprintf(w, "partitioned %s and %s by day\n", s.Table(), s.ArchiveTable())
 			}
 			if out.Busy {
 				fmt.Fprintln(w, "another session is maintaining the partitions; nothing done")
@@ -1088,8 +1094,29 @@ func (c *cli) partitionsMaintain(args []string) error {
 			for _, name := range slices.Sorted(maps.Keys(out.Kept)) {
 				fmt.Fprintf(w, "kept %s: %d events not delivered yet\n", name, out.Kept[name])
 			}
+			if len(out.ArchiveAdded)+len(out.ArchiveDropped) > 0 {
+				fmt.Fprintf(w, "archive added %d: %s\n", len(out.ArchiveAdded), strings.Join(out.ArchiveAdded, " "))
+				fmt.Fprintf(w, "archive dropped %d: %s\n", len(out.ArchiveDropped), strings.Join(out.ArchiveDropped, " "))
+			}
 		})
 	})
+}
+
+// partitionIfNot partitions the table and the archive if either is not
+// partitioned yet, and reports whether it did.
+func partitionIfNot(ctx context.Context, s *sqlstore.Store, cfg sqlstore.PartitionConfig) (bool, error) {
+	ps, err := s.Partitions(ctx)
+	if err != nil {
+		return false, err
+	}
+	as, err := s.ArchivePartitions(ctx)
+	if err != nil {
+		return false, err
+	}
+	if len(ps) > 0 && len(as) > 0 {
+		return false, nil
+	}
+	return true, s.Partition(ctx, cfg)
 }
 
 // --- ordering: blocked keys, skip

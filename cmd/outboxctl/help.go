@@ -23,13 +23,13 @@ var commands = map[string][2]string{
 	"peek":                {"peek [-limit 20]", "The next due events and deliveries, earliest first, without taking them."},
 	"blocked-keys":        {"blocked-keys [-ordered SUB,...] [-skip-dead SUB,...] [-after KEY] [-limit 100]", "Ordering keys blocked for an Ordered subscription by a dead event. The\nordered subscriptions are those the table records (instances register\nthem at start), or those named."},
 	"skip":                {"skip ID... [-yes]", "Give up on dead events for good (done, last error kept) so that the keys\nthey block go on. Without -yes it only counts them and exits 3."},
-	"partitions status":   {"partitions status", "MySQL/MariaDB: the table's day partitions."},
+	"partitions status":   {"partitions status [-archive]", "MySQL/MariaDB: the table's day partitions (-archive: the archive's, by the\nday its events were delivered)."},
 	"scheduled list":      {"scheduled list [-limit 100]", "Events not due yet (Envelope.NotBefore, or given back for a while),\nearliest first, with their due times on the database's clock."},
 	"scheduled cancel":    {"scheduled cancel ID... [-yes]", "Take events back before they are due: they are marked done and never\ndelivered. An ordered event cannot be (its key waits behind it). Without\n-yes it only names them and exits 3."},
 	"archive search":      {"archive search [-id ID] [-type T] [-aggregate TYPE[/ID]] [-after ID] [-limit 100]", "Delivered events the store moved into its archive (sqlstore's\nOptions.ArchiveDelivered), by id, type or aggregate, in id order, with\nwhen and by which instance they were delivered. Never payloads: archive\nshow ID prints one."},
 	"archive show":        {"archive show ID [-payload]", "One event, from the table or the archive, with when and by whom it was\ndelivered; the payload only with -payload."},
 	"archive cleanup":     {"archive cleanup [-older 720h] [-limit 1000] [-yes]", "Delete archived events delivered more than -older ago, -limit rows per\nDELETE (what Config.ArchiveRetention does on every instance). Without\n-yes it only exits 3."},
-	"partitions maintain": {"partitions maintain [-create] [-ahead 7] [-retention 168h -yes] [-dead]", "Add the days ahead; with -retention (and -yes), drop the days past it that\nhold nothing undelivered. -create partitions a table that is not yet."},
+	"partitions maintain": {"partitions maintain [-create] [-ahead 7] [-retention 168h -yes] [-dead] [-archive-retention 2160h -yes]", "Add the days ahead; with -retention (and -yes), drop the days past it that\nhold nothing undelivered; with -archive-retention, the archive's days past it.\n-create partitions the table and its archive if they are not yet."},
 }
 
 // groupHelp is the help of a command group (migrate, dead, partitions) or

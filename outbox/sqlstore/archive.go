@@ -224,11 +224,9 @@ func cmpOr(v, def int) int {
 // records and attempt history kept for them: each call locks at most
 // limit rows. The age is measured on the database's clock.
 //
-// On MySQL/MariaDB the archive's primary key (id, delivered_at) lets an
-// operator partition it by day on delivered_at and drop old days;
-// MaintainPartitions does not do it (it keeps the event table's
-// partitions, whose days it must check for undelivered events), and this
-// batched DELETE works on a partitioned archive too.
+// On MySQL/MariaDB a partitioned archive (Partition) drops its old days
+// whole instead (PartitionConfig.ArchiveRetention); this batched DELETE
+// works on a partitioned archive too.
 func (s *Store) CleanupArchive(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("sqlstore: cleanup of the archive: limit %d; it must be positive", limit)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -176,5 +177,64 @@ func TestPartitionLeavesTheInboxAlone(t *testing.T) {
 	}
 	if ps := partitionNames(t, in); len(ps) != 0 {
 		t.Errorf("the inbox table has partitions %v after the refused Partition", ps)
+	}
+}
+
+// Partition partitions the archive by the day its events were delivered;
+// the maintainer adds its days ahead and drops its days past
+// ArchiveRetention whole, with the delivery records kept for their
+// events, and leaves the newer days and the event table alone.
+func TestArchivePartitions(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.MySQL(t)
+	st := testdb.StoreWith(t, db, sqlstore.Options{ArchiveDelivered: true})
+	old := archiveRows(t, st, make([]driver.Row, 2)...)
+	backdate(t, st, 3, old...)
+	if _, err := db.Exec(`INSERT INTO `+st.DeliveriesTable()+` (event_id, subscription, status, attempts, available_at, created_at) VALUES (?, 'x', 1, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, old[0]); err != nil {
+		t.Fatal(err)
+	}
+	recent := archiveRows(t, st, driver.Row{})[0]
+	pending := insertLeased(t, st, "", driver.Row{Type: "Plain"})[0]
+
+	now := time.Now().UTC().Truncate(24 * time.Hour)
+	if err := st.Partition(ctx, sqlstore.PartitionConfig{Ahead: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := st.ArchivePartitions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range ps {
+		names = append(names, p.Name)
+	}
+	if want := []string{day(now, -3), day(now, -2), day(now, -1), day(now, 0), day(now, 1), day(now, 2), "pmax"}; !slices.Equal(names, want) {
+		t.Fatalf("archive partitions = %v; want %v", names, want)
+	}
+
+	later := func() time.Time { return time.Now().AddDate(0, 0, 1) }
+	res, err := st.MaintainPartitions(ctx, sqlstore.PartitionConfig{Ahead: 2, ArchiveRetention: 48 * time.Hour, Now: later})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.ArchiveAdded, []string{day(now, 3)}) || !slices.Equal(res.ArchiveDropped, []string{day(now, -3), day(now, -2)}) {
+		t.Fatalf("archive added %v, dropped %v; want [%s] and [%s %s]", res.ArchiveAdded, res.ArchiveDropped, day(now, 3), day(now, -3), day(now, -2))
+	}
+	if len(res.Dropped) != 0 {
+		t.Fatalf("event table days dropped %v with no Retention", res.Dropped)
+	}
+	for _, id := range old {
+		if len(archived(t, st, id)) != 0 {
+			t.Errorf("archived event %s of a dropped day is still there", id)
+		}
+	}
+	if n := countEventRows(t, st, st.DeliveriesTable(), old[0]); n != 0 {
+		t.Errorf("%d delivery rows of an event of a dropped archive day; want 0", n)
+	}
+	if len(archived(t, st, recent)) != 1 || inTable(t, st, pending) != 1 {
+		t.Errorf("today's archived event or the pending event lost")
+	}
+	if again := archiveRows(t, st, driver.Row{})[0]; len(archived(t, st, again)) != 1 {
+		t.Errorf("an event archived after the maintenance is not in the archive")
 	}
 }

@@ -567,8 +567,9 @@ func runDB(ctx context.Context, d *harness.Dialect, db *sqlx.DB, dr *harness.DBR
 				if t, ok := sys.(*harness.Txoutbox); ok {
 					h, dd, c := t.M.Paths()
 					dc, di, cl := t.M.Statements()
-					res.Note = strings.TrimSpace(res.Note + fmt.Sprintf(" paths: hot %d, hot dropped %d, cold %d; MarkDone %d statements for %d events (%.1f/stmt, %.0f stmt/s); %d claims",
-						h, dd, c, dc, di, float64(di)/max(1, float64(dc)), float64(dc)/res.Duration.Seconds(), cl))
+					slowest, slow := t.M.SlowDone()
+					res.Note = strings.TrimSpace(res.Note + fmt.Sprintf(" paths: hot %d, hot dropped %d, cold %d; MarkDone %d statements for %d events (%.1f/stmt, %.0f stmt/s, longest %v, %d over 20 ms); %d claims",
+						h, dd, c, dc, di, float64(di)/max(1, float64(dc)), float64(dc)/res.Duration.Seconds(), slowest.Round(time.Microsecond), slow, cl))
 				}
 				logf("%s rep %d, %2d producers, %-45s commit %6.0f tx/s (p50 %v p99 %v), delivered %6.0f/s, e2e p50 %v p99 %v max %v, lost %d, dups %d, tail %v, CPU %v/tx %s",
 					d.Name, r+1, conc, sys.Name(), res.CommitTPS, res.TxP50.Round(time.Microsecond), res.TxP99.Round(time.Microsecond),
