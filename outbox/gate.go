@@ -23,8 +23,10 @@ const (
 // to the next item at once; the gate's goroutine takes one token per
 // event and then calls the handler (or passes the event to the
 // subscription's batcher), within the subscription's Concurrency. So a
-// limited subscription never holds a worker while it waits, and the
-// subscriptions beside it are not slowed.
+// limited subscription never holds a worker while it waits. (Deferring
+// an event that went to other subscriptions too is a Split, written by
+// the worker that settles it: one transaction per event, see
+// docs/design/delivery-features.md.)
 //
 // The gate holds at most a second's worth of events. A task that finds it
 // full is deferred in the table (attempts unchanged) until about when the

@@ -141,9 +141,10 @@ type Subscription struct {
 	// second); 0 means no limit. It holds for every path (the hot path,
 	// the poller, retries) and counts each event of a Batch call. A
 	// limited subscription never holds a worker while it waits for its
-	// turn, so the subscriptions beside it are not slowed: a second's
-	// worth of its events waits in memory, the rest in the table
-	// (deferred, attempts unchanged). The limit is per instance: N
+	// turn: a second's worth of its events waits in memory, the rest in
+	// the table (deferred, attempts unchanged; an event that other
+	// subscriptions took costs a write for that). The limit is per
+	// instance: N
 	// instances deliver up to N × Rate. See docs/subscriptions.md.
 	Rate float64
 	// Burst is how many events may go at once after a quiet spell, above

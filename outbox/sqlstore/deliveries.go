@@ -360,7 +360,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, su
 			}
 			owes, oargs := s.owesSQL("d", subs, f)
 			q := `SELECT d.event_id, d.subscription, d.status, d.attempts, d.locked_by FROM ` + s.DeliveriesTable() + ` d
-WHERE d.status = ? AND d.subscription IN ` + in(len(subs)) + ` AND d.available_at <= ` + s.d.now + `
+WHERE d.status = ? AND d.subscription IN ` + in(len(subs)) + ` AND d.available_at <= ` + s.nowBound() + `
   AND (d.locked_until IS NULL OR d.locked_until <= ` + s.d.now + `)` + owes + `
 ORDER BY d.available_at LIMIT ?`
 			args := append(append(stringArgs(subs, st.status), oargs...), limit)
@@ -890,7 +890,7 @@ func (s *Store) lockEvents(ctx context.Context, tx archiveExec, ids []string) er
 // DueNow implements driver.DeliveryStore.
 func (s *Store) DueNow(ctx context.Context, sub string) (int, error) {
 	q := s.rebind(`UPDATE ` + s.DeliveriesTable() + ` SET available_at = ` + s.d.now + `
-WHERE status = 0 AND subscription = ? AND locked_by IS NULL AND available_at > ` + s.d.now)
+WHERE status = 0 AND subscription = ? AND locked_by IS NULL AND available_at > ` + s.nowBound())
 	n, err := s.execCount(ctx, q, sub)
 	if err != nil {
 		return n, fmt.Errorf("sqlstore: make the deliveries of %q due: %w", sub, err)

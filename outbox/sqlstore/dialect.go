@@ -20,6 +20,14 @@ type Dialect struct {
 	name string
 	// now is the database's current time as a column value.
 	now string
+	// boundNow: now, where it bounds an index range (available_at <=
+	// now), is written as a scalar subquery (Dialect.bound).
+	// PostgreSQL's clock_timestamp() is volatile: a bare one is only a
+	// filter, so the read goes through every entry of the index's status
+	// before or after now (a claim with fewer rows due than its limit read
+	// every scheduled event), while a subquery is evaluated once and
+	// bounds the index scan.
+	boundNow bool
 	// nowPlus returns the SQL for now plus a bound number of microseconds.
 	nowPlus string
 	// nowMinus returns the SQL for now minus a bound number of microseconds.
@@ -119,6 +127,15 @@ func (d *Dialect) statusByID() string {
 	return "status"
 }
 
+// bound returns expr, a time computed from now, as the bound of an index
+// range (see boundNow).
+func (d *Dialect) bound(expr string) string {
+	if d.boundNow {
+		return "(SELECT " + expr + ")"
+	}
+	return expr
+}
+
 // Name returns the dialect's name: "mysql", "postgres" or "sqlite".
 func (d *Dialect) Name() string { return d.name }
 
@@ -157,6 +174,7 @@ var (
 	Postgres = &Dialect{
 		name:            "postgres",
 		now:             "clock_timestamp()",
+		boundNow:        true,
 		nowPlus:         "(clock_timestamp() + ? * INTERVAL '1 microsecond')",
 		nowMinus:        "(clock_timestamp() - ? * INTERVAL '1 microsecond')",
 		lock:            " FOR UPDATE SKIP LOCKED",

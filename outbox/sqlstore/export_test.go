@@ -162,3 +162,12 @@ func ClaimPlans(t testing.TB, s *Store, req driver.ClaimRequest) map[string]stri
 	}
 	return out
 }
+
+// NextDueSQL is NextDue's query, for the plan test.
+func NextDueSQL(s *Store) string { return s.nextDueSQL() }
+
+// ClaimSQL returns the claim's SELECT of due NEW rows and of due retries
+// (no type filter), with their arguments, for the plan test.
+func ClaimSQL(s *Store, skipRecent int64, limit int) (newSQL string, newArgs []any, retrySQL string, retryArgs []any) {
+	return s.q.claim.new, []any{skipRecent, limit}, s.q.claim.retry, []any{limit}
+}

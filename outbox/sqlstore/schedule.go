@@ -49,7 +49,7 @@ func (s *Store) Scheduled(ctx context.Context, dueAfter time.Time, idAfter strin
 		return nil, nil
 	}
 	q := `SELECT id, event_type, aggregate_type, aggregate_id, COALESCE(ordering_key, ''), available_at FROM ` + s.table + `
-WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `)`
+WHERE status = 0 AND available_at > ` + s.nowBound() + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `)`
 	args := []any{}
 	if idAfter != "" {
 		q += ` AND (available_at > ? OR (available_at = ? AND id > ?))`
@@ -75,15 +75,27 @@ WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR lo
 	return out, rows.Err()
 }
 
+// nextDueSQL reads the earliest due time ahead, on the (status,
+// available_at) index from now on, and the database's now.
+func (s *Store) nextDueSQL() string {
+	return `SELECT (SELECT available_at FROM ` + s.table + ` WHERE status = 0 AND available_at > ` + s.nowBound() + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `) ORDER BY status, available_at LIMIT 1), ` + s.d.now
+}
+
+// nowBound is the dialect's now as the bound of an index range
+// (Dialect.boundNow).
+func (s *Store) nowBound() string { return s.d.bound(s.d.now) }
+
 // NextDue implements driver.Scheduler: the first entry of the (status,
 // available_at) index past now, and now, both on the database's clock.
 // ORDER BY … LIMIT 1, not MIN(): with a condition off the index (the
 // lease), MariaDB's MIN read every scheduled row (over a second per call
-// with 1,000,000 scheduled); the ordered read stops at the first.
+// with 1,000,000 scheduled); the ordered read stops at the first. On
+// PostgreSQL now bounds the index range (Dialect.boundNow): a bare
+// clock_timestamp() was a filter, and the read went through every due
+// and delivered entry before now.
 func (s *Store) NextDue(ctx context.Context) (time.Duration, bool, error) {
-	q := `SELECT (SELECT available_at FROM ` + s.table + ` WHERE status = 0 AND available_at > ` + s.d.now + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `) ORDER BY status, available_at LIMIT 1), ` + s.d.now
 	var next, now dbTime
-	if err := s.db.QueryRowContext(ctx, q).Scan(&next, &now); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.nextDueSQL()).Scan(&next, &now); err != nil {
 		return 0, false, fmt.Errorf("sqlstore: next due: %w", s.explain(err))
 	}
 	if next.IsZero() {

@@ -243,7 +243,7 @@ func (s *Store) buildClaimSet(types string) claimSet {
 	due := s.dueIndex("_due")
 	return claimSet{
 		new: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + due + `
-WHERE status = 0 AND available_at <= ` + d.nowMinus + `
+WHERE status = 0 AND available_at <= ` + d.bound(d.nowMinus) + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
 ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
 		// new resumed after (available_at, id) of the last row claimed.
@@ -252,11 +252,11 @@ ORDER BY available_at` + claimTieBreak(d) + ` LIMIT ?` + lock),
 		// from the front of status = 0 ("ref"), which is what the cursor
 		// is there to avoid.
 		newAfter: s.rebind(`SELECT ` + cols + `, available_at FROM ` + s.table + due + `
-WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.nowMinus + `
+WHERE status = 0 AND available_at >= ? AND (available_at > ? OR id > ?) AND available_at <= ` + d.bound(d.nowMinus) + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
 ORDER BY available_at, id LIMIT ?` + lock),
 		retry: s.rebind(`SELECT ` + cols + ` FROM ` + s.table + due + `
-WHERE status = 2 AND available_at <= ` + d.now + `
+WHERE status = 2 AND available_at <= ` + d.bound(d.now) + `
   AND (locked_until IS NULL OR locked_until <= ` + d.now + `) AND key_seq IS NULL` + types + `
 ORDER BY available_at LIMIT ?` + lock),
 	}
