@@ -225,3 +225,41 @@ func TestManyDelayedEventsEachOnTime(t *testing.T) {
 		}
 	})
 }
+
+// More delayed events due at one time than a claim takes: the polls that
+// follow a woken poll which got all it asked for take the rest at once,
+// not once they are SkipRecent old (or a poll interval later).
+func TestDelayedEventsBeyondOneClaimAllOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const events = 450 // more than two claims of PollBatchSize
+		st := outboxtest.NewStore()
+		var a arrivals
+		ob := startedOutbox(t, st, outbox.Config{PollInterval: time.Hour, PollMaxInterval: time.Hour, PollBatchSize: 200},
+			outbox.Subscription{Name: "mail", Handler: a.handle})
+		settle(time.Second)
+		due := time.Now().Add(time.Minute)
+		envs := make([]outbox.Envelope, events)
+		for i := range envs {
+			envs[i] = outbox.Envelope{Type: "Remind", JSON: []byte(`{}`), NotBefore: due}
+		}
+		ctx := context.Background()
+		tx := st.Begin(ctx)
+		ids, err := ob.PublishAllTx(ctx, tx, envs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		settle(time.Minute + 100*time.Millisecond)
+		missing := 0
+		for _, id := range ids {
+			if _, ok := a.when(id); !ok {
+				missing++
+			}
+		}
+		if missing > 0 {
+			t.Errorf("%d of %d events due at one time not delivered within 100 ms of it", missing, events)
+		}
+	})
+}

@@ -156,6 +156,7 @@ func (p *poller) run(ctx context.Context) {
 	wakes := newRetryWakes()
 	defer wakes.timer.Stop()
 	cut := false // due times were given up or lost: ask the store (tableWake)
+	more := false // the last poll was woken and got all it asked for
 	for {
 		woken := false // by a due time: a retry, or a delayed event (NotBefore)
 		select {
@@ -193,11 +194,15 @@ func (p *poller) run(ctx context.Context) {
 		// So is a delayed event when its due time wakes the poller: its
 		// available_at, which SkipRecent counts from, is that time, just
 		// passed.
+		// As are the polls right after one woken that got all it asked
+		// for: more fell due at that time than one claim takes.
+		woken = woken || more
 		skip := p.cfg.SkipRecent
 		if woken || time.Now().Before(p.overflowUntil) {
 			skip = -1
 		}
 		n, limit, err := p.poll(ctx, p.cfg.PollBatchSize, skip)
+		more = woken && err == nil && n > 0 && n == limit
 		if err == nil {
 			p.health.pollBeat.Store(time.Now().UnixNano())
 		} else if ctx.Err() != nil {
