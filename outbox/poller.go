@@ -155,7 +155,7 @@ func (p *poller) run(ctx context.Context) {
 	defer timer.Stop()
 	wakes := newRetryWakes()
 	defer wakes.timer.Stop()
-	cut := false // due times were given up or lost: ask the store (tableWake)
+	cut := false  // due times were given up or lost: ask the store (tableWake)
 	more := false // the last poll was woken and got all it asked for
 	for {
 		woken := false // by a due time: a retry, or a delayed event (NotBefore)
