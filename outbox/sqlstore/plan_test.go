@@ -93,13 +93,7 @@ func TestEngineWritesUsePrimaryKeyInGenericPlans(t *testing.T) {
 	db := testdb.Postgres(t)
 	st := testdb.Store(t, db)
 	ctx := context.Background()
-	rows := make([]driver.Row, 5000)
-	for i := range rows {
-		rows[i] = driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
-	}
-	if err := st.InsertBatch(ctx, db, rows, "", 0); err != nil {
-		t.Fatal(err)
-	}
+	rows := insertFree(t, st, db, 5000)
 	// As in a steady run: nearly everything delivered, a few due.
 	if _, err := db.Exec("UPDATE "+st.Table()+" SET status = 1 WHERE id < $1", rows[4900].ID); err != nil {
 		t.Fatal(err)
@@ -170,7 +164,6 @@ func TestClaimPlanIgnoresStatistics(t *testing.T) {
 			t.Run(name+"/"+stats, func(t *testing.T) {
 				db := testdb.Open(t, name)
 				st := testdb.Store(t, db)
-				ctx := context.Background()
 				switch name {
 				case "postgres":
 					for _, tb := range st.Tables() {
@@ -193,13 +186,7 @@ func TestClaimPlanIgnoresStatistics(t *testing.T) {
 					}
 				}
 				for range 10 {
-					rows := make([]driver.Row, 1000)
-					for i := range rows {
-						rows[i] = driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
-					}
-					if err := st.InsertBatch(ctx, db, rows, "", 0); err != nil {
-						t.Fatal(err)
-					}
+					insertFree(t, st, db, 1000)
 				}
 				if stats == "fresh" {
 					if _, err := db.Exec(analyze + st.Table()); err != nil {
@@ -257,13 +244,7 @@ func TestScheduleUsesPrimaryKeyInGenericPlans(t *testing.T) {
 	if _, err := db.Exec("ANALYZE " + st.Table()); err != nil {
 		t.Fatal(err)
 	}
-	rows := make([]driver.Row, 20000)
-	for i := range rows {
-		rows[i] = driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
-	}
-	if err := st.InsertBatch(ctx, db, rows, "", 0); err != nil {
-		t.Fatal(err)
-	}
+	rows := insertFree(t, st, db, 20000)
 	if _, err := db.Exec("UPDATE " + st.Table() + " SET available_at = available_at + interval '1 hour' WHERE status = 0"); err != nil {
 		t.Fatal(err)
 	}
@@ -310,13 +291,7 @@ func TestDueReadsBoundTheIndexByNow(t *testing.T) {
 			db := testdb.Open(t, name)
 			st := testdb.Store(t, db)
 			ctx := context.Background()
-			rows := make([]driver.Row, 3000)
-			for i := range rows {
-				rows[i] = driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
-			}
-			if err := st.InsertBatch(ctx, db, rows, "", 0); err != nil {
-				t.Fatal(err)
-			}
+			rows := insertFree(t, st, db, 3000)
 			tx, err := db.Beginx()
 			if err != nil {
 				t.Fatal(err)
@@ -372,12 +347,9 @@ func TestDueReadsBoundTheIndexByNow(t *testing.T) {
 // MySQL's EXPLAIN rows as key=value, SQLite's EXPLAIN QUERY PLAN details.
 func explain(t *testing.T, db *sqlx.DB, q string, args ...any) string {
 	t.Helper()
-	prefix := map[string]string{"postgres": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}[db.DriverName()]
-	if prefix == "" {
-		prefix = "EXPLAIN "
-		if strings.Contains(db.DriverName(), "sqlite") {
-			prefix = "EXPLAIN QUERY PLAN "
-		}
+	prefix := "EXPLAIN "
+	if strings.Contains(db.DriverName(), "sqlite") {
+		prefix = "EXPLAIN QUERY PLAN "
 	}
 	rs, err := db.Queryx(prefix+q, args...)
 	if err != nil {
@@ -403,4 +375,18 @@ func strOrNum(v any) string {
 		return s
 	}
 	return fmt.Sprint(v)
+}
+
+// insertFree inserts n events of type T, free and due now, and returns
+// them.
+func insertFree(t *testing.T, st *sqlstore.Store, db *sqlx.DB, n int) []driver.Row {
+	t.Helper()
+	rows := make([]driver.Row, n)
+	for i := range rows {
+		rows[i] = driver.Row{ID: outbox.NewID(), Type: "T", Payload: []byte(`{}`), PayloadJSON: true, OccurredAt: time.Now()}
+	}
+	if err := st.InsertBatch(context.Background(), db, rows, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }

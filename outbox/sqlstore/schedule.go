@@ -81,10 +81,6 @@ func (s *Store) nextDueSQL() string {
 	return `SELECT (SELECT available_at FROM ` + s.table + ` WHERE status = 0 AND available_at > ` + s.nowBound() + ` AND (locked_by IS NULL OR locked_until <= ` + s.d.now + `) ORDER BY status, available_at LIMIT 1), ` + s.d.now
 }
 
-// nowBound is the dialect's now as the bound of an index range
-// (Dialect.boundNow).
-func (s *Store) nowBound() string { return s.d.bound(s.d.now) }
-
 // NextDue implements driver.Scheduler: the first entry of the (status,
 // available_at) index past now, and now, both on the database's clock.
 // ORDER BY … LIMIT 1, not MIN(): with a condition off the index (the

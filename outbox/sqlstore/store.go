@@ -272,6 +272,10 @@ func (s *Store) dueIndex(suffix string) string {
 	return ` FORCE INDEX (` + s.d.quote(s.name+suffix) + `)`
 }
 
+// nowBound is the dialect's now as the bound of an index range
+// (Dialect.boundNow).
+func (s *Store) nowBound() string { return s.d.bound(s.d.now) }
+
 // claimSetFor returns the claim's SELECTs for req's type filter, and the
 // filter's arguments (bound after the others, before the LIMIT).
 func (s *Store) claimSetFor(req driver.ClaimRequest) (claimSet, []any) {
