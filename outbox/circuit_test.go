@@ -38,7 +38,7 @@ type countingStore struct {
 	*outboxtest.Store
 	mu                  sync.Mutex
 	claimed, failWrites int // deliveries claimed, FailDelivery calls
-	splits              int
+	splits              int // events split
 }
 
 func (s *countingStore) ClaimDeliveries(ctx context.Context, req driver.ClaimRequest, subs []string, f driver.OrderFilter) ([]driver.Delivery, error) {
@@ -56,11 +56,11 @@ func (s *countingStore) FailDelivery(ctx context.Context, owner string, k driver
 	return s.Store.FailDelivery(ctx, owner, k, w)
 }
 
-func (s *countingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
+func (s *countingStore) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
 	s.mu.Lock()
-	s.splits++
+	s.splits += len(splits)
 	s.mu.Unlock()
-	return s.Store.Split(ctx, owner, id, ws, registry)
+	return s.Store.Split(ctx, owner, splits, registry)
 }
 
 // A destination down for 10 minutes of (virtual) time under steady

@@ -45,11 +45,11 @@ func (s *hangingStore) deafCall(name string) bool {
 	return true
 }
 
-func (s *hangingStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
+func (s *hangingStore) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
 	if s.deafCall("Split") {
-		return false, errors.New("connection reset")
+		return nil, errors.New("connection reset")
 	}
-	return s.Store.Split(ctx, owner, id, ws, registry)
+	return s.Store.Split(ctx, owner, splits, registry)
 }
 
 func (s *hangingStore) wait(ctx context.Context) error {

@@ -28,6 +28,10 @@ type completer struct {
 	sig       *signals
 	ostore    driver.OrderedStore // nil: the store orders nothing
 	reg       *registrar          // learned again when a DONE is refused for a stale registry
+	// deferred writes the Splits of items whose undelivered
+	// subscriptions only deferred them (deferredOnly), a batch at a time:
+	// the dispatcher's recordDeferrals.
+	deferred func(its []*item)
 	// refused takes back the events whose completing write the store
 	// refused for a stale registry and could not be made anew (see
 	// staleRefusal); dispatcherDone is closed once nothing reads it.
@@ -80,10 +84,11 @@ func (c *completer) start() {
 	}()
 }
 
-// add hands over a delivered item; the completer releases it from the
-// in-flight set (leaseKeeper.letGo) once its DONE is written. After stop (a worker Close
-// stopped waiting for), the item is left as it is: its lease runs out and
-// it is delivered again.
+// add hands over a delivered item (or one only deferred, deferredOnly);
+// the completer releases it from the in-flight set (leaseKeeper.letGo)
+// once its DONE (or Split) is written. After stop (a worker Close stopped
+// waiting for), the item is left as it is: its lease runs out and it is
+// delivered again.
 func (c *completer) add(it *item) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -102,7 +107,7 @@ func (c *completer) add(it *item) {
 	if recordsKey(it) {
 		c.pending.done(it.env.OrderingKey, false, 0)
 	}
-	c.log.Warn("delivered after Close stopped waiting: the event will be delivered again once its lease runs out", slog.String("event_id", it.env.ID))
+	c.log.Warn("finished after Close stopped waiting: the event will be delivered again once its lease runs out", slog.String("event_id", it.env.ID))
 }
 
 // stop writes what is left and waits for the goroutine, or for until to
@@ -131,12 +136,23 @@ func (c *completer) run() {
 	ids := make([]string, 0, c.batchSize)
 	var keys []driver.DeliveryID
 	var done []driver.KeyDone
+	var deferred []*item
 	for {
 		var ok bool
 		if batch, ok = g.next(batch); !ok {
 			return
 		}
-		ids, keys, done = ids[:0], keys[:0], done[:0]
+		ids, keys, done, deferred = ids[:0], keys[:0], done[:0], deferred[:0]
+		batch = slices.DeleteFunc(batch, func(it *item) bool {
+			if deferredOnly(it) {
+				deferred = append(deferred, it)
+				return true
+			}
+			return false
+		})
+		if len(deferred) > 0 {
+			c.deferred(deferred)
+		}
 		for _, it := range batch {
 			switch {
 			case it.sub != nil:

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -368,7 +369,69 @@ func (d *dispatcher) finish(it *item) {
 	if outcome != OutcomeDone {
 		d.m.Dispatched(it.env.Type, it.path, outcome, took)
 	}
+	if deferredOnly(it) {
+		d.comp.add(it) // its Split goes with others' (recordDeferrals)
+		return
+	}
 	d.recordFailures(it)
+}
+
+// deferredOnly reports whether it is an event with no chain, delivered as
+// a whole, that every subscription here which did not deliver it deferred
+// without an attempt (a rate limit's gate full, an open circuit): its
+// Split is written with others' in one transaction by the completer
+// (recordDeferrals), since such deferrals come by the thousand a second
+// beside a busy stream (a limited subscription with a backlog).
+func deferredOnly(it *item) bool {
+	if it.sub != nil || chained(it) || len(it.behind) > 0 {
+		return false
+	}
+	some := false
+	for _, r := range it.results {
+		switch {
+		case r.kind == resDone:
+		case r.kind == resDefer && !r.behind:
+			some = true
+		default:
+			return false
+		}
+	}
+	return some
+}
+
+// recordDeferrals writes the Splits of its (each deferredOnly), one write
+// per registry version they were decided by, and finishes each as
+// recordFailures does. If a write fails (or the registry moved), each of
+// its events is recorded on its own, as recordFailures would.
+func (d *dispatcher) recordDeferrals(its []*item) {
+	ctx, cancel := d.storeCtx()
+	defer cancel()
+	for _, group := range byRegistry(its) {
+		splits := make([]driver.EventSplit, len(group))
+		wakes := make([]time.Duration, len(group))
+		n := 0
+		for i, it := range group {
+			splits[i].EventID = it.env.ID
+			splits[i].Writes, wakes[i] = d.failureWrites(it)
+			n += len(splits[i].Writes)
+		}
+		start := time.Now()
+		held, err := retryStore(ctx, func() ([]bool, error) {
+			return d.dstore.Split(ctx, d.cfg.InstanceID, splits, group[0].registry)
+		})
+		d.m.Statement("split", n, time.Since(start))
+		if err == nil && len(held) != len(splits) {
+			err = fmt.Errorf("outbox: the store's Split reported %d results for %d events", len(held), len(splits))
+		}
+		for i, it := range group {
+			if err != nil {
+				h, ferr := d.writeFailures(ctx, it, splits[i].Writes)
+				d.failuresWritten(ctx, it, h, ferr, wakes[i])
+				continue
+			}
+			d.failuresWritten(ctx, it, held[i], nil, wakes[i])
+		}
+	}
 }
 
 // splitFenced makes write, and if the store refused it for a stale
@@ -460,6 +523,13 @@ func (d *dispatcher) recordFailures(it *item) {
 	defer cancel()
 	writes, wake := d.failureWrites(it)
 	held, err := d.writeFailures(ctx, it, writes)
+	d.failuresWritten(ctx, it, held, err, wake)
+}
+
+// failuresWritten finishes it once the write of its failures returned
+// (held: under this instance's lease), wake the shortest delay of those
+// to be retried (-1: none).
+func (d *dispatcher) failuresWritten(ctx context.Context, it *item, held bool, err error, wake time.Duration) {
 	if fenced(err) {
 		// Split for a stale registry: nothing written. The lease is
 		// still this instance's; the event goes back.
@@ -522,7 +592,7 @@ func (d *dispatcher) writeFailures(ctx context.Context, it *item, writes []drive
 		defer func() { d.m.Statement(name, len(writes), time.Since(start)) }()
 		return retryStore(ctx, func() (bool, error) {
 			if it.sub == nil {
-				return d.dstore.Split(ctx, d.cfg.InstanceID, it.env.ID, writes, it.registry)
+				return splitOne(ctx, d.dstore, d.cfg.InstanceID, it, writes)
 			}
 			return d.dstore.FailDelivery(ctx, d.cfg.InstanceID, driver.DeliveryID{EventID: it.env.ID, Subscription: it.sub.Name}, writes[0])
 		})
@@ -543,6 +613,12 @@ func (d *dispatcher) writeFailures(ctx context.Context, it *item, writes []drive
 		}
 	}
 	return held, err
+}
+
+// splitOne is DeliveryStore.Split of it alone.
+func splitOne(ctx context.Context, ds driver.DeliveryStore, owner string, it *item, writes []driver.DeliveryWrite) (bool, error) {
+	held, err := ds.Split(ctx, owner, []driver.EventSplit{{EventID: it.env.ID, Writes: writes}}, it.registry)
+	return err == nil && len(held) == 1 && held[0], err
 }
 
 // failedKeyOn passes the key of it on, or gives back what waited behind

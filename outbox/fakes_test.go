@@ -16,8 +16,12 @@ func (nopDeliveries) SyncSubscriptions(context.Context, []driver.SubscriptionInf
 	return driver.Registration{}, nil
 }
 func (nopDeliveries) SetPaused(context.Context, string, bool) (bool, error) { return false, nil }
-func (nopDeliveries) Split(context.Context, string, string, []driver.DeliveryWrite, int64) (bool, error) {
-	return true, nil
+func (nopDeliveries) Split(_ context.Context, _ string, splits []driver.EventSplit, _ int64) ([]bool, error) {
+	held := make([]bool, len(splits))
+	for i := range held {
+		held[i] = true
+	}
+	return held, nil
 }
 func (nopDeliveries) ClaimDeliveries(context.Context, driver.ClaimRequest, []string, driver.OrderFilter) ([]driver.Delivery, error) {
 	return nil, nil

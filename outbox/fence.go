@@ -113,22 +113,29 @@ func (c *completer) resplit(ctx context.Context, version int64, its []*item) {
 		return
 	}
 	reg := c.reg.load()
-	var back []*item
+	var back, split []*item
+	var splits []driver.EventSplit
 	for _, it := range its {
-		writes := rewrites(it, nil, reg)
+		writes := rewrites(it, nil, reg) // it.registry is reg.version now
 		if len(writes) == 0 {
 			back = append(back, it) // owes nothing elsewhere again: rare, delivered anew
 			continue
 		}
-		held, err := retryStore(ctx, func() (bool, error) {
-			return c.dstore.Split(ctx, c.owner, it.env.ID, writes, it.registry)
+		split = append(split, it)
+		splits = append(splits, driver.EventSplit{EventID: it.env.ID, Writes: writes})
+	}
+	if len(splits) > 0 {
+		held, err := retryStore(ctx, func() ([]bool, error) {
+			return c.dstore.Split(ctx, c.owner, splits, reg.version)
 		})
-		if err != nil || !held {
-			back = append(back, it)
-			continue
+		for i, it := range split {
+			if err != nil || i >= len(held) || !held[i] {
+				back = append(back, it)
+				continue
+			}
+			c.leases.letGo(it.key())
+			c.sig.next(it)
 		}
-		c.leases.letGo(it.key())
-		c.sig.next(it)
 	}
 	if len(back) > 0 {
 		c.handBack(version, back)

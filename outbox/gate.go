@@ -24,9 +24,8 @@ const (
 // event and then calls the handler (or passes the event to the
 // subscription's batcher), within the subscription's Concurrency. So a
 // limited subscription never holds a worker while it waits. (Deferring
-// an event that went to other subscriptions too is a Split, written by
-// the worker that settles it: one transaction per event, see
-// docs/design/delivery-features.md.)
+// an event that went to other subscriptions too is a Split, which the
+// completer writes with others' in one transaction: recordDeferrals.)
 //
 // The gate holds at most a second's worth of events. A task that finds it
 // full is deferred in the table (attempts unchanged) until about when the

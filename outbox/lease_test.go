@@ -100,13 +100,13 @@ type heldSplit struct {
 	release chan struct{}
 }
 
-func (s *heldSplit) Split(ctx context.Context, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+func (s *heldSplit) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
 	s.once.Do(func() {
 		s.held.Store(true)
 		<-s.release
 		s.held.Store(false)
 	})
-	return s.Store.Split(ctx, owner, id, writes, registry)
+	return s.Store.Split(ctx, owner, splits, registry)
 }
 
 // An event whose failure is being recorded when its lease runs out (the

@@ -150,6 +150,7 @@ func New(store driver.Store, cfg Config) (*Outbox, error) {
 	o.poller.seq = o.seq
 	o.comp.sig, o.comp.ostore, o.comp.reg = sig, o.seq.ostore, o.reg
 	o.comp.refused, o.comp.dispatcherDone = o.disp.refused, o.disp.chainsDone
+	o.comp.deferred = o.disp.recordDeferrals
 	o.disp.reg, o.disp.comp, o.disp.leases, o.disp.sig, o.disp.hooks = o.reg, o.comp, o.leases, sig, o.hooks
 	o.poller.disp, o.poller.reg, o.poller.leases = o.disp, o.reg, o.leases
 	return o, nil

@@ -43,17 +43,22 @@ func (s *dueStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver.R
 
 // Split and FailDelivery keep one delivery per event: the test has one
 // subscription.
-func (s *dueStore) Split(_ context.Context, _ string, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
+func (s *dueStore) Split(_ context.Context, _ string, splits []driver.EventSplit, registry int64) ([]bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.rows[id]
-	r.split = true
-	r.due, r.leased, r.attempts = time.Now().Add(ws[0].Delay), false, ws[0].Attempts
-	return true, nil
+	held := make([]bool, len(splits))
+	for i, sp := range splits {
+		r, ws := s.rows[sp.EventID], sp.Writes
+		r.split = true
+		r.due, r.leased, r.attempts = time.Now().Add(ws[0].Delay), false, ws[0].Attempts
+		held[i] = true
+	}
+	return held, nil
 }
 
 func (s *dueStore) FailDelivery(_ context.Context, _ string, k driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {
-	return s.Split(context.Background(), "", k.EventID, []driver.DeliveryWrite{w}, 0)
+	_, err := s.Split(context.Background(), "", []driver.EventSplit{{EventID: k.EventID, Writes: []driver.DeliveryWrite{w}}}, 0)
+	return true, err
 }
 
 func (s *dueStore) ClaimDeliveries(_ context.Context, req driver.ClaimRequest, subs []string, _ driver.OrderFilter) ([]driver.Delivery, error) {

@@ -143,9 +143,9 @@ type Subscription struct {
 	// limited subscription never holds a worker while it waits for its
 	// turn: a second's worth of its events waits in memory, the rest in
 	// the table (deferred, attempts unchanged; an event that other
-	// subscriptions took costs a write for that). The limit is per
-	// instance: N
-	// instances deliver up to N × Rate. See docs/subscriptions.md.
+	// subscriptions took is split for that, many to a transaction). The
+	// limit is per instance: N instances deliver up to N × Rate. See
+	// docs/subscriptions.md.
 	Rate float64
 	// Burst is how many events may go at once after a quiet spell, above
 	// Rate. It needs Rate. Defaults to Rate's events of 10ms, at least 1.

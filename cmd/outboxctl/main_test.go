@@ -198,8 +198,8 @@ func (f *fixture) seed() {
 		}
 	}
 	must(s.MarkDead(ctx, "seed", ids[0], "permanent: card declined"))
-	must(s.Split(ctx, "seed", ids[1], []driver.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}, v))
-	must(s.Split(ctx, "seed", ids[2], []driver.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}, v))
+	must(splitOne(ctx, s, "seed", ids[1], []driver.DeliveryWrite{{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"}}, v))
+	must(splitOne(ctx, s, "seed", ids[2], []driver.DeliveryWrite{{Subscription: "mailer", Status: outbox.StatusRetry, Attempts: 1, Delay: 2 * time.Hour, Error: "smtp 451 try later"}}, v))
 	must(s.MarkRetry(ctx, "seed", ids[3], time.Hour, "db down"))
 	if err := s.Release(ctx, "seed", ids[4:5], 0); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func (f *fixture) seed() {
 	if n, err := s.MarkDone(ctx, "seed", ids[5:6], v); n != 1 || err != nil {
 		t.Fatalf("mark done: %d, %v", n, err)
 	}
-	must(s.Split(ctx, "seed", ids[6], []driver.DeliveryWrite{
+	must(splitOne(ctx, s, "seed", ids[6], []driver.DeliveryWrite{
 		{Subscription: "billing", Status: outbox.StatusDead, Attempts: 5, Error: "timeout talking to billing"},
 		{Subscription: "mailer", Status: outbox.StatusDead, Attempts: 3, Error: "mailbox full"},
 	}, v))
@@ -467,4 +467,10 @@ func TestPartitionsCommand(t *testing.T) {
 	if r := sf.run("partitions", "status"); r.code != exitError || !strings.Contains(r.stderr, "only MySQL and MariaDB") {
 		t.Fatalf("status on SQLite: %+v; want exit 1 naming MySQL and MariaDB", r)
 	}
+}
+
+// splitOne is Split of one event.
+func splitOne(ctx context.Context, st driver.DeliveryStore, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+	held, err := st.Split(ctx, owner, []driver.EventSplit{{EventID: id, Writes: writes}}, registry)
+	return err == nil && len(held) == 1 && held[0], err
 }

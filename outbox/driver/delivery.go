@@ -103,6 +103,13 @@ type Delivery struct {
 	Subscription string
 }
 
+// EventSplit is one event's part of DeliveryStore.Split: the deliveries to
+// write for the subscriptions that did not deliver it.
+type EventSplit struct {
+	EventID string
+	Writes  []DeliveryWrite
+}
+
 // DeliveryStore keeps the delivery state of each subscription. The engine
 // needs it from every store: New fails without it.
 //
@@ -127,15 +134,19 @@ type DeliveryStore interface {
 	// reports whether the subscription is known.
 	SetPaused(ctx context.Context, name string, paused bool) (bool, error)
 
-	// Split records, in one transaction, a delivery for each write and
-	// sets the event to StatusSplit, releasing owner's lease, if owner
-	// still holds the event; it reports whether it did. The deliveries are
-	// free for any instance when due. Like Store.MarkDone it completes the
-	// event for a set of subscriptions (the writes' and those that
-	// delivered it), and is fenced the same way: if the registry's version
-	// is not registry, it changes nothing and returns an error wrapping
-	// ErrRegistryChanged.
-	Split(ctx context.Context, owner, eventID string, writes []DeliveryWrite, registry int64) (bool, error)
+	// Split records, in one transaction, for each of splits whose event
+	// owner still holds, a delivery for each of its writes, and sets the
+	// event to StatusSplit, releasing owner's lease. held[i] reports
+	// whether it did for splits[i]; an event owner no longer holds is left
+	// as it is, and does not stop the others. The deliveries are free for
+	// any instance when due. Like Store.MarkDone it completes each event
+	// for a set of subscriptions (the writes' and those that delivered
+	// it), and is fenced the same way: if the registry's version is not
+	// registry, it changes nothing and returns an error wrapping
+	// ErrRegistryChanged. The engine splits one event at a time when a
+	// delivery failed, and many at once when destinations only deferred
+	// them (a rate limit, an open circuit).
+	Split(ctx context.Context, owner string, splits []EventSplit, registry int64) (held []bool, err error)
 
 	// ClaimDeliveries is Claim for the deliveries of the given
 	// subscriptions that are NEW or RETRY and due: it leases them to

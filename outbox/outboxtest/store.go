@@ -634,39 +634,51 @@ func (s *Store) SetPaused(ctx context.Context, name string, paused bool) (bool, 
 }
 
 // Split implements driver.DeliveryStore.
-func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+func (s *Store) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
+	if len(splits) == 0 {
+		return nil, nil
+	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.fence(registry); err != nil {
-		return false, fmt.Errorf("outboxtest: split %s: %w", eventID, err)
+		return nil, fmt.Errorf("outboxtest: split %s: %w", splits[0].EventID, err)
 	}
-	e := s.held(owner, eventID)
-	if e == nil {
-		return false, nil
-	}
-	ds := s.deliv[eventID]
-	for _, w := range writes {
-		if ds[w.Subscription] != nil {
-			return false, fmt.Errorf("outboxtest: split %s: a delivery to %q exists already", eventID, w.Subscription)
+	for _, sp := range splits {
+		if s.held(owner, sp.EventID) == nil {
+			continue
+		}
+		for _, w := range sp.Writes {
+			if s.deliv[sp.EventID][w.Subscription] != nil {
+				return nil, fmt.Errorf("outboxtest: split %s: a delivery to %q exists already", sp.EventID, w.Subscription)
+			}
 		}
 	}
-	if ds == nil {
-		ds = map[string]*memDelivery{}
-		s.deliv[eventID] = ds
-	}
-	e.row.Status, e.doneAt, e.owner, e.lockedUntil = outbox.StatusSplit, time.Time{}, "", time.Time{}
-	for _, w := range writes {
-		s.seq++
-		d := &memDelivery{status: w.Status, attempts: w.Attempts, availableAt: now.Add(max(0, w.Delay)), createdAt: now, lastError: w.Error, seq: s.seq}
-		if w.Status == outbox.StatusDead {
-			d.doneAt = now
+	held := make([]bool, len(splits))
+	for i, sp := range splits {
+		e := s.held(owner, sp.EventID)
+		if e == nil {
+			continue
 		}
-		d.record(w, now)
-		ds[w.Subscription] = d
+		held[i] = true
+		ds := s.deliv[sp.EventID]
+		if ds == nil {
+			ds = map[string]*memDelivery{}
+			s.deliv[sp.EventID] = ds
+		}
+		e.row.Status, e.doneAt, e.owner, e.lockedUntil = outbox.StatusSplit, time.Time{}, "", time.Time{}
+		for _, w := range sp.Writes {
+			s.seq++
+			d := &memDelivery{status: w.Status, attempts: w.Attempts, availableAt: now.Add(max(0, w.Delay)), createdAt: now, lastError: w.Error, seq: s.seq}
+			if w.Status == outbox.StatusDead {
+				d.doneAt = now
+			}
+			d.record(w, now)
+			ds[w.Subscription] = d
+		}
 	}
 	s.touch()
-	return true, nil
+	return held, nil
 }
 
 type pickedDelivery struct {

@@ -44,7 +44,7 @@ func TestPurgeLetters(t *testing.T) {
 				{dead("a"), {Subscription: "b", Status: outbox.StatusRetry, Attempts: 1, Delay: time.Hour}},
 				{dead("a"), dead("b")},
 			} {
-				if ok, err := s.Split(ctx, "o", ids[i+1], w, regNow(t, s)); !ok || err != nil {
+				if ok, err := splitOne(ctx, s, "o", ids[i+1], w, regNow(t, s)); !ok || err != nil {
 					t.Fatal(ok, err)
 				}
 			}

@@ -272,7 +272,7 @@ func TestArchiveFencedByLeaseAndRegistry(t *testing.T) {
 
 			// A split event's last delivery.
 			id := insertLeased(t, st, "me", driver.Row{Type: "Plain"})[0]
-			if ok, err := st.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}}, reg.Version); err != nil || !ok {
+			if ok, err := splitOne(ctx, st, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}}, reg.Version); err != nil || !ok {
 				t.Fatalf("Split = %v, %v", ok, err)
 			}
 			got, err := st.ClaimDeliveries(ctx, driver.ClaimRequest{Owner: "c", Limit: 10, Lease: time.Minute}, []string{"s"}, driver.OrderFilter{})

@@ -31,25 +31,26 @@ func (s *Store) DeliveriesTable() string { return s.suffixed("_deliveries") }
 // the outbox table's name with "_attempts" appended.
 func (s *Store) AttemptsTable() string { return s.suffixed("_attempts") }
 
-// recordAttempts writes the counted failed attempts among ws.
-func (s *Store) recordAttempts(ctx context.Context, tx *sqlx.Tx, eventID string, ws []driver.DeliveryWrite) error {
-	var sb strings.Builder
+// recordAttempts writes the counted failed attempts among the writes of
+// splits (a RETRY or DEAD write is one), in INSERTs of up to
+// deliveryInsertRows rows.
+func (s *Store) recordAttempts(ctx context.Context, tx *sqlx.Tx, splits []driver.EventSplit) error {
 	var args []any
-	for _, w := range ws {
-		if w.Status != outbox.StatusRetry && w.Status != outbox.StatusDead {
-			continue
+	for _, sp := range splits {
+		for _, w := range sp.Writes {
+			if w.Status == outbox.StatusRetry || w.Status == outbox.StatusDead {
+				args = append(args, sp.EventID, w.Subscription, w.Attempts, nullIfEmpty(w.Error))
+			}
 		}
-		if len(args) > 0 {
-			sb.WriteString(", ")
+	}
+	for chunk := range slices.Chunk(args, 4*deliveryInsertRows) {
+		row := `(?, ?, ?, ` + s.d.now + `, ?)`
+		values := strings.TrimSuffix(strings.Repeat(row+", ", len(chunk)/4), ", ")
+		if _, err := tx.ExecContext(ctx, s.rebind(`INSERT INTO `+s.AttemptsTable()+` (event_id, subscription, attempt, at, error) VALUES `+values), chunk...); err != nil {
+			return err
 		}
-		sb.WriteString(`(?, ?, ?, ` + s.d.now + `, ?)`)
-		args = append(args, eventID, w.Subscription, w.Attempts, nullIfEmpty(w.Error))
 	}
-	if len(args) == 0 {
-		return nil
-	}
-	_, err := tx.ExecContext(ctx, s.rebind(`INSERT INTO `+s.AttemptsTable()+` (event_id, subscription, attempt, at, error) VALUES `+sb.String()), args...)
-	return err
+	return nil
 }
 
 func (s *Store) suffixed(suffix string) string {
@@ -288,45 +289,128 @@ func keyArgs(keys []driver.DeliveryID, prefix ...any) []any {
 	return args
 }
 
-// Split implements driver.DeliveryStore.
-func (s *Store) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
-	held := false
+// Split implements driver.DeliveryStore: one transaction locks the rows
+// of the events owner holds among splits' (a locking read by primary key,
+// in id order), sets them SPLIT in one UPDATE fenced by the registry, and
+// writes their deliveries and attempts in multi-row INSERTs.
+func (s *Store) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
+	if len(splits) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(splits))
+	for i := range splits {
+		ids[i] = splits[i].EventID
+	}
+	var mine map[string]bool
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
-		held = false
+		var err error
+		if mine, err = s.heldEvents(ctx, tx, owner, ids); err != nil {
+			return err
+		}
+		if len(mine) == 0 {
+			return s.registryMoved(ctx, tx, registry)
+		}
+		var held []driver.EventSplit
+		var heldIDs []string
+		for _, sp := range splits {
+			if mine[sp.EventID] {
+				held, heldIDs = append(held, sp), append(heldIDs, sp.EventID)
+			}
+		}
 		res, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 4, done_at = NULL, locked_by = NULL, locked_until = NULL
-WHERE id = ? AND locked_by = ? AND status IN (0, 2)`+s.regFence()), eventID, owner, registry)
+WHERE id`+s.idIn(len(heldIDs))+s.regFence()), append(s.idArgs(heldIDs), registry)...)
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
+		if n, err := res.RowsAffected(); err != nil || int(n) != len(heldIDs) {
 			if err == nil {
 				err = s.registryMoved(ctx, tx, registry)
 			}
+			if err == nil {
+				err = fmt.Errorf("changed %d of the %d events it locked", n, len(heldIDs))
+			}
 			return err
 		}
-		held = true
-		if len(writes) == 0 {
-			return nil
+		if err := s.insertDeliveries(ctx, tx, held); err != nil {
+			return err
 		}
+		return s.recordAttempts(ctx, tx, held)
+	})
+	if err != nil {
+		return nil, s.explainSubs(fmt.Errorf("sqlstore: split %s%s: %w", ids[0], others(len(ids)), err))
+	}
+	out := make([]bool, len(splits))
+	for i, id := range ids {
+		out[i] = mine[id]
+	}
+	return out, nil
+}
+
+// others returns " and n-1 other events" for n > 1.
+func others(n int) string {
+	switch {
+	case n == 2:
+		return " and 1 other event"
+	case n > 2:
+		return fmt.Sprintf(" and %d other events", n-1)
+	}
+	return ""
+}
+
+// heldEvents locks, in tx, the rows of the events among ids that owner
+// holds (NEW or RETRY, leased to it), in id order, and returns their ids.
+// SQLite's write transaction holds the whole database already.
+func (s *Store) heldEvents(ctx context.Context, tx *sqlx.Tx, owner string, ids []string) (map[string]bool, error) {
+	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT id FROM `+s.table+s.d.byID+` WHERE id IN `+in(len(ids))+` AND locked_by = ? AND `+s.d.statusByID()+` IN (0, 2) ORDER BY id`+s.d.rowLock), append(stringArgs(ids), owner)...)
+	if err != nil {
+		return nil, err
+	}
+	mine := make(map[string]bool, len(ids))
+	for rs.Next() {
+		var id string
+		if err := rs.Scan(&id); err != nil {
+			rs.Close()
+			return nil, err
+		}
+		mine[id] = true
+	}
+	return mine, errors.Join(rs.Err(), rs.Close())
+}
+
+// deliveryInsertRows bounds the rows of one INSERT of deliveries (7
+// arguments each): well under the 65,535 placeholders of MySQL and
+// PostgreSQL and the 32,766 of SQLite.
+const deliveryInsertRows = 1000
+
+// insertDeliveries writes the deliveries of splits, NEW, RETRY or DEAD as
+// each write says, due after its delay.
+func (s *Store) insertDeliveries(ctx context.Context, tx *sqlx.Tx, splits []driver.EventSplit) error {
+	type row struct {
+		id string
+		w  driver.DeliveryWrite
+	}
+	var rows []row
+	for _, sp := range splits {
+		for _, w := range sp.Writes {
+			rows = append(rows, row{sp.EventID, w})
+		}
+	}
+	for chunk := range slices.Chunk(rows, deliveryInsertRows) {
 		var sb strings.Builder
 		sb.WriteString(`INSERT INTO ` + s.DeliveriesTable() + ` (event_id, subscription, status, attempts, available_at, created_at, done_at, last_error) VALUES `)
-		args := make([]any, 0, 7*len(writes))
-		for i, w := range writes {
+		args := make([]any, 0, 7*len(chunk))
+		for i, r := range chunk {
 			if i > 0 {
 				sb.WriteString(", ")
 			}
 			sb.WriteString(`(?, ?, ?, ?, ` + s.d.nowPlus + `, ` + s.d.now + `, CASE WHEN ? = 3 THEN ` + s.d.now + ` END, ?)`)
-			args = append(args, eventID, w.Subscription, int(w.Status), w.Attempts, max(0, w.Delay).Microseconds(), int(w.Status), nullIfEmpty(w.Error))
+			args = append(args, r.id, r.w.Subscription, int(r.w.Status), r.w.Attempts, max(0, r.w.Delay).Microseconds(), int(r.w.Status), nullIfEmpty(r.w.Error))
 		}
-		if _, err = tx.ExecContext(ctx, s.rebind(sb.String()), args...); err != nil {
+		if _, err := tx.ExecContext(ctx, s.rebind(sb.String()), args...); err != nil {
 			return err
 		}
-		return s.recordAttempts(ctx, tx, eventID, writes)
-	})
-	if err != nil {
-		return false, s.explainSubs(fmt.Errorf("sqlstore: split %s: %w", eventID, err))
 	}
-	return held, nil
+	return nil
 }
 
 func nullIfEmpty(s string) any {
@@ -710,7 +794,7 @@ WHERE event_id = ? AND subscription = ? AND locked_by = ? AND status IN (0, 2)`)
 		if held = n == 1; err != nil || !held {
 			return err
 		}
-		return s.recordAttempts(ctx, tx, key.EventID, []driver.DeliveryWrite{{Subscription: key.Subscription, Status: w.Status, Attempts: w.Attempts, Error: w.Error}})
+		return s.recordAttempts(ctx, tx, []driver.EventSplit{{EventID: key.EventID, Writes: []driver.DeliveryWrite{{Subscription: key.Subscription, Status: w.Status, Attempts: w.Attempts, Error: w.Error}}}})
 	})
 	if err != nil {
 		return false, fmt.Errorf("sqlstore: record delivery %s to %q: %w", key.EventID, key.Subscription, err)

@@ -119,13 +119,13 @@ type heldSplit struct {
 	claims   atomic.Int32 // claims since the first of those
 }
 
-func (s *heldSplit) Split(ctx context.Context, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+func (s *heldSplit) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
 	s.once.Do(func() {
 		s.held.Store(true)
 		<-s.release
 		s.held.Store(false)
 	})
-	return s.Store.Split(ctx, owner, id, writes, registry)
+	return s.Store.Split(ctx, owner, splits, registry)
 }
 
 func (s *heldSplit) Claim(ctx context.Context, req driver.ClaimRequest) ([]driver.Row, error) {

@@ -325,7 +325,7 @@ func TestClaimDeliveriesLeasesARunBehindTheHead(t *testing.T) {
 				if err != nil || len(rows) != 1 || rows[0].ID != want {
 					t.Fatalf("ClaimHeads(%s) = %v, %v; want %s", key, rows, err, want)
 				}
-				if ok, err := st.Split(ctx, "a", want, []driver.DeliveryWrite{{Subscription: "o", Status: outbox.StatusNew}}, regNow(t, st)); !ok || err != nil {
+				if ok, err := splitOne(ctx, st, "a", want, []driver.DeliveryWrite{{Subscription: "o", Status: outbox.StatusNew}}, regNow(t, st)); !ok || err != nil {
 					t.Fatalf("Split = %v, %v", ok, err)
 				}
 			}

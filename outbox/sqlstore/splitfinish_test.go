@@ -36,7 +36,7 @@ func TestLastDeliveriesWrittenAtOnceCompleteTheEvent(t *testing.T) {
 				ids := insertLeased(t, st, "me", make([]driver.Row, events)...)
 				for _, id := range ids {
 					writes := []driver.DeliveryWrite{{Subscription: "s1", Status: outbox.StatusNew}, {Subscription: "s2", Status: outbox.StatusNew}}
-					if ok, err := st.Split(ctx, "me", id, writes, reg.Version); err != nil || !ok {
+					if ok, err := splitOne(ctx, st, "me", id, writes, reg.Version); err != nil || !ok {
 						t.Fatalf("Split = %v, %v", ok, err)
 					}
 				}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/txoutbox/internal/testdb"
 	"github.com/txoutbox/txoutbox/outbox"
+	"github.com/txoutbox/txoutbox/outbox/driver"
 	"github.com/txoutbox/txoutbox/outbox/sqlstore"
 )
 
@@ -294,4 +295,10 @@ func regNow(t testing.TB, st *sqlstore.Store) int64 {
 		t.Fatalf("SyncSubscriptions: %v", err)
 	}
 	return reg.Version
+}
+
+// splitOne is Split of one event.
+func splitOne(ctx context.Context, st *sqlstore.Store, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+	held, err := st.Split(ctx, owner, []driver.EventSplit{{EventID: id, Writes: writes}}, registry)
+	return err == nil && len(held) == 1 && held[0], err
 }

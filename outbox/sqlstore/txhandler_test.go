@@ -428,7 +428,7 @@ func TestTxDeliveryRecordedOnlyInItsTurn(t *testing.T) {
 			}
 			// Split, the delivery to s due: its turn on the whole event is
 			// over.
-			if ok, err := st.Split(ctx, "a", r.ID, []driver.DeliveryWrite{{Subscription: "s", Status: driver.StatusNew}}, regNow(t, st)); err != nil || !ok {
+			if ok, err := splitOne(ctx, st, "a", r.ID, []driver.DeliveryWrite{{Subscription: "s", Status: driver.StatusNew}}, regNow(t, st)); err != nil || !ok {
 				t.Fatalf("Split = %v, %v", ok, err)
 			}
 			deliver := func(who string, at driver.TxTurn) (bool, error) {

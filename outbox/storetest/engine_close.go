@@ -209,7 +209,7 @@ func testCloseAfterALateDeliveryClaim(t *testing.T, e *env) {
 	ctx := context.Background()
 	ids := e.insertRows(t, 20, "setup", time.Minute)
 	for _, id := range ids {
-		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "all", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
+		if ok, err := splitOne(ctx, e.ds(), "setup", id, []driver.DeliveryWrite{{Subscription: "all", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}

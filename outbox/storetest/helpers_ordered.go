@@ -130,7 +130,7 @@ func (e *env) splitHead(t *testing.T, key string, writes ...driver.DeliveryWrite
 	t.Helper()
 	first, _ = e.pubOrdered(t, key, "me", bothS)
 	next, _ = e.pubOrdered(t, key, "", bothS)
-	if ok, err := e.ds().Split(context.Background(), "me", first, writes, e.registry(t)); err != nil || !ok {
+	if ok, err := splitOne(context.Background(), e.ds(), "me", first, writes, e.registry(t)); err != nil || !ok {
 		t.Fatalf("Split = %v, %v", ok, err)
 	}
 	return first, next

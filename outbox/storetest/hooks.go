@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/txoutbox/txoutbox/outbox"
@@ -42,12 +43,26 @@ func (s *hookedStore) ClaimDeliveries(ctx context.Context, req driver.ClaimReque
 	return s.DeliveryStore.ClaimDeliveries(ctx, req, subs, f)
 }
 
-func (s *hookedStore) Split(ctx context.Context, owner, id string, ws []driver.DeliveryWrite, registry int64) (bool, error) {
-	write := func() (bool, error) { return s.DeliveryStore.Split(ctx, owner, id, ws, registry) }
-	if s.record != nil {
-		return s.record(ctx, ws, write)
+func (s *hookedStore) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
+	if s.record == nil || len(splits) != 1 {
+		return s.DeliveryStore.Split(ctx, owner, splits, registry)
 	}
-	return write()
+	held, err := s.record(ctx, splits[0].Writes, func() (bool, error) {
+		return splitOne(ctx, s.DeliveryStore, owner, splits[0].EventID, splits[0].Writes, registry)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []bool{held}, nil
+}
+
+// splitOne is DeliveryStore.Split of one event.
+func splitOne(ctx context.Context, ds driver.DeliveryStore, owner, id string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
+	held, err := ds.Split(ctx, owner, []driver.EventSplit{{EventID: id, Writes: writes}}, registry)
+	if err == nil && len(held) != 1 {
+		return false, fmt.Errorf("Split of 1 event returned %d results", len(held))
+	}
+	return err == nil && held[0], err
 }
 
 func (s *hookedStore) FailDelivery(ctx context.Context, owner string, k driver.DeliveryID, w driver.DeliveryWrite) (bool, error) {

@@ -20,7 +20,7 @@ func testMethodClaimDeliveries(t *testing.T, e *env) {
 	ds := e.ds()
 	ids := e.insertRows(t, 40, "me", time.Minute)
 	for _, id := range ids {
-		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "other", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
+		if ok, err := splitOne(ctx, ds, "me", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "other", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}
@@ -102,7 +102,7 @@ func testOrderDeliveriesInTurn(t *testing.T, e *env) {
 		t.Helper()
 		one, two := e.splitHead(t, key, driver.DeliveryWrite{Subscription: sub, Status: first, Attempts: 1, Error: "boom"})
 		wantIDs(t, key+": ClaimHeads", claimHeads(t, os, "me", minute, bothS, key), two)
-		if ok, err := ds.Split(ctx, "me", two, []driver.DeliveryWrite{{Subscription: sub, Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
+		if ok, err := splitOne(ctx, ds, "me", two, []driver.DeliveryWrite{{Subscription: sub, Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("%s: Split = %v, %v", key, ok, err)
 		}
 		return one, two

@@ -20,7 +20,7 @@ func testMethodDeliveryWrites(t *testing.T, e *env) {
 	ctx := context.Background()
 	ds := e.ds()
 	id := e.insertRows(t, 1, "me", time.Minute)[0]
-	if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}, {Subscription: "b", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
+	if ok, err := splitOne(ctx, ds, "me", id, []driver.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}, {Subscription: "b", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	claim := func(owner string) []driver.Delivery {

@@ -18,7 +18,7 @@ func testMethodDueNow(t *testing.T, e *env) {
 	ds := e.ds()
 	ids := e.insertRows(t, 2, "me", time.Minute)
 	for _, id := range ids {
-		if ok, err := ds.Split(ctx, "me", id, []driver.DeliveryWrite{
+		if ok, err := splitOne(ctx, ds, "me", id, []driver.DeliveryWrite{
 			{Subscription: "down", Status: outbox.StatusNew, Delay: time.Hour},
 			{Subscription: "other", Status: outbox.StatusNew, Delay: time.Hour},
 		}, e.registry(t)); err != nil || !ok {

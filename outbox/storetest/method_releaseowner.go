@@ -77,7 +77,7 @@ func splitClaimedByTwo(t *testing.T, e *env) []string {
 	ctx := context.Background()
 	split := e.insertRows(t, 2, "setup", time.Minute)
 	for _, id := range split {
-		if ok, err := e.ds().Split(ctx, "setup", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "t", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
+		if ok, err := splitOne(ctx, e.ds(), "setup", id, []driver.DeliveryWrite{{Subscription: "s", Status: outbox.StatusNew}, {Subscription: "t", Status: outbox.StatusNew}}, e.registry(t)); err != nil || !ok {
 			t.Fatalf("split: %v %v", ok, err)
 		}
 	}

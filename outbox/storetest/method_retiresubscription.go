@@ -36,7 +36,7 @@ func testMethodRetire(t *testing.T, e *env) {
 		{{Subscription: "gone", Status: outbox.StatusDead, Attempts: 3, Error: "gave up"}, {Subscription: "keep", Status: outbox.StatusNew}},
 	}
 	for i, w := range writes {
-		if ok, err := ds.Split(ctx, "me", ids[i], w, reg.Version); err != nil || !ok {
+		if ok, err := splitOne(ctx, ds, "me", ids[i], w, reg.Version); err != nil || !ok {
 			t.Fatalf("Split %d: %v %v", i, ok, err)
 		}
 	}

@@ -135,7 +135,7 @@ func testFencedWrites(t *testing.T, e *env, ids []string, v1, v2 int64) {
 		t.Fatalf("MarkDone with a stale registry = %d, %v; want 0, ErrRegistryChanged", n, err)
 	}
 	writes := []driver.DeliveryWrite{{Subscription: "a", Status: outbox.StatusNew}}
-	ok, err := ds.Split(ctx, "me", ids[1], writes, v1)
+	ok, err := splitOne(ctx, ds, "me", ids[1], writes, v1)
 	if !errors.Is(err, driver.ErrRegistryChanged) || ok {
 		t.Fatalf("Split with a stale registry = %v, %v; want false, ErrRegistryChanged", ok, err)
 	}
@@ -152,7 +152,7 @@ func testFencedWrites(t *testing.T, e *env, ids []string, v1, v2 int64) {
 	if n, err := e.store.MarkDone(ctx, "me", ids[:1], v2); err != nil || n != 1 {
 		t.Fatalf("MarkDone with the current registry = %d, %v; want 1", n, err)
 	}
-	if ok, err := ds.Split(ctx, "me", ids[1], writes, v2); err != nil || !ok {
+	if ok, err := splitOne(ctx, ds, "me", ids[1], writes, v2); err != nil || !ok {
 		t.Fatalf("Split with the current registry = %v, %v; want true", ok, err)
 	}
 	if rec := e.inspect(t, ids[1]); rec.Status != outbox.StatusSplit || len(rec.Deliveries) != 1 {

@@ -130,6 +130,7 @@ func cases() []testCase {
 		{name: "Method/SyncSubscriptions/SetPaused", fn: testMethodSubscriptions},
 		{name: "Method/SyncSubscriptions/RegistryFence", fn: testMethodRegistryFence},
 		{name: "Method/Split/OwnerOnly", fn: testMethodSplit},
+		{name: "Method/Split/Many", fn: testMethodSplitMany},
 		{name: "Method/ClaimDeliveries/OneOwnerEach", fn: testMethodClaimDeliveries, alone: true}, // 250 ms leases must outlast the claims
 		{name: "Method/ClaimDeliveries/InTurn", fn: testOrderDeliveriesInTurn},
 		{name: "Method/DeliveryWrites/OwnerOnly", fn: testMethodDeliveryWrites, alone: true}, // a claim within 200 ms of a release

@@ -347,8 +347,8 @@ func (f *faultyStore) SetPaused(ctx context.Context, name string, paused bool) (
 	return wrap(ctx, f, "SetPaused", func() (bool, error) { return f.Store.SetPaused(ctx, name, paused) })
 }
 
-func (f *faultyStore) Split(ctx context.Context, owner, eventID string, writes []driver.DeliveryWrite, registry int64) (bool, error) {
-	return wrap(ctx, f, "Split", func() (bool, error) { return f.Store.Split(ctx, owner, eventID, writes, registry) })
+func (f *faultyStore) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
+	return wrap(ctx, f, "Split", func() ([]bool, error) { return f.Store.Split(ctx, owner, splits, registry) })
 }
 
 func (f *faultyStore) CompleteDeliveries(ctx context.Context, owner string, keys []driver.DeliveryID) (int, error) {
