@@ -44,6 +44,7 @@ type item struct {
 	pending int
 	results []result
 	start   time.Time
+	settled time.Time // when the last outcome came in: the delays of the outcomes count from then
 }
 
 // key is the item's name in the in-flight set.
@@ -370,6 +371,7 @@ func (d *dispatcher) finish(it *item) {
 		d.m.Dispatched(it.env.Type, it.path, outcome, took)
 	}
 	if deferredOnly(it) {
+		it.settled = time.Now()
 		d.comp.add(it) // its Split goes with others' (recordDeferrals)
 		return
 	}
@@ -414,6 +416,17 @@ func (d *dispatcher) recordDeferrals(its []*item) {
 			splits[i].EventID = it.env.ID
 			splits[i].Writes, wakes[i] = d.failureWrites(it)
 			n += len(splits[i].Writes)
+			// Due when each deferral said, not that much after the
+			// write: a gate asks for its deferred events back about when
+			// it is half empty, and would otherwise run dry while they
+			// waited for the completer.
+			waited := time.Since(it.settled)
+			for j := range splits[i].Writes {
+				splits[i].Writes[j].Delay = max(0, splits[i].Writes[j].Delay-waited)
+			}
+			if wakes[i] > 0 {
+				wakes[i] = max(0, wakes[i]-waited)
+			}
 		}
 		start := time.Now()
 		held, err := retryStore(ctx, func() ([]bool, error) {

@@ -231,7 +231,17 @@ func (d *dispatcher) requeue(it *item) {
 // here already (the claim could take it only if its lease had run out
 // while renewals failed, and it is still this instance's to finish) or
 // the queue is full.
-func (d *dispatcher) offerCold(it *item) offerResult {
+func (d *dispatcher) offerCold(it *item) offerResult { return d.offer(it, d.cold) }
+
+// offerRefill is offerCold for what the poller claimed to refill a gate
+// (refillGates): it goes to the hot queue, which the workers take first,
+// so that it reaches the gate before the next poll, which would otherwise
+// see the gate as empty as before and claim its room again (to be
+// deferred), while the refill waited behind a cold queue full of other
+// events.
+func (d *dispatcher) offerRefill(it *item) offerResult { return d.offer(it, d.hot) }
+
+func (d *dispatcher) offer(it *item, q chan *item) offerResult {
 	if !d.leases.hold(it.key(), d.leaseEnd(it)) {
 		return offerInHand
 	}
@@ -239,7 +249,7 @@ func (d *dispatcher) offerCold(it *item) offerResult {
 		d.keys.claimed(it) // before a worker can finish it
 	}
 	select {
-	case d.cold <- it:
+	case q <- it:
 		return offerQueued
 	default:
 		if chained(it) {
@@ -400,6 +410,11 @@ func (d *dispatcher) handBackLate(id string) {
 // ordered event leased behind the row before it, its predecessor in its
 // key: it waits in its key's chain (offerFollower).
 func (d *dispatcher) offerRows(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now, leased time.Time) (queued int, unqueued, unhandled []string) {
+	return d.offerRowsTo(ctx, reg, rows, follows, now, leased, d.offerCold)
+}
+
+// offerRowsTo is offerRows through offer (offerCold or offerRefill).
+func (d *dispatcher) offerRowsTo(ctx context.Context, reg *registry, rows []driver.Row, follows []bool, now, leased time.Time, offer func(*item) offerResult) (queued int, unqueued, unhandled []string) {
 	for i := range rows {
 		r := &rows[i]
 		env, err := decode(r)
@@ -413,11 +428,11 @@ func (d *dispatcher) offerRows(ctx context.Context, reg *registry, rows []driver
 			continue
 		}
 		it := &item{env: env, path: PathCold, attempts: r.Attempts, since: createdOr(r, now), behind: r.Behind, leased: leased}
-		offer := d.offerCold
+		to := offer
 		if follows != nil && follows[i] && env.ordered {
-			offer = d.offerFollower
+			to = d.offerFollower
 		}
-		switch offer(it) {
+		switch to(it) {
 		case offerQueued:
 			queued++
 		case offerFull:

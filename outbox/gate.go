@@ -32,7 +32,9 @@ const (
 // gate is half empty, when the gate asks for a poll; the poller claims a
 // limited subscription's deliveries only as many as its gate has room
 // for (room), so that a backlog waits in the table, not in memory, and is
-// not claimed only to be deferred again.
+// not claimed only to be deferred again; and it does so before it claims
+// whole events, once the gate is half empty (refillGates), so that a
+// drain beside it does not leave the gate dry.
 type gate struct {
 	d    *dispatcher
 	s    *subscription

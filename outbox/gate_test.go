@@ -82,6 +82,60 @@ func TestRateLimitDeliversAtItsRate(t *testing.T) {
 	})
 }
 
+// A limited subscription keeps its rate while a backlog of other events
+// drains beside it through the poller: the claims of whole events fill
+// every poll's limit while the backlog lasts, and a gate at least half
+// empty is refilled from the table before them (it got 100 events of its
+// own backlog in a 5 s drain at 100/s before, the first second's).
+func TestRateLimitKeepsItsRateBesideADrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			rate  = 100
+			drain = 10_000
+		)
+		st := outboxtest.NewStore()
+		// Published by an instance without subscriptions: all of it waits
+		// in the table for the other's polls.
+		pub := startedOutbox(t, st, outbox.Config{PollInterval: time.Hour, PollMaxInterval: time.Hour})
+		for range 10 * rate {
+			publishEnv(t, pub, st, outbox.Envelope{Type: "Slow", JSON: []byte(`{}`)})
+		}
+		for range drain {
+			publishEnv(t, pub, st, outbox.Envelope{Type: "Fast", JSON: []byte(`{}`)})
+		}
+		a := newCallTimes()
+		free := a.handler("free")
+		startedOutbox(t, st, outbox.Config{},
+			outbox.Subscription{Name: "limited", Types: []outbox.EventType{"Slow"}, Rate: rate, Burst: 1, Handler: a.handler("limited")},
+			outbox.Subscription{Name: "free", Types: []outbox.EventType{"Fast"}, Handler: func(ctx context.Context, ev outbox.Event) error {
+				time.Sleep(2 * time.Millisecond) // a drain that takes a few seconds
+				return free(ctx, ev)
+			}})
+		settle(20 * time.Second)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if len(a.seen["free"]) != drain {
+			t.Fatalf("free: %d of %d events", len(a.seen["free"]), drain)
+		}
+		// Over the drain, after a second of warm-up.
+		from, to := a.at["free"][0]+time.Second, a.at["free"][drain-1]
+		if to-from < 3*time.Second {
+			t.Fatalf("the drain took %v: too short to tell", to-from)
+		}
+		during := 0
+		for _, at := range a.at["limited"] {
+			if at >= from && at <= to {
+				during++
+			}
+		}
+		want := 0.95 * rate * (to - from).Seconds()
+		t.Logf("limited: %d events in %v of the drain (%.1f/s)", during, to-from, float64(during)/(to-from).Seconds())
+		if float64(during) < want {
+			t.Errorf("limited: %d events in %v of the drain; want at least %.0f (95 %% of %d/s)", during, to-from, want, rate)
+		}
+	})
+}
+
 // A Batch subscription with a Rate counts each event of a call.
 func TestRateLimitCountsTheEventsOfABatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -367,96 +367,138 @@ func (p *poller) poll(ctx context.Context, most int, skipRecent time.Duration) (
 	// once every part has stopped, Close releases last (releaseHeld).
 	ctx, cancel := p.storeCtx()
 	defer cancel()
-	claimStart := time.Now()
 	reg := p.reg.load()
-	only, not := reg.claimTypes()
-	rows, err := p.store.Claim(ctx, driver.ClaimRequest{
-		Owner:      p.cfg.InstanceID,
-		Limit:      limit,
-		Lease:      p.cfg.Lease,
-		SkipRecent: skipRecent,
-		Types:      only,
-		NotTypes:   not,
-	})
-	p.m.Statement("claim", len(rows), time.Since(claimStart))
-	if err != nil {
-		return 0, limit, err
-	}
-	now := time.Now()
-	reclaimed := 0
-	for i := range rows {
-		if r := &rows[i]; r.PrevOwner != "" && r.PrevOwner != p.cfg.InstanceID {
-			reclaimed++
+	var t pollTally
+	defer t.finish(ctx, p)
+	// Gates at least half empty first: while a backlog drains, the claims
+	// of whole events fill the limit, and would leave what a limited
+	// subscription has waiting in the table behind them.
+	p.refillGates(ctx, reg, limit, &t)
+	if t.taken < limit {
+		only, not := reg.claimTypes()
+		claimStart := time.Now()
+		rows, err := p.store.Claim(ctx, driver.ClaimRequest{
+			Owner:      p.cfg.InstanceID,
+			Limit:      limit - t.taken,
+			Lease:      p.cfg.Lease,
+			SkipRecent: skipRecent,
+			Types:      only,
+			NotTypes:   not,
+		})
+		p.m.Statement("claim", len(rows), time.Since(claimStart))
+		if err != nil {
+			return t.queued, limit, err
 		}
+		t.rows(ctx, p, reg, rows, claimStart)
 	}
-	queued, unqueued, unhandled := p.disp.offerRows(ctx, reg, rows, nil, now, claimStart)
-	var unqueuedDeliveries []driver.DeliveryID
-	if room := limit - len(rows); room > 0 {
-		n, back, taken := p.pollDeliveries(ctx, reg, room, now)
-		queued, unqueuedDeliveries, reclaimed = queued+n, back, reclaimed+taken
+	if t.taken < limit {
+		t.deliveries(p, reg, p.pollDeliveries(ctx, reg, limit-t.taken), time.Now())
 	}
 	// The heads of ordering keys with events due.
-	if n, err := p.seq.sweep(ctx, limit-queued); err != nil {
+	if n, err := p.seq.sweep(ctx, limit-t.queued); err != nil {
 		p.log.Error("claim the events of ordering keys", slog.Any("error", err))
 	} else {
-		queued += n
+		t.queued += n
 	}
-	p.leases.releaseDeliveries(ctx, unqueuedDeliveries, 0, "release unqueued deliveries")
-	p.leases.releaseLeases(ctx, unqueued, "release unqueued events")
-	p.leases.release(ctx, unhandled, p.cfg.NoListenerDelay, "hand back events with no listener here")
-	if queued > 0 {
-		p.m.ColdEnqueued(queued)
+	return t.queued, limit, nil
+}
+
+// pollTally is what one poll claimed: it counts what was taken and
+// queued, and keeps what could not be queued for finish to give back.
+type pollTally struct {
+	refill                   bool // queue what is claimed now through offerRefill
+	taken, queued, reclaimed int
+	unqueued, unhandled      []string
+	unqueuedDeliveries       []driver.DeliveryID
+}
+
+// rows queues rows, whole events claimed at claimStart.
+func (t *pollTally) rows(ctx context.Context, p *poller, reg *registry, rows []driver.Row, claimStart time.Time) {
+	t.taken += len(rows)
+	for i := range rows {
+		if r := &rows[i]; r.PrevOwner != "" && r.PrevOwner != p.cfg.InstanceID {
+			t.reclaimed++
+		}
 	}
-	if reclaimed > 0 {
-		p.m.LeasesReclaimed(reclaimed)
-		p.log.Info("took over events whose lease had expired", slog.Int("events", reclaimed))
+	queued, unqueued, unhandled := p.disp.offerRowsTo(ctx, reg, rows, nil, time.Now(), claimStart, t.offer(p))
+	t.queued += queued
+	t.unqueued = append(t.unqueued, unqueued...)
+	t.unhandled = append(t.unhandled, unhandled...)
+}
+
+// deliveries queues ds, deliveries claimed at start.
+func (t *pollTally) deliveries(p *poller, reg *registry, ds []driver.Delivery, start time.Time) {
+	t.taken += len(ds)
+	queued, unqueued, reclaimed := p.queueDeliveries(reg, ds, start, t.offer(p))
+	t.queued += queued
+	t.reclaimed += reclaimed
+	t.unqueuedDeliveries = append(t.unqueuedDeliveries, unqueued...)
+}
+
+func (t *pollTally) offer(p *poller) func(*item) offerResult {
+	if t.refill {
+		return p.disp.offerRefill
 	}
-	return queued, limit, nil
+	return p.disp.offerCold
+}
+
+// finish gives back what was claimed and not queued, and counts the
+// rest.
+func (t *pollTally) finish(ctx context.Context, p *poller) {
+	p.leases.releaseDeliveries(ctx, t.unqueuedDeliveries, 0, "release unqueued deliveries")
+	p.leases.releaseLeases(ctx, t.unqueued, "release unqueued events")
+	p.leases.release(ctx, t.unhandled, p.cfg.NoListenerDelay, "hand back events with no listener here")
+	if t.queued > 0 {
+		p.m.ColdEnqueued(t.queued)
+	}
+	if t.reclaimed > 0 {
+		p.m.LeasesReclaimed(t.reclaimed)
+		p.log.Info("took over events whose lease had expired", slog.Int("events", t.reclaimed))
+	}
 }
 
 // pollDeliveries claims up to room deliveries of split events, for this
 // instance's subscriptions that are neither paused nor waiting for their
-// circuit, and queues them. It returns how many it queued, those it could
-// not queue (to be released), and how many it took over from another
-// instance whose lease had run out.
-func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, now time.Time) (queued int, unqueued []driver.DeliveryID, reclaimed int) {
+// circuit, but those with a Rate (refillGates).
+func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int) []driver.Delivery {
 	// Subscriptions with a closed circuit in one claim; one whose circuit
 	// waits for a probe gets one delivery, the probe, instead of a batch
 	// it would only defer again.
 	closed, probing := reg.claimable()
-	var ds []driver.Delivery
-	dsStart := time.Now()
-	claim := func(limit int, names []string) {
-		if limit <= 0 || len(names) == 0 {
-			return
-		}
-		start := time.Now()
-		got, err := p.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
-			Owner:      p.cfg.InstanceID,
-			Limit:      limit,
-			Lease:      p.cfg.Lease,
-			SkipRecent: -1,
-			Run:        p.cfg.ColdQueueSize,
-		}, names, reg.orderFilter())
-		p.m.Statement("claim_deliveries", len(got), time.Since(start))
-		if err != nil {
-			p.log.Error("claim deliveries", slog.Any("error", err))
-		}
-		ds = append(ds, got...)
-	}
-	closed, limited := reg.gated(closed)
-	claim(room, closed)
-	for _, s := range limited {
-		// No more than its gate can take: the rest would be deferred again.
-		n, most := len(ds), min(s.gate.room(), room-len(ds))
-		claim(most, []string{s.Name})
-		if most > 0 && len(ds)-n == most {
-			s.gate.owed.Store(true) // more may wait: the gate asks again when half empty
-		}
-	}
+	closed, _ = reg.gated(closed)
+	probing, _ = reg.gated(probing)
+	ds := p.claimDeliveries(ctx, reg, room, closed)
 	for _, name := range probing {
-		claim(min(1, room-len(ds)), []string{name})
+		ds = append(ds, p.claimDeliveries(ctx, reg, min(1, room-len(ds)), []string{name})...)
 	}
+	return ds
+}
+
+// claimDeliveries claims up to limit due deliveries of the subscriptions
+// named, and the runs behind them (driver.ClaimRequest.Run).
+func (p *poller) claimDeliveries(ctx context.Context, reg *registry, limit int, names []string) []driver.Delivery {
+	if limit <= 0 || len(names) == 0 {
+		return nil
+	}
+	start := time.Now()
+	got, err := p.dstore.ClaimDeliveries(ctx, driver.ClaimRequest{
+		Owner:      p.cfg.InstanceID,
+		Limit:      limit,
+		Lease:      p.cfg.Lease,
+		SkipRecent: -1,
+		Run:        p.cfg.ColdQueueSize,
+	}, names, reg.orderFilter())
+	p.m.Statement("claim_deliveries", len(got), time.Since(start))
+	if err != nil {
+		p.log.Error("claim deliveries", slog.Any("error", err))
+	}
+	return got
+}
+
+// queueDeliveries queues ds, deliveries claimed at start. It returns how
+// many it queued, those it could not queue (to be released), and how
+// many it took over from another instance whose lease had run out.
+func (p *poller) queueDeliveries(reg *registry, ds []driver.Delivery, start time.Time, offerTo func(*item) offerResult) (queued int, unqueued []driver.DeliveryID, reclaimed int) {
 	follows := deliveryRuns(ds, reg)
 	for i := range ds {
 		d := &ds[i]
@@ -472,8 +514,8 @@ func (p *poller) pollDeliveries(ctx context.Context, reg *registry, room int, no
 			unqueued = append(unqueued, key)
 			continue
 		}
-		it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, now), sub: s, leased: dsStart}
-		offer := p.disp.offerCold
+		it := &item{env: env, path: PathCold, attempts: d.Attempts, since: createdOr(&d.Row, start), sub: s, leased: start}
+		offer := offerTo
 		if follows[i] && chained(it) {
 			offer = p.disp.offerFollower
 		}

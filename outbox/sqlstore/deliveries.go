@@ -304,32 +304,14 @@ func (s *Store) Split(ctx context.Context, owner string, splits []driver.EventSp
 	var mine map[string]bool
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		var err error
-		if mine, err = s.heldEvents(ctx, tx, owner, ids); err != nil {
+		if mine, err = s.splitHeld(ctx, tx, owner, ids, registry); err != nil || len(mine) == 0 {
 			return err
-		}
-		if len(mine) == 0 {
-			return s.registryMoved(ctx, tx, registry)
 		}
 		var held []driver.EventSplit
-		var heldIDs []string
 		for _, sp := range splits {
 			if mine[sp.EventID] {
-				held, heldIDs = append(held, sp), append(heldIDs, sp.EventID)
+				held = append(held, sp)
 			}
-		}
-		res, err := tx.ExecContext(ctx, s.rebind(s.q.update+` SET status = 4, done_at = NULL, locked_by = NULL, locked_until = NULL
-WHERE id`+s.idIn(len(heldIDs))+s.regFence()), append(s.idArgs(heldIDs), registry)...)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || int(n) != len(heldIDs) {
-			if err == nil {
-				err = s.registryMoved(ctx, tx, registry)
-			}
-			if err == nil {
-				err = fmt.Errorf("changed %d of the %d events it locked", n, len(heldIDs))
-			}
-			return err
 		}
 		if err := s.insertDeliveries(ctx, tx, held); err != nil {
 			return err
@@ -357,24 +339,69 @@ func others(n int) string {
 	return ""
 }
 
-// heldEvents locks, in tx, the rows of the events among ids that owner
-// holds (NEW or RETRY, leased to it), in id order, and returns their ids.
-// SQLite's write transaction holds the whole database already.
-func (s *Store) heldEvents(ctx context.Context, tx *sqlx.Tx, owner string, ids []string) (map[string]bool, error) {
-	rs, err := tx.QueryContext(ctx, s.rebind(`SELECT id FROM `+s.table+s.d.byID+` WHERE id IN `+in(len(ids))+` AND locked_by = ? AND `+s.d.statusByID()+` IN (0, 2) ORDER BY id`+s.d.rowLock), append(stringArgs(ids), owner)...)
+// splitHeld sets the events among ids that owner holds (NEW or RETRY,
+// leased to it) SPLIT and free, in tx, if the registry's version is
+// registry, and returns their ids; if it is another, it changes nothing
+// and returns an error wrapping driver.ErrRegistryChanged. PostgreSQL
+// and SQLite say which rows an UPDATE changed (RETURNING); on MySQL the
+// rows are locked and read first, in id order.
+func (s *Store) splitHeld(ctx context.Context, tx *sqlx.Tx, owner string, ids []string, registry int64) (map[string]bool, error) {
+	const set = ` SET status = 4, done_at = NULL, locked_by = NULL, locked_until = NULL WHERE id`
+	held := func(ids []string) string {
+		return s.idIn(len(ids)) + ` AND locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2)`
+	}
+	var mine map[string]bool
+	if s.d.name != "mysql" {
+		q := s.rebind(s.q.update + set + held(ids) + s.regFence() + ` RETURNING id`)
+		var err error
+		if mine, err = s.readIDs(ctx, tx, q, append(s.idArgs(ids), owner, registry)...); err != nil || len(mine) > 0 {
+			return mine, err
+		}
+		return nil, s.registryMoved(ctx, tx, registry)
+	}
+	q := s.rebind(`SELECT id FROM ` + s.table + s.d.byID + ` WHERE id` + held(ids) + ` ORDER BY id` + s.d.rowLock)
+	mine, err := s.readIDs(ctx, tx, q, append(s.idArgs(ids), owner)...)
+	if err != nil || len(mine) == 0 {
+		if err == nil {
+			err = s.registryMoved(ctx, tx, registry)
+		}
+		return nil, err
+	}
+	locked := slices.Collect(maps.Keys(mine))
+	n, err := execCountTx(ctx, tx, s.rebind(s.q.update+set+s.idIn(len(locked))+s.regFence()), append(s.idArgs(locked), registry)...)
+	if err == nil && n != len(locked) {
+		if err = s.registryMoved(ctx, tx, registry); err == nil {
+			err = fmt.Errorf("changed %d of the %d events it locked", n, len(locked))
+		}
+	}
+	return mine, err
+}
+
+// readIDs runs q in tx and returns the ids it reads.
+func (s *Store) readIDs(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (map[string]bool, error) {
+	rs, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
-	mine := make(map[string]bool, len(ids))
+	ids := map[string]bool{}
 	for rs.Next() {
 		var id string
 		if err := rs.Scan(&id); err != nil {
 			rs.Close()
 			return nil, err
 		}
-		mine[id] = true
+		ids[id] = true
 	}
-	return mine, errors.Join(rs.Err(), rs.Close())
+	return ids, errors.Join(rs.Err(), rs.Close())
+}
+
+func execCountTx(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (int, error) {
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
 }
 
 // deliveryInsertRows bounds the rows of one INSERT of deliveries (7
