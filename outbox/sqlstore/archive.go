@@ -103,7 +103,12 @@ func (s *Store) archiveWhere(ctx context.Context, tx archiveExec, owner, where s
 // lockArchived is MySQL's locking read of archiveWhere: the ids of the
 // rows that match where, locked until tx ends.
 func (s *Store) lockArchived(ctx context.Context, tx archiveExec, where string, args []any) ([]string, error) {
-	rs, err := tx.QueryContext(ctx, `SELECT id FROM `+s.table+s.d.byID+` WHERE `+where+` FOR UPDATE`, args...)
+	return readIDs(ctx, tx, `SELECT id FROM `+s.table+s.d.byID+` WHERE `+where+` FOR UPDATE`, args...)
+}
+
+// readIDs runs q through tx and returns the ids it reads.
+func readIDs(ctx context.Context, tx archiveExec, q string, args ...any) ([]string, error) {
+	rs, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

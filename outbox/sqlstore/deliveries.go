@@ -289,10 +289,9 @@ func keyArgs(keys []driver.DeliveryID, prefix ...any) []any {
 	return args
 }
 
-// Split implements driver.DeliveryStore: one transaction locks the rows
-// of the events owner holds among splits' (a locking read by primary key,
-// in id order), sets them SPLIT in one UPDATE fenced by the registry, and
-// writes their deliveries and attempts in multi-row INSERTs.
+// Split implements driver.DeliveryStore: one transaction sets the events
+// owner holds among splits' SPLIT, fenced by the registry (splitHeld),
+// and writes their deliveries and attempts in multi-row INSERTs.
 func (s *Store) Split(ctx context.Context, owner string, splits []driver.EventSplit, registry int64) ([]bool, error) {
 	if len(splits) == 0 {
 		return nil, nil
@@ -350,58 +349,37 @@ func (s *Store) splitHeld(ctx context.Context, tx *sqlx.Tx, owner string, ids []
 	held := func(ids []string) string {
 		return s.idIn(len(ids)) + ` AND locked_by = ? AND ` + s.d.statusByID() + ` IN (0, 2)`
 	}
-	var mine map[string]bool
 	if s.d.name != "mysql" {
 		q := s.rebind(s.q.update + set + held(ids) + s.regFence() + ` RETURNING id`)
-		var err error
-		if mine, err = s.readIDs(ctx, tx, q, append(s.idArgs(ids), owner, registry)...); err != nil || len(mine) > 0 {
-			return mine, err
+		changed, err := readIDs(ctx, tx, q, append(s.idArgs(ids), owner, registry)...)
+		if err != nil || len(changed) > 0 {
+			return idSet(changed), err
 		}
 		return nil, s.registryMoved(ctx, tx, registry)
 	}
 	q := s.rebind(`SELECT id FROM ` + s.table + s.d.byID + ` WHERE id` + held(ids) + ` ORDER BY id` + s.d.rowLock)
-	mine, err := s.readIDs(ctx, tx, q, append(s.idArgs(ids), owner)...)
-	if err != nil || len(mine) == 0 {
+	locked, err := readIDs(ctx, tx, q, append(s.idArgs(ids), owner)...)
+	if err != nil || len(locked) == 0 {
 		if err == nil {
 			err = s.registryMoved(ctx, tx, registry)
 		}
 		return nil, err
 	}
-	locked := slices.Collect(maps.Keys(mine))
-	n, err := execCountTx(ctx, tx, s.rebind(s.q.update+set+s.idIn(len(locked))+s.regFence()), append(s.idArgs(locked), registry)...)
+	n, err := execN(ctx, tx, s.rebind(s.q.update+set+s.idIn(len(locked))+s.regFence()), append(s.idArgs(locked), registry)...)
 	if err == nil && n != len(locked) {
 		if err = s.registryMoved(ctx, tx, registry); err == nil {
 			err = fmt.Errorf("changed %d of the %d events it locked", n, len(locked))
 		}
 	}
-	return mine, err
+	return idSet(locked), err
 }
 
-// readIDs runs q in tx and returns the ids it reads.
-func (s *Store) readIDs(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (map[string]bool, error) {
-	rs, err := tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
+func idSet(ids []string) map[string]bool {
+	set := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
 	}
-	ids := map[string]bool{}
-	for rs.Next() {
-		var id string
-		if err := rs.Scan(&id); err != nil {
-			rs.Close()
-			return nil, err
-		}
-		ids[id] = true
-	}
-	return ids, errors.Join(rs.Err(), rs.Close())
-}
-
-func execCountTx(ctx context.Context, tx *sqlx.Tx, q string, args ...any) (int, error) {
-	res, err := tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
-	return int(n), err
+	return set
 }
 
 // deliveryInsertRows bounds the rows of one INSERT of deliveries (7
