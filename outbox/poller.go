@@ -282,21 +282,40 @@ func (p *poller) nextWait(wait time.Duration, n, limit, released int, err error)
 }
 
 // retryWakes are the due times of retries scheduled here (at most
-// maxRetryWakes), and a timer that fires at the earliest.
+// maxRetryWakes), each rounded up to a multiple of wakeGrain and kept
+// once, and a timer that fires at the earliest.
 type retryWakes struct {
 	dues  timeHeap
+	kept  map[int64]bool // the dues, in Unix nanoseconds
 	timer *time.Timer
 }
 
 func newRetryWakes() *retryWakes {
-	w := &retryWakes{timer: time.NewTimer(time.Hour)}
+	w := &retryWakes{kept: map[int64]bool{}, timer: time.NewTimer(time.Hour)}
 	w.timer.Stop()
 	return w
 }
 
-// add keeps due, and reports false if it gave up a due time for it (or
-// due itself) because it keeps maxRetryWakes already.
+// wakeGrain is what the poller's wake-ups for due times are rounded up
+// to. Retries and deferrals decided one after another fall due
+// microseconds apart, and a wake-up each kept the poller polling back to
+// back, each poll finding the one or two just due (about 400 polls a
+// second, two statements each, after a drain beside a rate limit); a
+// poll at the end of a grain takes all that fell due within it.
+const wakeGrain = 25 * time.Millisecond
+
+// add keeps due, rounded up to a multiple of wakeGrain, and reports
+// false if it gave up a due time for it (or due itself) because it keeps
+// maxRetryWakes already.
 func (w *retryWakes) add(due time.Time) bool {
+	if at := due.Truncate(wakeGrain); at.Before(due) {
+		due = at.Add(wakeGrain)
+	} else {
+		due = at
+	}
+	if w.kept[due.UnixNano()] {
+		return true // a poll already comes then
+	}
 	kept := true
 	if len(w.dues) >= maxRetryWakes {
 		// Full: keep the earliest, giving up the latest if due is
@@ -311,11 +330,13 @@ func (w *retryWakes) add(due time.Time) bool {
 		if !due.Before(w.dues[last]) {
 			return false
 		}
+		delete(w.kept, w.dues[last].UnixNano())
 		w.dues[last] = due
 		heap.Fix(&w.dues, last)
 	} else {
 		heap.Push(&w.dues, due)
 	}
+	w.kept[due.UnixNano()] = true
 	if w.dues[0].Equal(due) {
 		w.timer.Reset(time.Until(due) + retryWakeMargin)
 	}
@@ -326,7 +347,7 @@ func (w *retryWakes) add(due time.Time) bool {
 // next.
 func (w *retryWakes) fired(now time.Time) {
 	for len(w.dues) > 0 && !w.dues[0].After(now) {
-		heap.Pop(&w.dues)
+		delete(w.kept, heap.Pop(&w.dues).(time.Time).UnixNano())
 	}
 	if len(w.dues) > 0 {
 		w.timer.Reset(time.Until(w.dues[0]) + retryWakeMargin)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -17,8 +18,9 @@ import (
 // stores are tested by outbox/storetest.
 type dueStore struct {
 	clockStore
-	mu   sync.Mutex
-	rows map[string]*dueRow
+	mu    sync.Mutex
+	rows  map[string]*dueRow
+	polls []time.Time // when Claim was called
 }
 
 type dueRow struct {
@@ -31,6 +33,7 @@ type dueRow struct {
 func (s *dueStore) Claim(_ context.Context, req driver.ClaimRequest) ([]driver.Row, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.polls = append(s.polls, time.Now())
 	var out []driver.Row
 	for id, r := range s.rows {
 		if len(out) < req.Limit && !r.split && !r.leased && !r.finished && !r.due.After(time.Now()) {
@@ -140,7 +143,7 @@ func TestRetriesRunOnTime(t *testing.T) {
 func TestRetryWakesKeepTheEarliestWhenFull(t *testing.T) {
 	w := newRetryWakes()
 	defer w.timer.Stop()
-	base := time.Now().Add(time.Hour)
+	base := time.Now().Add(time.Hour).Truncate(wakeGrain) // kept as it is
 	for i := range maxRetryWakes {
 		w.add(base.Add(time.Duration(i+1) * time.Second))
 	}
@@ -158,4 +161,64 @@ func TestRetryWakesKeepTheEarliestWhenFull(t *testing.T) {
 	if !w.dues[0].Equal(base) || !latest.Equal(base.Add(time.Duration(maxRetryWakes-1)*time.Second)) {
 		t.Errorf("kept %v … %v; want %v … %v (the earliest %d)", w.dues[0], latest, base, base.Add(time.Duration(maxRetryWakes-1)*time.Second), maxRetryWakes)
 	}
+}
+
+// Retries decided a millisecond apart fall due a millisecond apart; the
+// poller wakes for them once a wakeGrain, not once each (it polled 200
+// times in 200 ms before), and each retry still runs within a grain of
+// its due time.
+func TestRetriesDueApartWakeThePollerOncePerGrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 200
+		st := &dueStore{rows: map[string]*dueRow{}}
+		for i := range n {
+			st.rows[fmt.Sprintf("e%03d", i)] = &dueRow{due: time.Now()}
+		}
+		ob, err := New(st, Config{
+			PollInterval: 5 * time.Second, PollBatchSize: n, StatsInterval: -1, CompletionLinger: -1, Workers: 1,
+			Retry: RetryFunc(func(int) time.Duration { return time.Second }),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		failed, late := map[string]time.Time{}, time.Duration(0)
+		var retried sync.WaitGroup
+		retried.Add(n)
+		ob.Handle("all", func(_ context.Context, ev Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if ev.Attempt == 1 {
+				time.Sleep(time.Millisecond) // the next failure a millisecond later
+				failed[ev.ID] = time.Now()
+				return errors.New("downstream failed")
+			}
+			late = max(late, time.Since(failed[ev.ID].Add(time.Second)))
+			retried.Done()
+			return nil
+		})
+		if err := ob.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		retried.Wait()
+		if err := ob.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		first := st.polls[0].Add(time.Second) // the first retry's due time, about
+		var woken int
+		for _, at := range st.polls {
+			if !at.Before(first) {
+				woken++
+			}
+		}
+		// n retries due over n ms, plus the grain they may spill into.
+		if most := int((n*time.Millisecond+wakeGrain)/wakeGrain) + 1; woken > most {
+			t.Errorf("%d polls for %d retries due over %v; want at most %d (one a %v)", woken, n, n*time.Millisecond, most, wakeGrain)
+		}
+		if most := 2 * wakeGrain; late > most {
+			t.Errorf("a retry ran %v after its due time; want within %v", late, most)
+		}
+	})
 }
