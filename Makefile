@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-delayed bench-load bench-partitions bench-connectors run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-delayed bench-load bench-partitions bench-connectors bench-ordered-drain run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -54,6 +54,10 @@ bench:
 bench-ordered:
 	cd bench && $(GO) run ./cmd/outboxbench -only-ordered -out ../BENCHMARKS.md $(BENCHFLAGS)
 
+## bench-ordered-drain: issue 34's ordered backlog row, BenchmarkOrderedBesideUnorderedDrain (10,000 events over 100 keys to an Ordered and an Unordered subscription with 5 ms handlers, drained by 3 instances; SQLite, MariaDB, PostgreSQL; ~2 min); prints each subscription's events/s and ordered/unordered, which the section "Ordered backlog beside an unordered subscription" of BENCHMARKS.md records.
+bench-ordered-drain:
+	$(GO) test -count=1 -run '^$$' -bench OrderedBesideUnorderedDrain -benchtime 10000x ./outbox/sqlstore/
+
 ## bench-inbox: only the inbox rows (issue 36; MariaDB and PostgreSQL; ~10 min): natsoutbox/kafkaoutbox inbox consumers against a hand-written consume → BEGIN → dedupe INSERT → effect → COMMIT → ack loop with the same client (NATS JetStream on 127.0.0.1:4222, Kafka on an in-process kfake), 5,000 messages, 4 at once, repeats interleaved; then the cost of a duplicate against a BEGIN/key lookup/ROLLBACK; replaces the section "Inbox" of BENCHMARKS.md (make bench includes the rows).
 bench-inbox:
 	cd bench && $(GO) run ./cmd/outboxbench -only-inbox -out ../BENCHMARKS.md $(BENCHFLAGS)
@@ -66,9 +70,9 @@ bench-instances:
 bench-stats:
 	cd bench && $(GO) run ./cmd/outboxbench -only-stats -out ../BENCHMARKS.md $(BENCHFLAGS)
 
-## bench-rate: only the rate-limit rows (a subscription limited to 500 events/s with a backlog present; a 50,000-event drain beside it, on other events and on the same events, against the same drain beside the same subscription unlimited, and alone; MariaDB and PostgreSQL, 3 repeats; ~6 min); replaces the section "Rate limit" of BENCHMARKS.md (make bench includes the rows).
+## bench-rate: only the rate-limit rows (a subscription limited to 500 events/s with a backlog present; a 200,000-event drain beside it, on other events and on the same events, against the same drain beside the same subscription unlimited, and alone; MariaDB and PostgreSQL, 5 repeats, each limited run next to its baseline; ~18 min); replaces the section "Rate limit" of BENCHMARKS.md (make bench includes the rows).
 bench-rate:
-	cd bench && $(GO) run ./cmd/outboxbench -only-rate -out ../BENCHMARKS.md $(BENCHFLAGS)
+	cd bench && $(GO) run ./cmd/outboxbench -only-rate -repeats 5 -rate-drain 200000 -out ../BENCHMARKS.md $(BENCHFLAGS)
 
 ## bench-delayed: only the delayed-events rows (issue 35; MariaDB and PostgreSQL; ~30 min): 1,000,000 events with NotBefore spread evenly over 10 minutes (-delayed-events, -delayed-window; the first due -delayed-lead after the publishing starts, by default 10 s + the events at 4,000/s), published by 8 producers 100 to a transaction, delivered by one engine (default Config); lateness (receive − NotBefore) p50/p99/max against p99 ≤ 1 s, delivered rate, and the live heap before the publishing, once all are scheduled and once all are delivered (flat: no memory per scheduled event); replaces the section "Delayed events" of BENCHMARKS.md (make bench includes the rows).
 bench-delayed:

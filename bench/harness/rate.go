@@ -53,6 +53,23 @@ const (
 // rateKinds are the kinds of run, in the order of the first repeat.
 var rateKinds = []string{RateAlone, RateOther, RateOtherFree, RateShared, RateSharedFree}
 
+// rateOrder returns the kinds of run of repeat r: each run beside a
+// limit next to its baseline, so that the two see the same machine,
+// the baseline first in every other repeat (a run after a pause is
+// slower), and the three groups in an order that turns with the repeat.
+func rateOrder(r int) []string {
+	groups := [][]string{{RateAlone}, {RateOther, RateOtherFree}, {RateShared, RateSharedFree}}
+	var out []string
+	for i := range groups {
+		g := slices.Clone(groups[(i+r)%len(groups)])
+		if r%2 == 1 {
+			slices.Reverse(g)
+		}
+		out = append(out, g...)
+	}
+	return out
+}
+
 // limitedKind reports whether kind has a limited subscription, and
 // baseOf returns the kind it is compared with.
 func limitedKind(kind string) bool { return kind == RateOther || kind == RateShared }
@@ -117,11 +134,10 @@ func (m *deferCounter) Delivered(sub string, o outbox.Outcome, _ time.Duration) 
 	}
 }
 
-// RunRateLimit runs the three kinds of run once on db (of dialect d), in
-// an order that turns with the repeat.
+// RunRateLimit runs the five kinds of run once on db (of dialect d), in
+// the order of rateOrder.
 func RunRateLimit(ctx context.Context, d *Dialect, db *sqlx.DB, repeat int, o RateOptions) ([]RateResult, error) {
-	kinds := slices.Clone(rateKinds)
-	kinds = append(kinds[repeat%len(kinds):], kinds[:repeat%len(kinds)]...)
+	kinds := rateOrder(repeat)
 	var out []RateResult
 	for _, kind := range kinds {
 		res, err := rateRun(ctx, db, kind, o)
@@ -240,7 +256,7 @@ func WriteRateLimit(w io.Writer, rs []RateResult, header string) {
 		p("%s", header)
 		p("")
 	}
-	p("One engine (default Config) drains a prefilled backlog of one event type through an unlimited subscription: **alone**; **beside a limit on other events**: with a subscription limited to `Rate: %d` whose own backlog (of another type, a quarter as many, prefilled interleaved with the drain's: both there from the start) outlasts the measurement; **beside a limit on the same events**: the limited subscription takes the drained events too (what its gate cannot hold is deferred: the event is split, its row for the limited subscription written, many events to a transaction). Each of those two runs has a baseline, **the same, unlimited**: the same subscriptions and backlogs, the second subscription without its Rate; the drain beside a limit ÷ its baseline in the same repeat is what the limit costs the subscription beside it. The limited rate is counted over a window after a second of warm-up, with its backlog present throughout. Targets: the limited subscription receives %d ± %.0f %%; each drain beside a limit is at least %.1f of its baseline (median of the repeats). Repeats interleaved, the order of the five turning.", RateLimit, RateLimit, RateTolerance*100, RateBeside)
+	p("One engine (default Config) drains a prefilled backlog of one event type through an unlimited subscription: **alone**; **beside a limit on other events**: with a subscription limited to `Rate: %d` whose own backlog (of another type, a quarter as many, prefilled interleaved with the drain's: both there from the start) outlasts the measurement; **beside a limit on the same events**: the limited subscription takes the drained events too (what its gate cannot hold is deferred: the event is split, its row for the limited subscription written, many events to a transaction). Each of those two runs has a baseline, **the same, unlimited**: the same subscriptions and backlogs, the second subscription without its Rate; the drain beside a limit ÷ its baseline in the same repeat is what the limit costs the subscription beside it. The limited rate is counted over a window after a second of warm-up, with its backlog present throughout. Targets: the limited subscription receives %d ± %.0f %%; each drain beside a limit is at least %.1f of its baseline (median of the repeats). Repeats interleaved; each run beside a limit is next to its baseline, the baseline first in every other repeat, and the order of the three groups turns.", RateLimit, RateLimit, RateTolerance*100, RateBeside)
 	p("")
 	p("| database | run | runs | drain events/s | limited events/s | deferrals |")
 	p("| --- | --- | ---: | ---: | ---: | ---: |")
