@@ -164,9 +164,9 @@ func TestRetryWakesKeepTheEarliestWhenFull(t *testing.T) {
 }
 
 // Retries decided a millisecond apart fall due a millisecond apart; the
-// poller wakes for them once a wakeGrain, not once each (it polled 200
-// times in 200 ms before), and each retry still runs within a grain of
-// its due time.
+// poller wakes for them once a wakeGrain, not once each (it polled 67
+// times for these 200 retries before), and each retry still runs within
+// two grains of its due time (rounded up to one, then claimed).
 func TestRetriesDueApartWakeThePollerOncePerGrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 200
