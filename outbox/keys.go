@@ -48,6 +48,9 @@ type keyTable struct {
 	// it becomes older and older is dropped. A key forgotten only costs
 	// its next event a trip through the table.
 	recent, older map[string]keySeen
+	// space is signalled when a chain started by a claim ends: the
+	// sequencer may claim another key (claimedKeys).
+	space chan struct{}
 }
 
 // maxRecentKeys bounds the keys the table remembers (two generations of
@@ -82,10 +85,38 @@ type keyChain struct {
 	tail    int64     // the highest number in the chain
 	waiting []*item   // committed behind running, in order
 	moved   time.Time // when running began (the chain's last move)
+	claimed bool      // started by a claim, not by a publish here
 }
 
 func newKeyTable() *keyTable {
-	return &keyTable{chains: map[string]*keyChain{}, recent: map[string]keySeen{}, older: map[string]keySeen{}}
+	return &keyTable{chains: map[string]*keyChain{}, recent: map[string]keySeen{}, older: map[string]keySeen{}, space: make(chan struct{}, 1)}
+}
+
+// end removes the chain of key (t.mu held), and signals space if a claim
+// had started it.
+func (t *keyTable) end(key string) {
+	c := t.chains[key]
+	delete(t.chains, key)
+	if c != nil && c.claimed {
+		select {
+		case t.space <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// claimedKeys returns how many chains claims started: the keys whose
+// heads this instance claimed from the table and still has in hand.
+func (t *keyTable) claimedKeys() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.chains {
+		if c.claimed {
+			n++
+		}
+	}
+	return n
 }
 
 func (t *keyTable) seen(key string) keySeen {
@@ -183,7 +214,7 @@ func (t *keyTable) claimed(it *item) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.chains[key] == nil {
-		t.chains[key] = &keyChain{running: seq, tail: seq, moved: time.Now()}
+		t.chains[key] = &keyChain{running: seq, tail: seq, moved: time.Now(), claimed: true}
 		t.note(key, func(s *keySeen) { s.leased = max(s.leased, seq) })
 	}
 }
@@ -204,7 +235,7 @@ func (t *keyTable) delivered(it *item) *item {
 		return nil
 	}
 	if len(c.waiting) == 0 {
-		delete(t.chains, key)
+		t.end(key)
 		return nil
 	}
 	next := c.waiting[0]
@@ -233,7 +264,7 @@ func (t *keyTable) deliveredBehind(it *item) (next *item, back []*item) {
 		return nil, nil
 	}
 	if len(c.waiting) == 0 || !covers(c.waiting[0].behind, it.behind) {
-		delete(t.chains, key)
+		t.end(key)
 		return nil, c.waiting
 	}
 	next = c.waiting[0]
@@ -281,7 +312,7 @@ func (t *keyTable) failed(it *item) []*item {
 	if c == nil || c.running != seq {
 		return nil
 	}
-	delete(t.chains, key)
+	t.end(key)
 	if it.sub == nil {
 		t.forgetLeased(key)
 	}
@@ -324,7 +355,7 @@ func (t *keyTable) stale(before time.Time) map[string]staleChain {
 			out = map[string]staleChain{}
 		}
 		out[key] = staleChain{running: c.running, waiting: c.waiting}
-		delete(t.chains, key)
+		t.end(key)
 		if c.waiting[0].sub == nil {
 			t.forgetLeased(key)
 		}
@@ -339,7 +370,7 @@ func (t *keyTable) drain() []*item {
 	var out []*item
 	for k, c := range t.chains {
 		out = append(out, c.waiting...)
-		delete(t.chains, k)
+		t.end(k)
 	}
 	return out
 }

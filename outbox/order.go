@@ -145,10 +145,21 @@ type sequencer struct {
 
 	keys chan named // keys to look at; when full, the poll finds them
 
-	mu    sync.Mutex // guards after (the poller and Outbox.Poll sweep)
+	mu    sync.Mutex // guards after and full (the poller and Outbox.Poll sweep)
 	after string     // the sweep's cursor over keys
+	full  bool       // the last sweep stopped at maxClaimedKeys: sweep again when a key ends
 	runner
 }
+
+// keysPerWorker bounds the keys whose heads an instance claims from the
+// table to keysPerWorker × Config.Workers at a time (keys whose events it
+// has in hand, published elsewhere; those published here do not count).
+// A key's events go out one at a time, so more keys than workers only
+// wait in the cold queue here, where no other instance can deliver them:
+// without the bound, the first instance to sweep a backlog of 100 keys
+// took every one of them, and three instances drained it at the speed of
+// one. The sequencer sweeps again as each key ends (refill).
+const keysPerWorker = 2
 
 // maxNamedKeys bounds the keys waiting for the sequencer.
 const maxNamedKeys = 4096
@@ -203,6 +214,9 @@ func (s *sequencer) run(ctx context.Context) {
 			if q.fired(time.Now()); len(q.batch) == 0 {
 				continue
 			}
+		case <-s.disp.keys.space:
+			s.refill(ctx)
+			continue
 		}
 	more:
 		for len(q.batch) < 100 {
@@ -221,7 +235,23 @@ func (s *sequencer) run(ctx context.Context) {
 		slices.Sort(keys)
 		s.keysDone(ctx, q.done)
 		q.done = q.done[:0]
-		s.claim(ctx, keys)
+		s.claim(ctx, keys, len(keys))
+	}
+}
+
+// refill sweeps for more keys, as much as the cold queue has room for,
+// if the last sweep stopped at the bound of keys (keysPerWorker): one of
+// them just ended.
+func (s *sequencer) refill(ctx context.Context) {
+	s.mu.Lock()
+	full := s.full
+	s.mu.Unlock()
+	if !full {
+		return
+	}
+	room := min(s.cfg.PollBatchSize, cap(s.disp.cold)-len(s.disp.cold))
+	if _, err := s.sweep(ctx, room); err != nil {
+		s.log.Warn("claim the events of ordering keys; the poll retries", slog.Any("error", err))
 	}
 }
 
@@ -327,11 +357,11 @@ func (s *sequencer) keysDone(ctx context.Context, evs []driver.KeyDone) {
 	}
 }
 
-// claim leases the heads of keys and queues them; it returns how many it
-// queued.
-func (s *sequencer) claim(ctx context.Context, keys []string) int {
-	if len(keys) == 0 {
-		return 0
+// claim leases the heads of keys, at most most of them, and queues them;
+// it returns how many events it queued, and how many heads it leased.
+func (s *sequencer) claim(ctx context.Context, keys []string, most int) (queued, heads int) {
+	if len(keys) == 0 || most <= 0 {
+		return 0, 0
 	}
 	reg := s.reg.load()
 	// As the poll's: a claim that started runs to its end (or to the
@@ -339,14 +369,20 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 	ctx, cancel := s.storeCtx()
 	defer cancel()
 	start := time.Now()
-	req := driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: len(keys), Lease: s.cfg.Lease, Run: s.cfg.ColdQueueSize}
+	req := driver.ClaimRequest{Owner: s.cfg.InstanceID, Limit: most, Lease: s.cfg.Lease, Run: s.cfg.ColdQueueSize}
 	rows, err := s.ostore.ClaimHeads(ctx, req, keys, reg.orderFilter())
 	s.m.Statement("claim_heads", len(rows), time.Since(start))
 	if err != nil {
 		s.log.Error("claim the next events of ordering keys; the poll retries", slog.Int("keys", len(keys)), slog.Any("error", err))
-		return 0
+		return 0, 0
 	}
-	queued, unqueued, unhandled := s.disp.offerRows(ctx, reg, rows, followers(rows), time.Now(), start)
+	follows := followers(rows)
+	for _, f := range follows {
+		if !f {
+			heads++
+		}
+	}
+	queued, unqueued, unhandled := s.disp.offerRows(ctx, reg, rows, follows, time.Now(), start)
 	for i := range rows {
 		if _, err := decode(&rows[i]); err != nil {
 			s.sig.name(rows[i].OrderingKey) // buried: the key goes on, or is blocked
@@ -358,7 +394,7 @@ func (s *sequencer) claim(ctx context.Context, keys []string) int {
 		s.m.ColdEnqueued(queued)
 		s.comp.sharedAt.Store(time.Now().UnixNano()) // events of ordered keys waited in the table: lingerNow
 	}
-	return queued
+	return queued, heads
 }
 
 // followers sorts rows, the heads and runs of a claim, by key and number,
@@ -377,30 +413,39 @@ func byKeyNumber(a, b driver.Row) int {
 	return cmp.Or(strings.Compare(a.OrderingKey, b.OrderingKey), cmp.Compare(a.KeySeq, b.KeySeq))
 }
 
-// sweep claims the heads of keys with events due, up to limit, going
-// round the keys so that keys blocked by a dead event cannot crowd out
-// the others. The poller calls it.
+// sweep claims the heads of keys with events due, up to limit events
+// and as many keys as keysPerWorker leaves room for, going round the keys
+// so that keys blocked by a dead event cannot crowd out the others. The
+// poller calls it, and refill.
 func (s *sequencer) sweep(ctx context.Context, limit int) (int, error) {
 	if s.ostore == nil || limit <= 0 || len(s.reg.load().local) == 0 {
 		return 0, nil
 	}
+	most := min(limit, keysPerWorker*s.cfg.Workers-s.disp.keys.claimedKeys())
+	bound := most < limit
 	s.mu.Lock()
 	after := s.after
+	s.full = bound && most <= 0
 	s.mu.Unlock()
+	if most <= 0 {
+		return 0, nil
+	}
 	qctx, cancel := s.storeCtx()
 	keys, err := s.ostore.DueKeys(qctx, after, limit)
 	cancel()
 	if err != nil {
 		return 0, err
 	}
+	queued, heads := s.claim(ctx, keys, most)
 	s.mu.Lock()
 	if len(keys) < limit {
 		s.after = "" // round again from the first key next time
 	} else {
 		s.after = keys[len(keys)-1]
 	}
+	s.full = bound && heads >= most
 	s.mu.Unlock()
-	return s.claim(ctx, keys), nil
+	return queued, nil
 }
 
 func errNoOrderedStore(store driver.Store) error {

@@ -112,10 +112,12 @@ type OrderedStore interface {
 
 	// ClaimHeads leases to req.Owner, for each of keys, its head if the
 	// head is due and no other event of the key is held by a live lease as
-	// a whole, and returns those rows. A key's head here is its earliest
-	// event that is NEW or RETRY as a whole: the events before it are
-	// delivered, dead, or split (their deliveries claimed one subscription
-	// at a time). Each row's Behind names the subscriptions of f for which
+	// a whole, and returns those rows: at most req.Limit heads (when more
+	// keys have one to lease, which of them is the store's choice; the
+	// engine passes keys in order and sqlstore takes the first). A key's
+	// head here is its earliest event that is NEW or RETRY as a whole:
+	// the events before it are delivered, dead, or split (their
+	// deliveries claimed one subscription at a time). Each row's Behind names the subscriptions of f for which
 	// an earlier event of the key is pending (see OrderFilter), or which
 	// have a delivery of another event of the key under a live lease; a
 	// store that cannot tell must not lease the row. A head is leased even
@@ -123,8 +125,8 @@ type OrderedStore interface {
 	// it as deferred for them, and the key goes on for the others.
 	//
 	// With req.Run > 0 it may also lease, behind a head, some of the
-	// events that follow it in its key (req.Run over the keys asked for:
-	// req.Run/len(keys) a key, len(keys) at most req.Limit), numbered one
+	// events that follow it in its key (req.Run over the heads it may
+	// lease: req.Run/min(len(keys), req.Limit) a key), numbered one
 	// after another (KeySeq head+1, head+2, …), each NEW or RETRY as a
 	// whole, due and free: a run that the caller delivers in order,
 	// each once the one before it succeeded (or, for the subscriptions of

@@ -270,15 +270,17 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if len(keys) > req.Limit {
-		keys = keys[:req.Limit]
-	}
+	perKey := req.Run / min(len(keys), req.Limit)
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	byKey := s.keyEvents(keys)
 	var out []driver.Row
-	for _, k := range slices.Sorted(mapKeys(byKey)) {
+	heads := 0
+	for _, k := range keys {
+		if heads == req.Limit {
+			break
+		}
 		h := head(byKey[k])
 		if h == nil || h.availableAt.After(now) || !free(h.lockedUntil, now) {
 			continue
@@ -301,7 +303,8 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 		}
 		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
 		out = append(out, r)
-		out = s.leaseRun(out, byKey[k], h, req.Owner, req.Lease, req.Run/len(keys), r.Behind, f, now)
+		heads++
+		out = s.leaseRun(out, byKey[k], h, req.Owner, req.Lease, perKey, r.Behind, f, now)
 	}
 	if len(out) > 0 {
 		s.touch()

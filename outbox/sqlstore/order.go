@@ -733,10 +733,7 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 	if len(keys) == 0 || req.Limit <= 0 {
 		return nil, nil
 	}
-	if len(keys) > req.Limit {
-		keys = keys[:req.Limit]
-	}
-	heads, runs, err := s.readHeads(ctx, keys, req.Run/len(keys))
+	heads, runs, err := s.readHeads(ctx, keys, req.Limit, req.Run/min(len(keys), req.Limit))
 	if err != nil {
 		return nil, s.explain(fmt.Errorf("sqlstore: claim heads: %w", err))
 	}
@@ -775,15 +772,16 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 // ones before a head (typically a subscription's backlog, the bulk of a
 // key's rows while it is behind) would be read in full by every claim.
 // Whether a subscription is behind for a head is looked up per head
-// instead (behind, which stops at the first event owed).
-func (s *Store) readHeads(ctx context.Context, keys []string, perKey int) (heads, runs []string, err error) {
+// instead (behind, which stops at the first event owed). It keeps the
+// heads of the first most keys, in key order, that have one.
+func (s *Store) readHeads(ctx context.Context, keys []string, most, perKey int) (heads, runs []string, err error) {
 	err = s.retry(ctx, func() error {
 		q, args := s.headReadSQL(keys, perKey)
 		rs, err := s.db.QueryContext(ctx, s.bounded(ctx, q), args...)
 		if err != nil {
 			return err
 		}
-		r := headReader{perKey: perKey}
+		r := headReader{most: most, perKey: perKey}
 		for rs.Next() {
 			var k, id string
 			var st, busy int
@@ -792,7 +790,9 @@ func (s *Store) readHeads(ctx context.Context, keys []string, perKey int) (heads
 				rs.Close()
 				return err
 			}
-			r.add(k, id, ks, busy)
+			if !r.add(k, id, ks, busy) {
+				break // most heads: the rest is not needed
+			}
 		}
 		r.flush()
 		heads, runs = r.heads, r.runs
@@ -805,8 +805,8 @@ func (s *Store) readHeads(ctx context.Context, keys []string, perKey int) (heads
 // each key's head and run unless the key is held (an event of it in
 // flight, or its head not due).
 type headReader struct {
-	perKey      int
-	heads, runs []string
+	most, perKey int // heads, events of a run
+	heads, runs  []string
 
 	key, head string
 	held      bool
@@ -816,10 +816,15 @@ type headReader struct {
 }
 
 // add takes one row: busy is 1 for an event under a live lease, 2 for a
-// head not due, 0 otherwise.
-func (r *headReader) add(key, id string, seq int64, busy int) {
+// head not due, 0 otherwise. It reports false, taking nothing, once the
+// row is of a key after most heads.
+func (r *headReader) add(key, id string, seq int64, busy int) bool {
 	if key != r.key {
 		r.flush()
+		if len(r.heads) >= r.most {
+			r.head = ""
+			return false
+		}
 		r.key, r.head, r.held, r.run, r.open = key, "", false, nil, false
 	}
 	switch {
@@ -833,10 +838,11 @@ func (r *headReader) add(key, id string, seq int64, busy int) {
 		r.open = false
 	}
 	r.held = r.held || busy == 1
+	return true
 }
 
 func (r *headReader) flush() {
-	if r.head != "" && !r.held {
+	if r.head != "" && !r.held && len(r.heads) < r.most {
 		r.heads = append(r.heads, r.head)
 		r.runs = append(r.runs, r.run...)
 	}

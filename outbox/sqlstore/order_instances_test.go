@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -378,5 +379,71 @@ func waitUntil(t testing.TB, d time.Duration, what string, ok func() bool) {
 			t.Fatalf("not reached in %v: %s", d, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Three instances share a backlog of many keys for an Ordered
+// subscription: each claims the heads of at most 2 × Workers keys at a
+// time, and another key as one of those ends, so that every instance
+// delivers part of it (at least one key's events). Before that bound the first instance to sweep
+// took every key, with the runs behind their heads, and the others,
+// finding every head in its hands, delivered nothing.
+func TestInstancesShareAnOrderedBacklog(t *testing.T) {
+	const (
+		keys   = 40
+		perKey = 10
+		events = keys * perKey
+	)
+	for _, name := range testdb.Names {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := testdb.Open(t, name)
+			st := testdb.Store(t, db)
+			log := newKeyLog(t, events)
+			var took [3]atomic.Int64
+			sub := func(i int) outbox.Subscription {
+				return outbox.Subscription{Name: "o", Order: outbox.Ordered, Handler: func(ctx context.Context, ev outbox.Event) error {
+					time.Sleep(5 * time.Millisecond) // a destination's round trip
+					took[i].Add(1)
+					return log.handle(ctx, ev)
+				}}
+			}
+			// Registered, then stopped: the backlog is owed to it.
+			startOrdered(t, st, outbox.Config{InstanceID: "register"}, sub(0)).Close(ctx)
+			producer := startOrdered(t, st, outbox.Config{InstanceID: "producer"})
+			published := map[string][]string{}
+			tx, err := outbox.BeginTx(ctx, db.DB, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range events {
+				env := outbox.Envelope{Type: "T", AggregateType: "Acct", AggregateID: strconv.Itoa(i % keys), JSON: []byte(`{}`)}
+				id, err := producer.PublishTx(ctx, tx, env)
+				if err != nil {
+					t.Fatal(err)
+				}
+				published[env.Key()] = append(published[env.Key()], id)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			for i := range took {
+				cfg := instance(i)
+				cfg.Workers = 2
+				startOrdered(t, st, cfg, sub(i))
+			}
+			log.wait(t, 60*time.Second)
+			for k, ids := range published {
+				log.wantKey(t, k, ids)
+			}
+			t.Logf("delivered by i0, i1, i2: %d, %d, %d", took[0].Load(), took[1].Load(), took[2].Load())
+			for i := range took {
+				// At least a key's events: the instances start one after
+				// another, and the first drains alone meanwhile.
+				if n := took[i].Load(); n < perKey {
+					t.Errorf("instance i%d delivered %d of %d events (each: %d, %d, %d); want each to take part", i, n, events, took[0].Load(), took[1].Load(), took[2].Load())
+				}
+			}
+		})
 	}
 }

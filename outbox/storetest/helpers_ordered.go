@@ -149,3 +149,12 @@ func (e *env) deadHead(t *testing.T, key string, n int) (dead string, rest []str
 	}
 	return dead, rest
 }
+
+// rowKeys returns the ordering keys of rows, in order.
+func rowKeys(rows []driver.Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.OrderingKey
+	}
+	return out
+}

@@ -56,13 +56,17 @@ func testOrderClaimHeads(t *testing.T, e *env) {
 	}
 	wantIDs(t, "ClaimHeads with the head handed back for an hour", claimHeads(t, os, "a", minute, blockS, "n"))
 
-	// At most Limit keys are looked at.
-	for _, key := range []string{"l1", "l2", "l3"} {
-		e.pubOrdered(t, key, "", blockS)
+	// At most Limit heads are leased, passing over the keys held
+	// elsewhere.
+	var l []string
+	for _, key := range []string{"l1", "l2", "l3", "l4"} {
+		id, _ := e.pubOrdered(t, key, "", blockS)
+		l = append(l, id)
 	}
-	rows, err := os.ClaimHeads(ctx, driver.ClaimRequest{Owner: "a", Limit: 2, Lease: minute}, []string{"l1", "l2", "l3"}, blockS)
-	if err != nil || len(rows) != 2 {
-		t.Fatalf("ClaimHeads(Limit 2) = %d rows, %v; want 2", len(rows), err)
+	wantIDs(t, "ClaimHeads(b, l1)", claimHeads(t, os, "b", minute, blockS, "l1"), l[0])
+	rows, err := os.ClaimHeads(ctx, driver.ClaimRequest{Owner: "a", Limit: 2, Lease: minute}, []string{"l1", "l2", "l3", "l4"}, blockS)
+	if err != nil || len(rows) != 2 || rows[0].OrderingKey == "l1" || rows[1].OrderingKey == "l1" {
+		t.Fatalf("ClaimHeads(Limit 2) with l1 held elsewhere = %v, %v; want the heads of 2 of l2, l3, l4", rowKeys(rows), err)
 	}
 
 	// The unordered Claim never takes an ordered event.
