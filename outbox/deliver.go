@@ -31,6 +31,10 @@ type item struct {
 	// handedOn: delivered, and the next event of its key, which waited
 	// here behind it, is on its way (keyTable).
 	handedOn bool
+	// keyPassed: deferred only for the subscriptions behind on its key,
+	// and its key passed on (handedOn) or its chain ended before its
+	// Split was written (process): failedKeyOn does not again.
+	keyPassed bool
 	// registry is the version of the registry snapshot by which process
 	// decided the subscriptions the event owes (registry.version): the
 	// write that completes it (MarkDone, MarkDoneKeys, Split) carries it.
@@ -372,20 +376,37 @@ func (d *dispatcher) finish(it *item) {
 	}
 	if deferredOnly(it) {
 		it.settled = time.Now()
+		if len(it.behind) > 0 {
+			// Deferred for those behind only, as its run expects: the
+			// key goes on now, as after a delivery, not after the write.
+			ctx, cancel := d.storeCtx()
+			it.handedOn, it.keyPassed = d.chainDeliveredBehind(ctx, it), true
+			cancel()
+		}
 		d.comp.add(it) // its Split goes with others' (recordDeferrals)
 		return
 	}
 	d.recordFailures(it)
 }
 
-// deferredOnly reports whether it is an event with no chain, delivered as
-// a whole, that every subscription here which did not deliver it deferred
-// without an attempt (a rate limit's gate full, an open circuit): its
-// Split is written with others' in one transaction by the completer
-// (recordDeferrals), since such deferrals come by the thousand a second
-// beside a busy stream (a limited subscription with a backlog).
+// deferredOnly reports whether it is an event delivered as a whole that
+// every subscription here which did not deliver it deferred without an
+// attempt: with no chain, for a rate limit's gate or an open circuit;
+// claimed behind an earlier event of its key (it.behind), for the
+// subscriptions behind only (onlyBehind). Its Split is written with
+// others' in one transaction by the completer (recordDeferrals), since
+// such deferrals come by the thousand a second: beside a busy stream (a
+// limited subscription with a backlog), and along a key's backlog while
+// a subscription owes an earlier event of it (a run, deferred event by
+// event: one write each took a key to ~600 events/s).
 func deferredOnly(it *item) bool {
-	if it.sub != nil || chained(it) || len(it.behind) > 0 {
+	if it.sub != nil {
+		return false
+	}
+	if len(it.behind) > 0 {
+		return onlyBehind(it)
+	}
+	if chained(it) {
 		return false
 	}
 	some := false
@@ -643,8 +664,11 @@ func (d *dispatcher) failedKeyOn(ctx context.Context, it *item, written bool) {
 		return
 	}
 	// Delivered to every subscription here but those behind on its key:
-	// the next event goes on if it owes them too.
-	it.handedOn = d.chainDeliveredBehind(ctx, it)
+	// the next event goes on if it owes them too (unless it went on
+	// before the write: keyPassed).
+	if !it.keyPassed {
+		it.handedOn = d.chainDeliveredBehind(ctx, it)
+	}
 	if !it.handedOn && written && d.canDeliver(it.behind) {
 		// Those behind may have caught up since the claim said so (their
 		// last delivery of the key finished, its poll found nothing yet):
