@@ -118,6 +118,9 @@ func (r *registry) indexOrder() {
 	}
 	slices.Sort(r.filter.Block)
 	slices.Sort(r.filter.Skip)
+	// No unordered subscription anywhere (remote ones are in remoteOrder
+	// only when ordered).
+	r.filter.Every = len(r.filter.Block)+len(r.filter.Skip) == len(r.local)+len(r.remote)
 }
 
 // orderFilter returns the names of the ordered subscriptions, here and on

@@ -25,6 +25,14 @@ type OrderFilter struct {
 	// Skip are the ordered subscriptions whose dead deliveries hold
 	// nothing back.
 	Skip []string
+	// Every says that Block and Skip are every subscription, here and on
+	// the other instances: none is unordered. A head whose Behind would
+	// name them all then holds back nobody who is not behind on its key
+	// already, and ClaimHeads leaves it, and its run, to a later claim
+	// (once some subscription caught up): leased, it would only be
+	// recorded as deferred for all of them, a write per event, and drain
+	// later as deliveries (AllBehind; storetest's ClaimHeads/AllBehind).
+	Every bool
 }
 
 // Empty reports whether f names no subscription.
@@ -37,6 +45,20 @@ func (f OrderFilter) Ordered(sub string) bool {
 
 // Blocks reports whether sub is in f.Block: its dead events hold its key.
 func (f OrderFilter) Blocks(sub string) bool { return slices.Contains(f.Block, sub) }
+
+// AllBehind reports whether a head whose Row.Behind is behind may be left
+// unleased (OrderFilter.Every): every subscription is behind on its key.
+func (f OrderFilter) AllBehind(behind []string) bool {
+	if !f.Every || f.Empty() || len(behind) < len(f.Block)+len(f.Skip) {
+		return false
+	}
+	for _, n := range slices.Concat(f.Block, f.Skip) {
+		if !slices.Contains(behind, n) {
+			return false
+		}
+	}
+	return true
+}
 
 // KeyDone names an ordered event whose outcome was just recorded.
 type KeyDone struct {

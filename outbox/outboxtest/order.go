@@ -301,6 +301,9 @@ func (s *Store) ClaimHeads(ctx context.Context, req driver.ClaimRequest, keys []
 				r.Behind = append(r.Behind, sub)
 			}
 		}
+		if f.AllBehind(r.Behind) {
+			continue // every subscription owes an earlier event first
+		}
 		h.owner, h.lockedUntil = req.Owner, now.Add(req.Lease)
 		out = append(out, r)
 		heads++

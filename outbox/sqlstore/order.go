@@ -924,15 +924,24 @@ func (s *Store) leaseHeads(ctx context.Context, tx *sqlx.Tx, c headClaim) ([]dri
 	// An event of a run has its head's Behind: the subscriptions behind
 	// owe it the head too. Every head is leased, even one that only
 	// subscriptions behind take: left whole, it would hold its key back
-	// for the others too.
+	// for the others too; but for one that every subscription is behind
+	// on (OrderFilter.AllBehind), with its run: there are no others.
 	var headBehind []string
-	ids := make([]string, len(out))
-	for i := range out {
-		if c.isHead[out[i].ID] {
-			headBehind = subs[out[i].ID]
+	var ids []string
+	kept, all := out[:0], false
+	for _, r := range out {
+		if c.isHead[r.ID] {
+			headBehind = subs[r.ID]
+			all = c.f.AllBehind(headBehind)
 		}
-		out[i].Behind = headBehind
-		ids[i] = out[i].ID
+		if !all {
+			r.Behind = headBehind
+			kept = append(kept, r)
+			ids = append(ids, r.ID)
+		}
+	}
+	if out = kept; len(out) == 0 {
+		return nil, nil
 	}
 	if s.d.name != "postgres" {
 		_, err = tx.ExecContext(ctx, s.leaseSQL(len(ids)), s.idArgs(ids, c.req.Owner, c.req.Lease.Microseconds())...)

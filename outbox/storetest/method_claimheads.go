@@ -128,6 +128,32 @@ func testOrderSplitHolds(t *testing.T, e *env) {
 	}
 }
 
+// With OrderFilter.Every (no subscription is unordered), a head that
+// every subscription is behind on is left unleased, with its run: a
+// claim would only record it deferred for all of them. Once one of them
+// is not behind, or without Every, it is leased.
+func testOrderAllBehind(t *testing.T, e *env) {
+	ctx := context.Background()
+	os := e.ordered(t)
+	every := driver.OrderFilter{Block: []string{"blk"}, Skip: []string{"skp"}, Every: true}
+	owe := func(sub string) driver.DeliveryWrite {
+		return driver.DeliveryWrite{Subscription: sub, Status: outbox.StatusRetry, Attempts: 1, Delay: time.Hour, Error: "boom"}
+	}
+	_, next := e.splitHead(t, "all", owe("blk"), owe("skp"))
+	e.pubOrdered(t, "all", "", bothS)
+	req := driver.ClaimRequest{Owner: "a", Limit: 1, Lease: minute, Run: 10}
+	if rows, err := os.ClaimHeads(ctx, req, []string{"all"}, every); err != nil || len(rows) != 0 {
+		t.Fatalf("ClaimHeads(Every) with both subscriptions behind = %v, %v; want none leased", rowKeys(rows), err)
+	}
+	_, next2 := e.splitHead(t, "one", owe("blk"))
+	got, behind := claimHeadsBehind(t, os, "a", minute, every, "one")
+	wantIDs(t, "ClaimHeads(Every) with one subscription of two behind", got, next2)
+	wantBehind(t, "ClaimHeads(Every) with one subscription of two behind", behind, next2, "blk")
+	got, behind = claimHeadsBehind(t, os, "a", minute, bothS, "all")
+	wantIDs(t, "ClaimHeads without Every, both behind", got, next)
+	wantBehind(t, "ClaimHeads without Every, both behind", behind, next, "blk", "skp")
+}
+
 // A replayed dead head is the head again, before the events that waited.
 func testOrderReplayDeadHead(t *testing.T, e *env) {
 	ctx := context.Background()

@@ -145,6 +145,7 @@ func cases() []testCase {
 		{name: "Method/MarkDoneKeys/Later", fn: testOrderMarkDoneKeysLater, hint: true},
 		{name: "Method/ClaimHeads/HeadOnly", fn: testOrderClaimHeads},
 		{name: "Method/ClaimHeads/SplitHolds", fn: testOrderSplitHolds},
+		{name: "Method/ClaimHeads/AllBehind", fn: testOrderAllBehind},
 		{name: "Method/ClaimHeads/ReplayDeadHead", fn: testOrderReplayDeadHead},
 		{name: "Method/ClaimHeads/ReplayWhileLaterLeased", fn: testOrderReplayWhileLaterLeased},
 		{name: "Method/BlockedKeys/DeadBlocks", fn: testOrderDeadBlocks},
