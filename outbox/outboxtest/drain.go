@@ -55,9 +55,12 @@ func (s *Store) Drain(ctx context.Context, ob *outbox.Outbox) error {
 // delivery due for one of its unpaused subscriptions.
 func (s *Store) busy(ob *outbox.Outbox) bool {
 	local := localSubscriptions(ob)
-	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Read under the lock: a write that came between an earlier reading
+	// and the lock (a retry due at once, say) would be due after it, and
+	// look like no work.
+	now := s.now()
 	w := &workCheck{s: s, local: local, now: now, f: s.orderFilter()}
 	for id, e := range s.events {
 		if w.eventBusy(e) {
