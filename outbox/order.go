@@ -150,7 +150,7 @@ type sequencer struct {
 
 	mu    sync.Mutex // guards after and full (the poller and Outbox.Poll sweep)
 	after string     // the sweep's cursor over keys
-	full  bool       // the last sweep stopped at maxClaimedKeys: sweep again when a key ends
+	full  bool       // the last sweep stopped at the bound of keys (keysPerWorker): sweep again when one ends
 	runner
 }
 
