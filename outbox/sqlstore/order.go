@@ -899,6 +899,30 @@ func (s *Store) claimHeadsSQL(heads, runs []string) (string, []any) {
 	return q, append(args, len(heads)+len(runs))
 }
 
+// withBehind gives each of rows, heads and the runs behind them in key
+// and number order, its head's Behind (subs): the subscriptions behind
+// owe the events of a run the head too. Every head is kept, even one
+// that only subscriptions behind take (left whole, it would hold its key
+// back for the others too), but for one that every subscription is
+// behind on (OrderFilter.AllBehind), with its run: there are no others.
+// It returns the rows kept and their ids.
+func withBehind(rows []driver.Row, isHead map[string]bool, subs map[string][]string, f driver.OrderFilter) (kept []driver.Row, ids []string) {
+	var headBehind []string
+	kept, all := rows[:0], false
+	for _, r := range rows {
+		if isHead[r.ID] {
+			headBehind = subs[r.ID]
+			all = f.AllBehind(headBehind)
+		}
+		if !all {
+			r.Behind = headBehind
+			kept = append(kept, r)
+			ids = append(ids, r.ID)
+		}
+	}
+	return kept, ids
+}
+
 // leaseHeads reads c's heads and runs in tx, notes which subscriptions
 // are behind on each (Row.Behind), and leases them to c.req.Owner.
 func (s *Store) leaseHeads(ctx context.Context, tx *sqlx.Tx, c headClaim) ([]driver.Row, error) {
@@ -921,26 +945,8 @@ func (s *Store) leaseHeads(ctx context.Context, tx *sqlx.Tx, c headClaim) ([]dri
 	if err != nil {
 		return nil, err
 	}
-	// An event of a run has its head's Behind: the subscriptions behind
-	// owe it the head too. Every head is leased, even one that only
-	// subscriptions behind take: left whole, it would hold its key back
-	// for the others too; but for one that every subscription is behind
-	// on (OrderFilter.AllBehind), with its run: there are no others.
-	var headBehind []string
-	var ids []string
-	kept, all := out[:0], false
-	for _, r := range out {
-		if c.isHead[r.ID] {
-			headBehind = subs[r.ID]
-			all = c.f.AllBehind(headBehind)
-		}
-		if !all {
-			r.Behind = headBehind
-			kept = append(kept, r)
-			ids = append(ids, r.ID)
-		}
-	}
-	if out = kept; len(out) == 0 {
+	out, ids := withBehind(out, c.isHead, subs, c.f)
+	if len(out) == 0 {
 		return nil, nil
 	}
 	if s.d.name != "postgres" {
