@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/txoutbox/txoutbox/outbox"
 	"github.com/txoutbox/txoutbox/outbox/driver"
@@ -18,72 +17,46 @@ import (
 var _ driver.OperatorStore = (*Store)(nil)
 
 // Lag implements driver.OperatorStore: two grouped scans, one of the
-// undelivered events by type and one of the deliveries by subscription.
+// undelivered events by type and one of the deliveries by subscription,
+// then the database's clock. Ages count from the events' publication
+// (a delivery's age is its event's, not its split's), and the clock is
+// read after the scans: every row they saw was written before it, so no
+// age comes out negative.
 func (s *Store) Lag(ctx context.Context, subs []driver.SubscriptionInfo) ([]outbox.Lag, error) {
+	byType, err := s.lagByType(ctx)
+	if err != nil {
+		return nil, err
+	}
+	owed, err := s.lagDeliveries(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var now dbTime
 	if err := s.db.QueryRowContext(ctx, `SELECT `+s.d.now).Scan(&now); err != nil {
 		return nil, fmt.Errorf("sqlstore: lag: %w", err)
-	}
-	type group struct {
-		n      int64
-		oldest dbTime
-	}
-	byType := map[outbox.EventType]group{}
-	rs, err := s.db.QueryContext(ctx, `SELECT event_type, COUNT(*), MIN(created_at) FROM `+s.table+` WHERE status IN (0, 2) GROUP BY event_type`)
-	if err != nil {
-		return nil, fmt.Errorf("sqlstore: lag: %w", s.explain(err))
-	}
-	for rs.Next() {
-		var t string
-		var g group
-		if err := rs.Scan(&t, &g.n, &g.oldest); err != nil {
-			rs.Close()
-			return nil, fmt.Errorf("sqlstore: lag: %w", err)
-		}
-		byType[outbox.EventType(t)] = g
-	}
-	if err := rs.Close(); err != nil {
-		return nil, err
 	}
 	out := make([]outbox.Lag, len(subs))
 	index := map[string]int{}
 	for i, sub := range subs {
 		out[i].Subscription = sub.Name
 		index[sub.Name] = i
-		var oldest time.Time
 		for t, g := range byType {
 			if len(sub.Types) == 0 || slices.Contains(sub.Types, string(t)) {
 				out[i].Pending += g.n
-				if oldest.IsZero() || g.oldest.Before(oldest) {
-					oldest = g.oldest.Time
-				}
+				out[i].Oldest = max(out[i].Oldest, now.Sub(g.oldest.Time))
 			}
 		}
-		if !oldest.IsZero() {
-			out[i].Oldest = max(0, now.Sub(oldest))
-		}
 	}
-	rs, err = s.db.QueryContext(ctx, `SELECT subscription, status, COUNT(*), MIN(created_at) FROM `+s.DeliveriesTable()+` WHERE status IN (0, 2, 3) GROUP BY subscription, status`)
-	if err != nil {
-		return nil, fmt.Errorf("sqlstore: lag: %w", s.explainSubs(err))
-	}
-	defer rs.Close()
-	for rs.Next() {
-		var name string
-		var status int
-		var g group
-		if err := rs.Scan(&name, &status, &g.n, &g.oldest); err != nil {
-			return nil, fmt.Errorf("sqlstore: lag: %w", err)
-		}
-		i, ok := index[name]
+	for _, g := range owed {
+		i, ok := index[g.subscription]
 		if !ok {
 			// Deliveries of a subscription no instance registers.
 			i = len(out)
-			index[name] = i
-			out = append(out, outbox.Lag{Subscription: name, Unregistered: true})
+			index[g.subscription] = i
+			out = append(out, outbox.Lag{Subscription: g.subscription, Unregistered: true})
 		}
 		l := &out[i]
-		switch outbox.Status(status) {
+		switch g.status {
 		case outbox.StatusNew:
 			l.Pending += g.n
 		case outbox.StatusRetry:
@@ -93,6 +66,56 @@ func (s *Store) Lag(ctx context.Context, subs []driver.SubscriptionInfo) ([]outb
 			continue
 		}
 		l.Oldest = max(l.Oldest, now.Sub(g.oldest.Time))
+	}
+	return out, nil
+}
+
+// lagGroup is one row of Lag's scans: a count and the oldest publication.
+type lagGroup struct {
+	subscription string
+	status       outbox.Status
+	n            int64
+	oldest       dbTime
+}
+
+// lagByType counts the undelivered events (NEW and RETRY) by type.
+func (s *Store) lagByType(ctx context.Context) (map[outbox.EventType]lagGroup, error) {
+	rs, err := s.db.QueryContext(ctx, `SELECT event_type, COUNT(*), MIN(created_at) FROM `+s.table+` WHERE status IN (0, 2) GROUP BY event_type`)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: lag: %w", s.explain(err))
+	}
+	defer rs.Close()
+	byType := map[outbox.EventType]lagGroup{}
+	for rs.Next() {
+		var t string
+		var g lagGroup
+		if err := rs.Scan(&t, &g.n, &g.oldest); err != nil {
+			return nil, fmt.Errorf("sqlstore: lag: %w", err)
+		}
+		byType[outbox.EventType(t)] = g
+	}
+	return byType, rs.Err()
+}
+
+// lagDeliveries counts the deliveries owed (NEW, RETRY, DEAD) by
+// subscription and state, with the publication of the oldest one's event
+// (the event's row stays in the table while a delivery is owed; the
+// delivery's own created_at, its split, stands in should it not).
+func (s *Store) lagDeliveries(ctx context.Context) ([]lagGroup, error) {
+	rs, err := s.db.QueryContext(ctx, `SELECT d.subscription, d.status, COUNT(*), MIN(COALESCE(e.created_at, d.created_at)) FROM `+s.DeliveriesTable()+` d LEFT JOIN `+s.table+` e ON e.id = d.event_id WHERE d.status IN (0, 2, 3) GROUP BY d.subscription, d.status`)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: lag: %w", s.explainSubs(err))
+	}
+	defer rs.Close()
+	var out []lagGroup
+	for rs.Next() {
+		var g lagGroup
+		var status int
+		if err := rs.Scan(&g.subscription, &status, &g.n, &g.oldest); err != nil {
+			return nil, fmt.Errorf("sqlstore: lag: %w", err)
+		}
+		g.status = outbox.Status(status)
+		out = append(out, g)
 	}
 	return out, rs.Err()
 }

@@ -205,6 +205,7 @@ func cases() []testCase {
 		// The operator's API and retention.
 		{name: "Engine/DeliverOneAndDrain", fn: testDeliverOneAndDrain},
 		{name: "Engine/LagAndDeadFilters", fn: testLagAndDeadFilters},
+		{name: "Engine/LagAgesFromPublication", fn: testLagAgesFromPublication},
 		{name: "Engine/RetentionCleanup", fn: testRetention},
 	}
 }
