@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -386,5 +387,81 @@ func (c *firstCount) wait(b *testing.B, start time.Time, timeout time.Duration) 
 	case <-time.After(timeout):
 		b.Fatalf("had %d of %d events", c.got.Load(), c.n)
 		return 0
+	}
+}
+
+// claimCount counts the claims of heads, whether they took anything.
+type claimCount struct {
+	outbox.NopMetrics
+	heads atomic.Int64
+}
+
+func (m *claimCount) Statement(name string, _ int, _ time.Duration) {
+	if name == "claim_heads" {
+		m.heads.Add(1)
+	}
+}
+
+// BenchmarkOrderedOutage is the row of the sequencer's quiet keys
+// (docs/design/ordering.md): an Ordered subscription's destination is down
+// for 5 s while 8 producers publish one event a transaction over 100 keys.
+// Each key's head fails and waits for its retry (1 s); every event
+// published behind it names the key at commit. It reports the claims of
+// heads made during the outage (a claim of a key whose head waits for its
+// retry takes nothing) and the producers' events/s. b.N is not used: run
+// it with -benchtime 1x.
+//
+//	go test -run '^$' -bench OrderedOutage -benchtime 1x ./outbox/sqlstore
+func BenchmarkOrderedOutage(b *testing.B) {
+	const producers, keys, outage = 8, 100, 5 * time.Second
+	for _, name := range []string{"mysql", "postgres"} {
+		b.Run(name, func(b *testing.B) {
+			db := testdb.Open(b, name)
+			st := testdb.Store(b, db)
+			ctx := context.Background()
+			m := &claimCount{}
+			var down atomic.Bool
+			down.Store(true)
+			ob := startOrdered(b, st, outbox.Config{Metrics: m}, outbox.Subscription{Name: "o", Order: outbox.Ordered,
+				Retry: outbox.RetryFunc(func(int) time.Duration { return time.Second }),
+				Handler: func(context.Context, outbox.Event) error {
+					if down.Load() {
+						return errors.New("destination down")
+					}
+					return nil
+				}})
+			b.ResetTimer()
+			before := m.heads.Load()
+			end := time.Now().Add(outage)
+			var published atomic.Int64
+			var wg sync.WaitGroup
+			for p := range producers {
+				wg.Go(func() {
+					for i := p; time.Now().Before(end); i += producers {
+						tx, err := outbox.BeginTx(ctx, db.DB, nil)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						env := outbox.Envelope{Type: "T", AggregateType: "Acct", AggregateID: fmt.Sprint(i % keys), JSON: []byte(`{}`)}
+						if _, err := ob.PublishTx(ctx, tx, env); err != nil {
+							tx.Rollback()
+							b.Error(err)
+							return
+						}
+						if err := tx.Commit(); err != nil {
+							b.Error(err)
+							return
+						}
+						published.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(m.heads.Load()-before), "claims")
+			b.ReportMetric(float64(published.Load())/outage.Seconds(), "published/s")
+			down.Store(false)
+		})
 	}
 }
