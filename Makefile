@@ -7,7 +7,7 @@ MODULES := $(patsubst %/go.mod,%,$(wildcard */go.mod adapters/*/go.mod admin/*/g
 # SKIPLOG collects the database suites the tests skipped (no server).
 SKIPLOG := $(CURDIR)/.skipped-db-suites
 
-.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-delayed bench-load bench-partitions bench-connectors bench-ordered-drain run fmt
+.PHONY: test sim lint vet bench bench-ordered bench-inbox bench-instances bench-stats bench-rate bench-delayed bench-load bench-partitions bench-connectors bench-ordered-drain bench-ordered-outage run fmt
 
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
@@ -57,6 +57,10 @@ bench-ordered:
 ## bench-ordered-drain: issue 34's ordered backlog row, BenchmarkOrderedBesideUnorderedDrain (10,000 events over 100 keys to an Ordered and an Unordered subscription with 5 ms handlers, drained by 3 instances; SQLite, MariaDB, PostgreSQL; ~2 min); prints each subscription's events/s and ordered/unordered, which the section "Ordered backlog beside an unordered subscription" of BENCHMARKS.md records.
 bench-ordered-drain:
 	$(GO) test -count=1 -run '^$$' -bench OrderedBesideUnorderedDrain -benchtime 10000x ./outbox/sqlstore/
+
+## bench-ordered-outage: the row of the sequencer's quiet keys, BenchmarkOrderedOutage (an Ordered destination down 5 s while 8 producers publish over 100 keys; MariaDB, PostgreSQL; ~15 s): claims of heads during the outage and the producers' events/s, which the section "Ordering heuristics" of BENCHMARKS.md records.
+bench-ordered-outage:
+	$(GO) test -count=1 -run '^$$' -bench OrderedOutage -benchtime 1x ./outbox/sqlstore/
 
 ## bench-inbox: only the inbox rows (issue 36; MariaDB and PostgreSQL; ~10 min): natsoutbox/kafkaoutbox inbox consumers against a hand-written consume → BEGIN → dedupe INSERT → effect → COMMIT → ack loop with the same client (NATS JetStream on 127.0.0.1:4222, Kafka on an in-process kfake), 5,000 messages, 4 at once, repeats interleaved; then the cost of a duplicate against a BEGIN/key lookup/ROLLBACK; replaces the section "Inbox" of BENCHMARKS.md (make bench includes the rows).
 bench-inbox:
