@@ -83,6 +83,22 @@ func testDeliverOneAndDrain(t *testing.T, e *env) {
 	}
 }
 
+// subscriptionLag returns ob's Lag of the subscription name.
+func subscriptionLag(t *testing.T, ob *outbox.Outbox, name string) outbox.Lag {
+	t.Helper()
+	lags, err := ob.Lag(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range lags {
+		if l.Subscription == name {
+			return l
+		}
+	}
+	t.Fatalf("no lag for %q in %+v", name, lags)
+	return outbox.Lag{}
+}
+
 // Lag's Oldest is the age of the oldest event a subscription has not
 // delivered, counted from the event's publication: an event deferred for
 // a paused subscription is not younger for having been split later. (It
@@ -116,19 +132,7 @@ func testLagAgesFromPublication(t *testing.T, e *env) {
 	const age = 300 * time.Millisecond
 	time.Sleep(age)
 	close(release)
-	lagOf := func(name string) outbox.Lag {
-		lags, err := ob.Lag(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range lags {
-			if l.Subscription == name {
-				return l
-			}
-		}
-		t.Fatalf("no lag for %q in %+v", name, lags)
-		return outbox.Lag{}
-	}
+	lagOf := func(name string) outbox.Lag { return subscriptionLag(t, ob, name) }
 	waitFor(t, "the event split: delivered to gate, owed to paused", func() bool {
 		return lagOf("gate").Pending == 0 && lagOf("paused").Pending == 1
 	})
@@ -176,19 +180,7 @@ func testLagAndDeadFilters(t *testing.T, e *env) {
 	for i := range 2 {
 		bs = append(bs, e.publish(t, ob, outbox.Envelope{Type: typeB, JSON: []byte(fmt.Sprintf(`{"b":%d}`, i))}))
 	}
-	lagOf := func(name string) outbox.Lag {
-		lags, err := ob.Lag(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range lags {
-			if l.Subscription == name {
-				return l
-			}
-		}
-		t.Fatalf("no lag for %q in %+v", name, lags)
-		return outbox.Lag{}
-	}
+	lagOf := func(name string) outbox.Lag { return subscriptionLag(t, ob, name) }
 	waitFor(t, "two dead deliveries and two paused", func() bool {
 		return lagOf("picky").Dead == 2 && lagOf("paused").Pending == 2
 	})
