@@ -12,7 +12,7 @@ SKIPLOG := $(CURDIR)/.skipped-db-suites
 ## test: vet and race-test every module against the real databases; lists the database suites that were skipped.
 test: vet
 	@rm -f $(SKIPLOG)
-	TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -race -count=1 -timeout 15m ./...
+	TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -race -count=1 -timeout 30m ./...
 	@echo "== conformance suite without -race (full load on SQLite)"
 	TXOUTBOX_SKIP_LOG=$(SKIPLOG) $(GO) test -count=1 -run TestConformance ./outbox/sqlstore/
 	@for m in $(MODULES); do \
