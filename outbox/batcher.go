@@ -87,7 +87,7 @@ func (b *batcher) deliver(batch []task) {
 		keys[i] = t.it.key()
 	}
 	start := time.Now()
-	ctx, end := b.d.leaseBound(b.ctx, keys...)
+	ctx, end := b.d.leaseBound(b.ctx, b.s.Timeout, keys...)
 	err := errLeaseLost // a lease may have run out already: not called
 	if ctx.Err() == nil {
 		err = leaseLostOr(ctx, b.d.call(ctx, b.s.Timeout, b.d.interceptDeliver(b.s.Name, evs, func(ctx context.Context) error { return b.s.Batch(ctx, evs) })))

@@ -77,7 +77,7 @@ func (d *dispatcher) callOne(ctx context.Context, key string, s *subscription, e
 	if len(d.cfg.Interceptors) > 0 {
 		f = d.interceptDeliver(s.Name, []Event{ev}, f)
 	}
-	ctx, end := d.leaseBound(ctx, key)
+	ctx, end := d.leaseBound(ctx, s.Timeout, key)
 	defer end()
 	return leaseLostOr(ctx, d.call(ctx, s.Timeout, f))
 }
@@ -93,9 +93,12 @@ const leaseMargin = handlerGrace
 // so never runs beside another instance's call of the same event, if its
 // handler honours its context. While renewals succeed, the bound moves
 // with them. end stops it.
-func (d *dispatcher) leaseBound(ctx context.Context, keys ...string) (_ context.Context, end func()) {
+//
+// A call whose timeout (call's; negative: none) ends before that bound
+// needs none: its context is cancelled first in any case.
+func (d *dispatcher) leaseBound(ctx context.Context, timeout time.Duration, keys ...string) (_ context.Context, end func()) {
 	wait, bounded := d.leaseLeft(keys)
-	if !bounded {
+	if !bounded || (timeout >= 0 && wait > timeout) {
 		return ctx, func() {}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -183,7 +186,7 @@ func (d *dispatcher) callTx(ctx context.Context, it *item, s *subscription, ev E
 	if len(d.cfg.Interceptors) > 0 {
 		f = d.interceptDeliver(s.Name, []Event{ev}, f)
 	}
-	ctx, end := d.leaseBound(ctx, key)
+	ctx, end := d.leaseBound(ctx, s.Timeout, key)
 	defer end()
 	return leaseLostOr(ctx, d.call(ctx, s.Timeout, f))
 }

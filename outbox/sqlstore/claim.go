@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -96,22 +97,31 @@ func (s *Store) claimFound(ctx context.Context, req driver.ClaimRequest) (_ []dr
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: lock: %w", err)
 	}
-	locked := make(map[string]driver.Row, len(ids))
+	// The locked rows go back in the order found (retries, then by due
+	// time): each into found's slot of its id, then the slots of rows not
+	// locked are dropped.
+	slot := make(map[string]int, len(ids))
+	for i, id := range ids {
+		slot[id] = i
+	}
+	got := make([]bool, len(found))
 	for rs.Next() {
 		r, err := scanRow(rs)
 		if err != nil {
 			rs.Close()
 			return nil, fmt.Errorf("sqlstore: claim: scan: %w", err)
 		}
-		locked[r.ID] = r
+		if i, ok := slot[r.ID]; ok {
+			found[i], got[i] = r, true
+		}
 	}
 	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: lock: %w", err)
 	}
-	out := make([]driver.Row, 0, len(locked))
-	for _, id := range ids { // in the order found: retries, then by due time
-		if r, ok := locked[id]; ok {
-			out = append(out, r)
+	out := found[:0]
+	for i := range found {
+		if got[i] {
+			out = append(out, found[i])
 		}
 	}
 	return s.leaseClaimed(ctx, tx, req, out)
@@ -178,6 +188,7 @@ func (s *Store) findRows(ctx context.Context, out []driver.Row, at bool, q strin
 	if err != nil {
 		return nil, nil, fmt.Errorf("sqlstore: claim: find: %w", err)
 	}
+	out = slices.Grow(out, args[len(args)-1].(int))
 	dest := []any{nil, &last}
 	for rs.Next() {
 		var id string
