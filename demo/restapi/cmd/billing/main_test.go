@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -28,6 +29,9 @@ type started struct {
 	results chan inbox.Observation
 	addr    string
 	stop    func() error // ends the run and returns its error
+	// state, if set, describes the broker's side for a failure message
+	// (the consumer's pending and unacknowledged counts).
+	state func() string
 }
 
 func start(t *testing.T, o options) *started {
@@ -64,16 +68,22 @@ func start(t *testing.T, o options) *started {
 func (s *started) wait(t *testing.T, n int) map[string]inbox.Result {
 	t.Helper()
 	got := map[string]inbox.Result{}
+	var seen []string // every observation, for the failure message
 	timeout := time.After(30 * time.Second)
 	for len(got) < n {
 		select {
 		case ob := <-s.results:
+			seen = append(seen, fmt.Sprintf("%s %v after %v (err %v)", ob.MessageID, ob.Result, ob.Duration, ob.Err))
 			if ob.Result == inbox.Failed { // the poison message, before it is parked
 				continue
 			}
 			got[ob.MessageID] = ob.Result
 		case <-timeout:
-			t.Fatalf("%d of %d messages handled within 30s: %v", len(got), n, got)
+			state := ""
+			if s.state != nil {
+				state = s.state()
+			}
+			t.Fatalf("%d of %d messages handled within 30s: %v; %s; every result seen, in order:\n%s", len(got), n, got, state, strings.Join(seen, "\n"))
 		}
 	}
 	return got
@@ -135,7 +145,20 @@ func TestBillsEachOrderOnce(t *testing.T) {
 
 	dir := t.TempDir()
 	o := options{natsURL: url, stream: stream, dataDir: dir, adminToken: "s3cret"}
+	consumerState := func() string {
+		c, err := js.Consumer(ctx, stream, consumerName)
+		if err != nil {
+			return fmt.Sprintf("consumer: %v", err)
+		}
+		i, err := c.Info(ctx)
+		if err != nil {
+			return fmt.Sprintf("consumer info: %v", err)
+		}
+		return fmt.Sprintf("consumer: %d pending, %d delivered and not acked, %d redelivered, %d pull requests waiting",
+			i.NumPending, i.NumAckPending, i.NumRedelivered, i.NumWaiting)
+	}
 	b := start(t, o)
+	b.state = consumerState
 	got := b.wait(t, 4)
 	want := map[string]inbox.Result{placed1: inbox.Applied, placed2: inbox.Applied, cancelled1: inbox.Applied, poison: inbox.Parked}
 	for id, w := range want {
@@ -181,6 +204,7 @@ func TestBillsEachOrderOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = start(t, o)
+	b.state = consumerState
 	for id, res := range b.wait(t, 4) {
 		if res != inbox.Duplicate {
 			t.Errorf("redelivered %s: %v, want duplicate", id, res)
