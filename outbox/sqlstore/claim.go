@@ -97,12 +97,21 @@ func (s *Store) claimFound(ctx context.Context, req driver.ClaimRequest) (_ []dr
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: lock: %w", err)
 	}
-	// The locked rows go back in the order found (retries, then by due
-	// time): each into found's slot of its id, then the slots of rows not
-	// locked are dropped.
-	slot := make(map[string]int, len(ids))
-	for i, id := range ids {
-		slot[id] = i
+	out, err := lockedInOrder(rs, found)
+	if err != nil {
+		return nil, err
+	}
+	return s.leaseClaimed(ctx, tx, req, out)
+}
+
+// lockedInOrder reads the rows of rs, the locking read of found's ids,
+// and returns them in the order found (retries, then by due time): each
+// into found's slot of its id, the slots of rows not locked dropped. It
+// reuses found's array and closes rs.
+func lockedInOrder(rs *sql.Rows, found []driver.Row) ([]driver.Row, error) {
+	slot := make(map[string]int, len(found))
+	for i := range found {
+		slot[found[i].ID] = i
 	}
 	got := make([]bool, len(found))
 	for rs.Next() {
@@ -124,7 +133,7 @@ func (s *Store) claimFound(ctx context.Context, req driver.ClaimRequest) (_ []dr
 			out = append(out, found[i])
 		}
 	}
-	return s.leaseClaimed(ctx, tx, req, out)
+	return out, nil
 }
 
 // beginClaim begins a claim's transaction, READ COMMITTED where the
