@@ -107,6 +107,16 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	return &Consumer{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), closing: make(chan struct{})}, nil
 }
 
+// pullExpiry bounds each pull request, and so how long the consumer can
+// sit without one. nats.go (v1.55) skips the next pull request when the
+// message answering the last one arrives before the client has finished
+// sending it, and finds out only when two heartbeats (half the expiry
+// each) are missed: with the default expiry of 30 s, a message waited
+// 30 s under load (one run in about 100 of TestBillsEachOrderOnce beside
+// two busy loops, with no pull request on the server). At 5 s an idle
+// consumer sends a pull request every 5 s.
+const pullExpiry = 5 * time.Second
+
 // Start starts pulling. ctx is the parent of the handlers' contexts.
 func (c *Consumer) Start(ctx context.Context) error {
 	c.mu.Lock()
@@ -114,7 +124,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.it != nil {
 		return nil
 	}
-	it, err := c.cfg.Consumer.Messages(jetstream.PullMaxMessages(c.cfg.Concurrency))
+	it, err := c.cfg.Consumer.Messages(jetstream.PullMaxMessages(c.cfg.Concurrency), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("natsoutbox: pull messages: %w", err)
 	}
