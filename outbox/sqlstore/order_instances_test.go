@@ -437,12 +437,26 @@ func TestInstancesShareAnOrderedBacklog(t *testing.T) {
 				log.wantKey(t, k, ids)
 			}
 			t.Logf("delivered by i0, i1, i2: %d, %d, %d", took[0].Load(), took[1].Load(), took[2].Load())
+			// At least a key's events each: the instances start one after
+			// another, and the first drains alone meanwhile. On SQLite
+			// every claim and completion takes the one write lock, and
+			// under CPU load one instance can lose it throughout the
+			// drain (0 events in 1-3 runs of 12 beside two busy loops,
+			// at ee6c3d2 too): there two of the three must take part.
+			// Either way the defect this guards, the first sweep leasing
+			// every key (400, 0, 0), fails.
+			want := len(took)
+			if name == "sqlite" {
+				want = 2
+			}
+			part := 0
 			for i := range took {
-				// At least a key's events: the instances start one after
-				// another, and the first drains alone meanwhile.
-				if n := took[i].Load(); n < perKey {
-					t.Errorf("instance i%d delivered %d of %d events (each: %d, %d, %d); want each to take part", i, n, events, took[0].Load(), took[1].Load(), took[2].Load())
+				if took[i].Load() >= perKey {
+					part++
 				}
+			}
+			if part < want {
+				t.Errorf("%d of 3 instances delivered at least %d of the %d events (each: %d, %d, %d); want %d to take part", part, perKey, events, took[0].Load(), took[1].Load(), took[2].Load(), want)
 			}
 		})
 	}
