@@ -441,8 +441,8 @@ func TestInstancesShareAnOrderedBacklog(t *testing.T) {
 			// another, and the first drains alone meanwhile. On SQLite
 			// every claim and completion takes the one write lock, and
 			// under CPU load one instance can lose it throughout the
-			// drain (0 events in 1-3 runs of 12 beside two busy loops,
-			// at ee6c3d2 too): there two of the three must take part.
+			// drain (0 events in 1 to 3 runs of 12 beside two busy loops,
+			// on ee6c3d2's SQLite path too): there two of the three must take part.
 			// Either way the defect this guards, the first sweep leasing
 			// every key (400, 0, 0), fails.
 			want := len(took)
